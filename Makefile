@@ -1,0 +1,44 @@
+# Everything a fresh machine needs: `make chat` and `make test` do all the set-up.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+POCKETSPEC_ACCEL ?= cpu
+export POCKETSPEC_ACCEL
+
+.PHONY: chat test setup llama models-test models-default bench bench-chat bench-memory clean-venv
+
+chat: setup models-default
+	$(BIN)/pocketspec chat
+
+test: setup models-test
+	$(BIN)/python -m pytest -q -ra
+
+setup: $(VENV)/.pocketspec-installed
+
+$(BIN)/pip:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# The portable llama.cpp build (native/build_llama_cpp.sh skips it when already built;
+# pip caches the built wheel, so a new venv reinstalls it in seconds).
+llama: $(BIN)/pip
+	native/build_llama_cpp.sh $(BIN)/pip
+
+$(VENV)/.pocketspec-installed: pyproject.toml native/build_llama_cpp.sh | $(BIN)/pip
+	native/build_llama_cpp.sh $(BIN)/pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+# The models the tests load: SmolLM2 for every run, and the qwen-coder pair.
+models-test: setup
+	$(BIN)/pocketspec models pull smollm2-135m-instruct
+	$(BIN)/pocketspec models pull qwen-coder
+
+models-default: setup
+	$(BIN)/pocketspec models pull qwen-coder
+
+bench: setup models-test
+	$(BIN)/python -m apps.bench
+
+clean-venv:
+	rm -rf $(VENV)

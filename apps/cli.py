@@ -1,0 +1,55 @@
+"""The `pocketspec` command: a click group whose subcommands live in apps/*_cmd.py."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from pocketspec.errors import UserError
+
+
+class PeopleFirstGroup(click.Group):
+    """Turns expected errors into one line on stderr and exit code 2, with no traceback."""
+
+    def main(self, *args, **kwargs):
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except UserError as error:
+            click.echo(f"error: {error}", err=True)
+            sys.exit(UserError.exit_code)
+        except click.exceptions.Exit as done:
+            sys.exit(done.exit_code)
+        except click.Abort:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except click.ClickException as error:
+            click.echo(f"error: {error.format_message()}", err=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=PeopleFirstGroup)
+@click.version_option(package_name="pocketspec")
+def main() -> None:
+    """PocketSpec: fast, lossless speculative decoding inside a memory budget."""
+
+
+def _register_commands() -> None:
+    from apps import COMMAND_MODULES
+
+    import importlib
+
+    for module_name in COMMAND_MODULES:
+        module = importlib.import_module(f"apps.{module_name}")
+        for command in module.COMMANDS:
+            main.add_command(command)
+
+
+_register_commands()
+
+if __name__ == "__main__":
+    main()

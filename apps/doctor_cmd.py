@@ -1,0 +1,161 @@
+"""`pocketspec doctor`: what this machine and this install can run, for bug reports.
+
+It reports the llama-cpp-python build (version, accelerator from the build stamp that
+native/build_llama_cpp.sh writes into the venv, llama.cpp's system info), CPU features,
+GPUs, memory, and which catalog models are downloaded. Every probe is optional: a
+missing tool is reported, never fatal.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import psutil
+
+from pocketspec.catalog import load_catalog, model_path, pocketspec_home
+
+CPU_FLAGS_OF_INTEREST = ("avx", "avx2", "avx512f", "avx512_vnni", "amx_tile", "f16c", "fma")
+BUILD_STAMP_NAME = "pocketspec-llama-build.json"
+
+
+def _llama_report() -> dict:
+    report: dict = {"version": None, "importable": False, "system_info": None, "build": None}
+    try:
+        report["version"] = importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        import llama_cpp
+
+        report["importable"] = True
+        report["system_info"] = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    except Exception as error:  # a broken native build can raise anything on import
+        report["import_error"] = f"{type(error).__name__}: {error}"
+    stamp = Path(sys.prefix) / BUILD_STAMP_NAME
+    if stamp.exists():
+        try:
+            report["build"] = json.loads(stamp.read_text())
+        except (OSError, json.JSONDecodeError):
+            report["build"] = {"error": f"unreadable build stamp {stamp}"}
+    return report
+
+
+def _cpu_report() -> dict:
+    flags: set[str] = set()
+    model_name = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "flags" and not flags:
+                flags = set(value.split())
+            elif key.strip() == "model name" and model_name is None:
+                model_name = value.strip()
+    except OSError:
+        pass
+    return {
+        "model": model_name,
+        "num_logical_cores": psutil.cpu_count(logical=True),
+        "flags": {flag: flag in flags for flag in CPU_FLAGS_OF_INTEREST},
+    }
+
+
+def _run_tool(command: list[str]) -> str | None:
+    if shutil.which(command[0]) is None:
+        return None
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def _gpu_report() -> dict:
+    report: dict = {
+        "nvidia_smi": _run_tool(["nvidia-smi", "--query-gpu=name,memory.total,memory.free,driver_version",
+                                 "--format=csv,noheader"]),
+        "rocm_smi": _run_tool(["rocm-smi", "--showproductname", "--showmeminfo", "vram"]),
+        "torch_cuda": None,
+    }
+    if importlib.util.find_spec("torch") is not None:
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                report["torch_cuda"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            else:
+                report["torch_cuda"] = []
+        except Exception as error:  # torch's CUDA init fails in many driver-specific ways
+            report["torch_cuda"] = f"error: {error}"
+    return report
+
+
+def _models_report() -> dict:
+    catalog = load_catalog()
+    return {name: {"downloaded": model_path(name).exists(), "path": str(model_path(name))}
+            for name in catalog.models}
+
+
+def collect_report() -> dict:
+    """Everything doctor knows, as plain data (sizes in bytes)."""
+    memory = psutil.virtual_memory()
+    return {
+        "python": sys.version.split()[0],
+        "pocketspec_home": str(pocketspec_home()),
+        "llama_cpp": _llama_report(),
+        "cpu": _cpu_report(),
+        "gpu": _gpu_report(),
+        "memory": {"total_bytes": memory.total, "available_bytes": memory.available},
+        "models": _models_report(),
+    }
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.1f} GiB"
+
+
+def _print_human(report: dict) -> None:
+    llama = report["llama_cpp"]
+    build = llama["build"] or {}
+    click.echo(f"python            {report['python']}")
+    click.echo(f"llama-cpp-python  {llama['version'] or 'not installed'}"
+               f"{'' if llama['importable'] else ' (not importable: ' + llama.get('import_error', '?') + ')'}")
+    click.echo(f"built for         {build.get('accel', 'unknown (not built by native/build_llama_cpp.sh)')}")
+    if build.get("cmake_args"):
+        click.echo(f"cmake args        {build['cmake_args']}")
+    if llama["system_info"]:
+        click.echo(f"llama.cpp         {llama['system_info']}")
+    cpu = report["cpu"]
+    flags = " ".join(f"{flag}={'yes' if present else 'no'}" for flag, present in cpu["flags"].items())
+    click.echo(f"cpu               {cpu['model']} ({cpu['num_logical_cores']} logical cores)")
+    click.echo(f"cpu flags         {flags}")
+    gpu = report["gpu"]
+    gpus = [f"nvidia: {gpu['nvidia_smi']}" if gpu["nvidia_smi"] else None,
+            f"rocm: {gpu['rocm_smi']}" if gpu["rocm_smi"] else None,
+            f"torch.cuda: {gpu['torch_cuda']}" if gpu["torch_cuda"] else None]
+    click.echo(f"gpus              {'; '.join(g for g in gpus if g) or 'none found'}")
+    memory = report["memory"]
+    click.echo(f"memory            {_gib(memory['available_bytes'])} available of {_gib(memory['total_bytes'])}")
+    click.echo(f"POCKETSPEC_HOME   {report['pocketspec_home']}")
+    for name, model in report["models"].items():
+        click.echo(f"  {name:32} {'present' if model['downloaded'] else 'not downloaded'}")
+
+
+@click.command(name="doctor")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def doctor(as_json: bool) -> None:
+    """Report the llama.cpp build, CPU, GPUs, memory and downloaded models."""
+    report = collect_report()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _print_human(report)
+
+
+COMMANDS = [doctor]

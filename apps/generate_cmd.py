@@ -1,0 +1,76 @@
+"""`pocketspec generate`: one prompt in, the target's continuation out, sped up losslessly."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from apps.options import GENERATION, model_choice_options, runtime_options, sampling_options
+from apps.session import open_engine
+from pocketspec.chat_template import encode_chat, template_for
+from pocketspec.errors import UserError
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    if (prompt is None) == (prompt_file is None):
+        raise UserError("give exactly one of --prompt TEXT or --prompt-file FILE")
+    if prompt_file is not None:
+        try:
+            prompt = prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise UserError(f"cannot read --prompt-file {prompt_file}: {error}") from None
+    if not prompt.strip():
+        raise UserError("the prompt is empty: pass some text with --prompt or --prompt-file")
+    return prompt
+
+
+@click.command()
+@model_choice_options
+@click.option("--prompt", default=None, help="Prompt text.")
+@click.option("--prompt-file", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Read the prompt from a file.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=GENERATION.max_new_tokens, show_default=True)
+@sampling_options
+@runtime_options
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template (from GGUF metadata).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, stats.")
+def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, top_p, top_k, seed,
+             gamma, memory_budget, max_context, kv_type, threads, repack, chat, as_json):
+    """Generate a continuation of one prompt."""
+    text = _read_prompt(prompt, prompt_file)
+    with open_engine(
+        target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+        gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads, repack=repack,
+        max_new_tokens=max_tokens, announce=not as_json,
+    ) as session:
+        tokenizer = session.engine.target.tokenizer
+        if chat:
+            prompt_tokens = encode_chat(tokenizer, template_for(tokenizer), [{"role": "user", "content": text}])
+        else:
+            prompt_tokens = tokenizer.encode(text, add_bos=tokenizer.adds_bos, parse_special=False)
+        streamer = tokenizer.streamer()
+
+        def show(tokens: list[int]) -> None:
+            sys.stdout.write(streamer.push(tokens))
+            sys.stdout.flush()
+
+        result = session.engine.generate(prompt_tokens, max_tokens, on_tokens=None if as_json else show)
+        stats = session.stats_dict(result.stats)
+        if as_json:
+            output = {"text": tokenizer.decode(result.tokens), "tokens": result.tokens,
+                      "stop_reason": result.stop_reason, "stats": stats}
+            click.echo(json.dumps(output))
+        else:
+            sys.stdout.write(streamer.flush() + "\n")
+            sys.stdout.flush()
+            click.echo(
+                f"[{stats['num_tokens']} tokens, {stats['tokens_per_second']:.2f} tok/s, "
+                f"acceptance {stats['acceptance_rate']:.0%}, {stats['mean_accepted_per_step']:.2f} accepted/step, "
+                f"stop: {result.stop_reason}]",
+                err=True,
+            )
+
+
+COMMANDS = [generate]

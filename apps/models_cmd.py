@@ -1,0 +1,62 @@
+"""`pocketspec models list|pull|path`: see, download and locate the catalog's models."""
+
+from __future__ import annotations
+
+import click
+
+from pocketspec.catalog import get_model, load_catalog, model_path, resolve_model
+from pocketspec.pull import pull
+
+
+def _human_bytes(num_bytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes} B"
+
+
+@click.group(name="models")
+def models() -> None:
+    """List, download and locate the models in the catalog."""
+
+
+@models.command(name="list")
+def list_models() -> None:
+    """Show each catalog model (size, whether downloaded, path) and each pair."""
+    catalog = load_catalog()
+    rows = [("NAME", "SIZE", "DOWNLOADED", "PATH")]
+    for entry in catalog.models.values():
+        path = model_path(entry.name)
+        rows.append((entry.name, _human_bytes(entry.size_bytes), "yes" if path.exists() else "no", str(path)))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
+    if catalog.pairs:
+        click.echo("\nPAIRS")
+        for pair in catalog.pairs.values():
+            default = "  (default)" if pair.name == catalog.default_pair else ""
+            click.echo(f"{pair.name}: target {pair.target}, draft {pair.draft}{default}")
+
+
+@models.command(name="pull")
+@click.argument("name")
+@click.option("--verify", is_flag=True, help="Re-hash a file that is already present.")
+def pull_model(name: str, verify: bool) -> None:
+    """Download model NAME (or both models of pair NAME) and print the path(s)."""
+    catalog = load_catalog()
+    if name in catalog.pairs:
+        names = [catalog.pairs[name].target, catalog.pairs[name].draft]
+    else:
+        names = [get_model(name, catalog).name]
+    for model_name in names:
+        click.echo(pull(model_name, verify=verify))
+
+
+@models.command(name="path")
+@click.argument("name")
+def path_of_model(name: str) -> None:
+    """Print the path of downloaded model NAME, after checking the file (exit 2 if absent)."""
+    click.echo(resolve_model(name))
+
+
+COMMANDS = [models]

@@ -1,0 +1,52 @@
+"""Click options shared by the commands that load models; defaults come from pocketspec.settings."""
+
+from __future__ import annotations
+
+import click
+
+from pocketspec.errors import UserError
+from pocketspec.settings import GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings
+
+SAMPLING = SamplingSettings()
+SPECULATION = SpeculationSettings()
+MODEL = ModelSettings()
+GENERATION = GenerationSettings()
+
+
+def model_choice_options(function):
+    """--target/--draft/--pair: catalog names or GGUF paths; the draft may be `ngram` or `none`."""
+    function = click.option("--pair", default=None, help="Catalog pair preset, e.g. qwen-coder (the default).")(function)
+    function = click.option("--draft", default=None, help="Draft: catalog name, GGUF path, `ngram` or `none`.")(function)
+    function = click.option("--target", default=None, help="Target: catalog name or GGUF path.")(function)
+    return function
+
+
+def sampling_options(function):
+    function = click.option("--seed", type=int, default=SAMPLING.seed, show_default=True)(function)
+    function = click.option("--top-k", type=click.IntRange(min=0), default=SAMPLING.top_k, show_default=True, help="0 keeps all tokens.")(function)
+    function = click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=SAMPLING.top_p, show_default=True)(function)
+    function = click.option("--temperature", type=click.FloatRange(min=0.0), default=SAMPLING.temperature, show_default=True, help="0 is greedy.")(function)
+    return function
+
+
+def parse_gamma(value: str) -> int | None:
+    if value == "auto":
+        return None
+    try:
+        gamma = int(value)
+    except ValueError:
+        raise UserError(f"--gamma must be `auto` or a whole number from 0 to 32, got {value!r}") from None
+    if not 0 <= gamma <= 32:
+        raise UserError(f"--gamma must be `auto` or a whole number from 0 to 32, got {gamma}")
+    return gamma
+
+
+def runtime_options(function):
+    function = click.option("--repack/--no-repack", default=MODEL.repack_weights, show_default=True,
+                            help="llama.cpp repacked CPU weights: faster one-token decoding, narrower exact verify batches.")(function)
+    function = click.option("--threads", type=click.IntRange(min=0), default=MODEL.num_threads, help="CPU threads (0: all this process may use).")(function)
+    function = click.option("--kv-type", type=click.Choice(["f16", "q8_0", "q4_0"]), default=None, help="KV cache type (default: the plan's choice, else f16).")(function)
+    function = click.option("--max-context", type=click.IntRange(min=64, max=131072), default=None, help=f"Target context in tokens [default: {MODEL.max_context}].")(function)
+    function = click.option("--memory-budget", default=None, help="Memory budget for everything, e.g. 512MiB, 3GiB, 3.5G.")(function)
+    function = click.option("--gamma", default="auto", show_default=True, help="Draft length: `auto` (adaptive) or a fixed N.")(function)
+    return function

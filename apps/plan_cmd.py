@@ -1,0 +1,91 @@
+"""`pocketspec plan`: print the memory plan for a target/draft pair, budget and context, loading nothing."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from apps.options import GENERATION, MODEL, SAMPLING, SPECULATION, model_choice_options
+from memplanner.device import detect_device
+from memplanner.planner import Plan, Workload, plan
+from memplanner.shapes import shape_from_gguf
+from memplanner.sizes import format_bytes, parse_size
+from pocketspec.errors import UserError
+from pocketspec.loader import choose_models
+
+
+def _settings_line(plan_: Plan) -> str:
+    s = plan_.settings
+    parts = [f"drafter {s.drafter}"]
+    if s.drafter != "none":
+        parts.append(f"max gamma {s.max_gamma}")
+    parts.append(f"target KV {s.target_kv_type} x {s.target_n_ctx} cells")
+    if s.drafter == "model":
+        parts.append(f"draft KV window {s.draft_kv_window} tokens ({s.draft_n_ctx} cells)")
+    parts += [f"n_batch {s.n_batch}", f"n_ubatch {s.n_ubatch}", f"logits rows {s.logits_rows}",
+              f"flash attention {s.flash_attn}", f"device {s.target_device}"]
+    return ", ".join(parts)
+
+
+def _print_plan(plan_: Plan, title: str) -> None:
+    click.echo(title)
+    width = max(len(name) for name in plan_.terms) + 2
+    click.echo(f"{'TERM'.ljust(width)}{'BYTES':>14}  SIZE")
+    for name, size in plan_.terms.items():
+        click.echo(f"{name.ljust(width)}{size:>14}  {format_bytes(size)}")
+    click.echo(f"{'predicted peak'.ljust(width)}{plan_.predicted_peak_bytes:>14}  "
+               f"{format_bytes(plan_.predicted_peak_bytes)}")
+    click.echo(f"settings: {_settings_line(plan_)}")
+    click.echo("degradations: " + ("none" if not plan_.degradations else ""))
+    for step in plan_.degradations:
+        click.echo(f"  - {step}")
+    click.echo(f"predicted speed: {plan_.predicted_tokens_per_second:.1f} tok/s")
+    click.echo(f"minimum to run at all: {format_bytes(plan_.min_budget_any_bytes)} (plain decoding, f16 KV); "
+               f"to keep 95% of the best speed: {format_bytes(plan_.min_budget_keep_bytes)}")
+    if plan_.reason:
+        click.echo(f"note: {plan_.reason}")
+
+
+@click.command(name="plan")
+@model_choice_options
+@click.option("--memory-budget", default=None,
+              help="Budget for everything, e.g. 512MiB, 3GiB, 3.5G (G = GiB) [default: memory available now].")
+@click.option("--max-context", type=click.IntRange(min=64, max=1 << 20), default=MODEL.max_context,
+              show_default=True, help="Prompt + generated tokens.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=GENERATION.max_new_tokens, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=SAMPLING.temperature, show_default=True)
+@click.option("--max-gamma", type=click.IntRange(min=1, max=32), default=SPECULATION.max_gamma, show_default=True)
+@click.option("--alpha", type=click.FloatRange(min=0.0, max=1.0), default=None,
+              help="Expected per-token acceptance of the draft model [default: 0.8].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def plan_command(target, draft, pair, memory_budget, max_context, max_tokens, temperature, max_gamma, alpha,
+                 as_json):
+    """Show which settings fit a memory budget, every memory term, and the predicted speed."""
+    try:
+        budget_bytes = parse_size(memory_budget) if memory_budget is not None else None
+    except ValueError as error:
+        raise UserError(f"--memory-budget: {error}") from None
+    choice = choose_models(target=target, draft=draft, pair=pair)
+    target_shape = shape_from_gguf(choice.target_path)
+    draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path else None
+    if max_context > target_shape.context_length_trained > 0:
+        raise UserError(f"--max-context {max_context} exceeds {target_shape.name}'s trained context "
+                        f"{target_shape.context_length_trained}; lower it")
+    device = detect_device()
+    if budget_bytes is None:
+        budget_bytes = device.free_bytes
+    # `--draft none` asks for plain decoding: no gamma to plan
+    workload = Workload(max_context, max_tokens, 1, 0 if choice.drafter == "none" else max_gamma, temperature)
+    result = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=alpha)
+    if not result.feasible:
+        raise UserError(f"{result.reason}; raise --memory-budget or lower --max-context")
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), sort_keys=True))
+        return
+    pair_name = target_shape.name + (f" + {draft_shape.name}" if draft_shape else f" ({'n-gram drafting' if choice.drafter == 'ngram' else 'plain decoding'})")
+    _print_plan(result, f"plan for {pair_name}, max context {max_context}, budget "
+                        f"{format_bytes(budget_bytes)} on {device.name}")
+
+
+COMMANDS = [plan_command]

@@ -1,0 +1,85 @@
+"""Opening an engine for a command: resolve models, apply the memory plan, load, measure, close."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field, replace
+
+import click
+import psutil
+
+from apps.options import MODEL, SPECULATION, parse_gamma
+from pocketspec.loader import ModelChoice, choose_models, close_engine, draft_settings_for, load_engine
+from pocketspec.settings import ModelSettings, SamplingSettings
+from pocketspec.stats import GenerationStats, peak_rss_bytes
+
+
+@dataclass
+class Session:
+    engine: object
+    choice: ModelChoice
+    baseline_rss_bytes: int
+    budget_bytes: int | None = None
+    plan: object | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def peak_memory_bytes(self) -> int:
+        """Peak resident memory above the process's baseline before any model loaded."""
+        return max(0, peak_rss_bytes() - self.baseline_rss_bytes)
+
+    def memory_in_use_bytes(self) -> int:
+        return max(0, psutil.Process().memory_info().rss - self.baseline_rss_bytes)
+
+    def stats_dict(self, stats: GenerationStats) -> dict:
+        result = stats.as_dict()
+        result["peak_memory_bytes"] = self.peak_memory_bytes()
+        if self.budget_bytes is not None:
+            result["memory_budget_bytes"] = self.budget_bytes
+        return result
+
+
+@contextlib.contextmanager
+def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, seed=0, gamma="auto",
+                memory_budget=None, max_context=None, kv_type=None, threads=0, max_new_tokens=128,
+                repack=True, announce=True, pull_if_missing=False):
+    baseline_rss_bytes = psutil.Process().memory_info().rss
+    choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
+    fixed_gamma = parse_gamma(gamma)
+    target_settings = ModelSettings(
+        num_threads=threads,
+        max_context=max_context or MODEL.max_context,
+        kv_type=kv_type or MODEL.kv_type,
+        repack_weights=repack,
+        max_logits_rows=(fixed_gamma if fixed_gamma is not None else SPECULATION.max_gamma) + 1,
+    )
+    speculation = replace(SPECULATION, gamma=fixed_gamma)
+    session_plan = None
+    budget_bytes = None
+    draft_max_context = None
+    notes: list[str] = []
+    if memory_budget is not None:
+        from apps.budget import apply_plan
+
+        applied = apply_plan(choice, memory_budget, target_settings, speculation, max_new_tokens, temperature, kv_type)
+        choice, target_settings, speculation, draft_max_context = (
+            applied.choice, applied.target_settings, applied.speculation, applied.draft_max_context)
+        session_plan, budget_bytes, notes = applied.plan, applied.budget_bytes, applied.notes
+        if announce:
+            for note in notes:
+                click.echo(note, err=True)
+    sampling = SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    engine = load_engine(
+        choice,
+        target_settings=target_settings,
+        draft_settings=draft_settings_for(target_settings, draft_max_context),
+        sampling=sampling,
+        speculation=speculation,
+    )
+    if announce:
+        for note in engine.notes:
+            click.echo(note, err=True)
+    notes.extend(engine.notes)
+    try:
+        yield Session(engine, choice, baseline_rss_bytes, budget_bytes, session_plan, notes)
+    finally:
+        close_engine(engine)

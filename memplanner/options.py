@@ -1,0 +1,125 @@
+"""The settings a plan can choose, every candidate worth considering, and the bytes each needs.
+
+A candidate is scored by predicted tokens/s first; among equally fast ones the planner
+prefers, in order, f16 KV over quantized KV, a longer draft window, a larger n_ubatch, and
+then less memory. So as a budget shrinks the planner gives up, in this order: n_ubatch
+(only prompt speed), the draft window, f16 KV, then speed itself (shorter gamma, n-gram
+drafting, plain decoding) as far as the step-cost model says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplanner import terms
+from memplanner.costs import CPU_REFERENCES, tokens_per_second
+from memplanner.shapes import ModelShape
+
+UBATCH_CHOICES = (512, 256, 128, 64)
+DRAFT_CONTEXT_CHOICES = (2048, 1024, 512, 256)  # besides the full context
+KV_PREFERENCE = ("f16", "q8_0", "q4_0")  # quantized KV changes outputs slightly: last resort
+ATTENTION_SINK_TOKENS = 4  # StreamingLLM keeps the first tokens plus a recent window
+
+
+@dataclass(frozen=True)
+class Workload:
+    max_context: int  # prompt + generated tokens per sequence
+    max_new_tokens: int = 256
+    batch_size: int = 1
+    max_gamma: int = 8
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    drafter: str  # "model" | "ngram" | "none"
+    max_gamma: int  # 0 for plain decoding
+    target_n_ctx: int  # KV cells, already a multiple of 256 as llama.cpp would pad it
+    target_kv_type: str  # f16 | q8_0 | q4_0 (quantized V needs flash attention: "auto" gives it on CPU)
+    draft_n_ctx: int  # 0 without a draft model
+    draft_kv_window: int  # tokens the draft keeps: sinks + recent; == max_context when full
+    n_batch: int
+    n_ubatch: int
+    logits_rows: int  # n_outputs_max for the target: gamma + 1 verified rows
+    batch_size: int
+    target_device: str
+    draft_device: str
+    flash_attn: str = "auto"  # llama.cpp resolves auto to enabled on CPU (observed)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    settings: PlanSettings
+    terms: dict
+    peak_bytes: int
+    tokens_per_second: float
+
+    @property
+    def preference(self) -> tuple:
+        """Larger is better: speed, then f16 KV, draft window, n_ubatch, then less memory."""
+        s = self.settings
+        return (round(self.tokens_per_second, 9), -KV_PREFERENCE.index(s.target_kv_type),
+                s.draft_kv_window, s.n_ubatch, -self.peak_bytes)
+
+
+def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape | None,
+                   workload: Workload) -> dict[str, int]:
+    """Every memory term of one configuration, in bytes (zero terms left out)."""
+    s, batch, gamma = settings, settings.batch_size, settings.max_gamma
+    device = s.target_device
+    found = {
+        "runtime_overhead": terms.runtime_overhead_bytes(device),
+        "target_weights": terms.mapped_weights_bytes(target, device),
+        "target_repacked_weights": terms.repacked_weights_bytes(target, device),
+        "target_metadata": terms.model_metadata_bytes(target),
+        "target_kv_cache": terms.kv_cache_bytes(target, s.target_n_ctx, s.target_kv_type, num_seqs=batch),
+        "target_logits": terms.output_buffer_bytes(target, s.logits_rows * batch),
+        "target_compute": terms.compute_buffer_bytes(target, s.n_ubatch, s.target_n_ctx, s.logits_rows * batch),
+        "target_probs": batch * terms.target_probs_bytes(target, gamma, workload.temperature),
+    }
+    if s.drafter == "ngram":
+        found["ngram_index"] = batch * terms.ngram_index_bytes(workload.max_context)
+    if s.drafter == "model":
+        draft_device = s.draft_device
+        found.update({
+            "draft_weights": terms.mapped_weights_bytes(draft, draft_device),
+            "draft_repacked_weights": terms.repacked_weights_bytes(draft, draft_device),
+            "draft_metadata": terms.model_metadata_bytes(draft),
+            "draft_kv_cache": terms.kv_cache_bytes(draft, s.draft_n_ctx, "f16", num_seqs=batch),
+            "draft_logits": terms.output_buffer_bytes(draft, batch),
+            "draft_compute": terms.compute_buffer_bytes(draft, s.n_ubatch, s.draft_n_ctx, batch),
+        })
+    if s.drafter != "none":
+        found["draft_probs"] = batch * terms.draft_probs_bytes(target, gamma, workload.temperature)
+    return {name: int(value) for name, value in found.items() if value}
+
+
+def candidate_settings(target: ModelShape, draft: ModelShape | None, workload: Workload,
+                       device_kind: str = "cpu"):
+    """Every configuration considered: drafter x gamma x target KV type x draft window x n_ubatch."""
+    common = dict(batch_size=workload.batch_size, target_device=device_kind, draft_device=device_kind)
+    plain_ctx = terms.padded_context(workload.max_context)
+    for n_ubatch in UBATCH_CHOICES:
+        yield PlanSettings("none", 0, plain_ctx, "f16", 0, 0, n_ubatch, n_ubatch, 1, **common)
+    drafters = ["ngram"] + (["model"] if draft is not None else [])
+    for drafter in drafters:
+        for gamma in range(1, workload.max_gamma + 1):
+            target_ctx = terms.padded_context(workload.max_context + gamma + 1)
+            windows = [(0, 0)]
+            if drafter == "model":
+                windows = [(target_ctx, workload.max_context)]
+                windows += [(ctx, ctx - gamma - 1) for ctx in DRAFT_CONTEXT_CHOICES
+                            if ctx - gamma - 1 < workload.max_context and ctx - gamma - 1 > 4 * ATTENTION_SINK_TOKENS]
+            for kv_type in KV_PREFERENCE:
+                for draft_ctx, window in windows:
+                    for n_ubatch in UBATCH_CHOICES:
+                        yield PlanSettings(drafter, gamma, target_ctx, kv_type, draft_ctx, window,
+                                           n_ubatch, n_ubatch, gamma + 1, **common)
+
+
+def evaluate(settings: PlanSettings, target: ModelShape, draft: ModelShape | None, workload: Workload,
+             alpha: dict[str, float], references=CPU_REFERENCES) -> Candidate:
+    found = settings_terms(settings, target, draft, workload)
+    speed = tokens_per_second(target, draft, settings.drafter, settings.max_gamma,
+                              alpha.get(settings.drafter), references)
+    return Candidate(settings, found, sum(found.values()), speed)

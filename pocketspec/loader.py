@@ -1,0 +1,79 @@
+"""From user-facing names (catalog name, GGUF path, `ngram`, `none`) to a ready engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pocketspec.catalog import resolve_model, resolve_pair
+from pocketspec.errors import UserError
+from pocketspec.gguf_check import check_gguf, check_same_vocab
+from pocketspec.settings import ModelSettings, SamplingSettings, SpeculationSettings
+
+DRAFTLESS = ("ngram", "none")
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """Resolved files: the target GGUF, and a draft GGUF or a draftless mode."""
+
+    target_path: Path
+    draft_path: Path | None
+    drafter: str  # auto | ngram | none  (auto: the controller mixes n-gram and draft model)
+
+
+def choose_models(
+    *, target: str | None, draft: str | None, pair: str | None, pull_if_missing: bool = False
+) -> ModelChoice:
+    if pair is not None or target is None:
+        pair_entry = resolve_pair(pair)
+        target = target or pair_entry.target
+        draft = draft or pair_entry.draft
+    target_path = resolve_model(target, pull_if_missing=pull_if_missing)
+    target_info = check_gguf(target_path)
+    draft = draft or "ngram"
+    if draft in DRAFTLESS:
+        return ModelChoice(target_path, None, draft)
+    draft_path = resolve_model(draft, pull_if_missing=pull_if_missing)
+    check_same_vocab(target_info, check_gguf(draft_path))
+    return ModelChoice(target_path, draft_path, "auto")
+
+
+def draft_settings_for(target_settings: ModelSettings, draft_max_context: int | None = None) -> ModelSettings:
+    """The draft model's context follows the target's unless the plan gives it a shorter window."""
+    return replace(target_settings, max_context=draft_max_context or target_settings.max_context)
+
+
+def load_engine(
+    choice: ModelChoice,
+    *,
+    target_settings: ModelSettings,
+    draft_settings: ModelSettings | None = None,
+    sampling: SamplingSettings = SamplingSettings(),
+    speculation: SpeculationSettings = SpeculationSettings(),
+):
+    """Load the backends and build the engine; the caller closes it with close_engine."""
+    from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
+    from pocketspec.engine import SpeculativeEngine
+
+    if speculation.drafter == "auto" and choice.drafter != "auto":
+        speculation = replace(speculation, drafter=choice.drafter)
+    if speculation.drafter == "model" and choice.draft_path is None:
+        raise UserError("--drafter model needs a draft model: pass --draft NAME or --pair NAME")
+    target_backend = LlamaCppBackend(choice.target_path, target_settings)
+    draft_backend = None
+    try:
+        if choice.draft_path is not None and speculation.drafter in ("auto", "model"):
+            draft_backend = LlamaCppBackend(choice.draft_path, draft_settings or target_settings)
+        return SpeculativeEngine(target_backend, draft_backend=draft_backend, sampling=sampling, speculation=speculation)
+    except BaseException:
+        if draft_backend is not None:
+            draft_backend.close()
+        target_backend.close()
+        raise
+
+
+def close_engine(engine) -> None:
+    if engine.model is not None:
+        engine.model.close()
+    engine.target.close()

@@ -1,0 +1,67 @@
+"""One dataclass per concern, each the single home of its defaults.
+
+CLI flags read their defaults from here (apps/options.py), so defaults never drift.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How a token is chosen from a distribution; identical for target and draft."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 keeps the whole vocabulary
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class SpeculationSettings:
+    """What drafts tokens and how many per step."""
+
+    drafter: str = "auto"  # auto | model | ngram | none | mixed
+    gamma: int | None = None  # None: adaptive (`--gamma auto`)
+    max_gamma: int = 8
+    ngram_min: int = 2
+    ngram_max: int = 4
+
+
+def default_num_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """How one model is loaded by a backend."""
+
+    num_threads: int = 0  # 0: every core this process may use
+    max_context: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    kv_type: str = "f16"  # f16 | q8_0 | q4_0
+    max_logits_rows: int = 9  # verify width: max_gamma + 1
+    use_mmap: bool = True
+    gpu_layers: int = 0  # -1 offloads every layer on a CUDA/ROCm/Vulkan build
+    # llama.cpp's repacked weights decode one token faster on x86 CPUs, but its batched
+    # kernel then rounds differently from 4 rows on, which caps exact verify width at 3.
+    repack_weights: bool = True
+
+    @property
+    def resolved_num_threads(self) -> int:
+        return self.num_threads or default_num_threads()
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """What one generate call asks for."""
+
+    max_new_tokens: int = 128
+    stop_at_eos: bool = True

@@ -1,0 +1,56 @@
+"""Counters for one generation and the peak-memory readings they report."""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass, field
+
+
+def peak_rss_bytes() -> int:
+    """Highest resident set size of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@dataclass
+class GenerationStats:
+    num_tokens: int = 0
+    num_prompt_tokens: int = 0
+    num_reused_tokens: int = 0  # prompt tokens whose KV was kept from an earlier call
+    seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    num_steps: int = 0
+    num_drafted: int = 0
+    num_accepted: int = 0
+    steps_by_drafter: dict[str, int] = field(default_factory=dict)
+    last_gamma: int = 0
+    peak_rss_bytes: int = 0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
+
+    @property
+    def mean_accepted_per_step(self) -> float:
+        """Accepted draft tokens per verify step (the recovered or bonus token not counted)."""
+        return self.num_accepted / self.num_steps if self.num_steps else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "num_tokens": self.num_tokens,
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "num_reused_tokens": self.num_reused_tokens,
+            "seconds": round(self.seconds, 4),
+            "prefill_seconds": round(self.prefill_seconds, 4),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "num_steps": self.num_steps,
+            "num_drafted": self.num_drafted,
+            "num_accepted": self.num_accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_per_step": round(self.mean_accepted_per_step, 4),
+            "steps_by_drafter": dict(self.steps_by_drafter),
+            "peak_rss_bytes": self.peak_rss_bytes,
+        }

@@ -1,0 +1,72 @@
+"""llama.cpp's own tokenizer for a loaded model, plus a UTF-8-safe streaming detokenizer."""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+from functools import lru_cache
+from typing import Sequence
+
+import llama_cpp
+
+
+class Tokenizer:
+    def __init__(self, llama_model):
+        self._model = llama_model
+        self._vocab = llama_model.vocab
+
+    def encode(self, text: str, *, add_bos: bool = True, parse_special: bool = False) -> list[int]:
+        return self._model.tokenize(text.encode("utf-8"), add_bos, parse_special)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(token) for token in tokens).decode("utf-8", errors="replace")
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        return self._piece(token, special)
+
+    @lru_cache(maxsize=65536)
+    def _piece(self, token: int, special: bool) -> bytes:
+        # llama-cpp-python 0.3.36's LlamaModel.token_to_piece returns the whole
+        # NUL-padded buffer, so call the C function and keep only the written bytes.
+        size = 64
+        while True:
+            buffer = ctypes.create_string_buffer(size)
+            num_bytes = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, size, 0, special)
+            if num_bytes >= 0:
+                return buffer.raw[:num_bytes]
+            size = -num_bytes
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    @property
+    def adds_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
+
+    @property
+    def bos_token(self) -> int:
+        return self._model.token_bos()
+
+    @property
+    def eos_token(self) -> int:
+        return self._model.token_eos()
+
+    def metadata(self) -> dict[str, str]:
+        return self._model.metadata()
+
+    def streamer(self) -> "TextStreamer":
+        return TextStreamer(self)
+
+
+class TextStreamer:
+    """Turns tokens into text as they arrive, holding back an unfinished UTF-8 sequence."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tokenizer = tokenizer
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, tokens: Sequence[int]) -> str:
+        return self._decoder.decode(b"".join(self._tokenizer.piece(token) for token in tokens))
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)

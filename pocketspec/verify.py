@@ -1,0 +1,79 @@
+"""Pure verification rules: draft tokens and distributions in, accepted count and next token out.
+
+Vocabulary follows vLLM's rejection sampler: *accepted* draft tokens, the
+*recovered* token resampled after a rejection, and the *bonus* token sampled from
+the target when every draft token was accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from pocketspec.sampling import sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    num_accepted: int
+    next_token: int  # recovered (after a rejection) or bonus (all accepted)
+
+    def emitted(self, draft_tokens: Sequence[int]) -> list[int]:
+        """Tokens this step adds to the sequence: accepted drafts, then the next token."""
+        return [*draft_tokens[: self.num_accepted], self.next_token]
+
+
+def verify_greedy(draft_tokens: Sequence[int], target_choices: Sequence[int]) -> Verdict:
+    """Temperature 0: accept while the draft equals the target's argmax.
+
+    target_choices has len(draft_tokens) + 1 entries: the target's argmax after
+    each prefix, so the last one is the bonus token.
+    """
+    num_accepted = 0
+    for drafted, chosen in zip(draft_tokens, target_choices):
+        if drafted != chosen:
+            break
+        num_accepted += 1
+    return Verdict(num_accepted, int(target_choices[num_accepted]))
+
+
+def verify_sampled(
+    draft_tokens: Sequence[int],
+    draft_probs: np.ndarray,  # [num_draft, vocab]: q, the distribution each draft was drawn from
+    target_probs: np.ndarray,  # [num_draft + 1, vocab]: p
+    rng: np.random.Generator,
+) -> Verdict:
+    """Lossless speculative sampling: accept x with min(1, p(x)/q(x)), else draw from norm(max(0, p - q))."""
+    for index, drafted in enumerate(draft_tokens):
+        p = target_probs[index, drafted]
+        q = draft_probs[index, drafted]
+        if q > 0 and rng.random() * q < p:
+            continue
+        residual = np.maximum(target_probs[index] - draft_probs[index], 0.0)
+        if residual.sum() <= 0:  # p == q up to rounding: any draw from p is exact
+            residual = target_probs[index]
+        return Verdict(index, sample(residual, rng))
+    num_draft = len(draft_tokens)
+    return Verdict(num_draft, sample(target_probs[num_draft], rng))
+
+
+def verify_deterministic(
+    draft_tokens: Sequence[int], target_probs: np.ndarray, rng: np.random.Generator
+) -> Verdict:
+    """A drafter without probabilities (n-gram) proposes a point mass q = 1 at its token.
+
+    Then min(1, p/q) = p(x), and norm(max(0, p - q)) is p with x removed.
+    """
+    for index, drafted in enumerate(draft_tokens):
+        p = target_probs[index]
+        if rng.random() < p[drafted]:
+            continue
+        residual = p.copy()
+        residual[drafted] = 0.0
+        if residual.sum() <= 0:
+            residual = p
+        return Verdict(index, sample(residual, rng))
+    num_draft = len(draft_tokens)
+    return Verdict(num_draft, sample(target_probs[num_draft], rng))

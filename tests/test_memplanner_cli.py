@@ -1,0 +1,64 @@
+"""`pocketspec plan`: the JSON contract and one-line errors with exit code 2 (reads GGUF headers only)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from apps.cli import main
+
+MODELS = Path.home() / ".cache" / "pocketspec" / "models"
+SMOLLM2 = MODELS / "smollm2-135m-instruct.gguf"
+QWEN_PAIR = [MODELS / "qwen2.5-coder-1.5b-instruct.gguf", MODELS / "qwen2.5-coder-0.5b-instruct.gguf"]
+needs_smollm2 = pytest.mark.skipif(not SMOLLM2.exists(), reason="smollm2 GGUF not downloaded")
+needs_qwen = pytest.mark.skipif(not all(p.exists() for p in QWEN_PAIR), reason="qwen-coder pair not downloaded")
+KEYS = {"feasible", "predicted_peak_bytes", "terms", "settings", "min_budget_any_bytes", "min_budget_keep_bytes",
+        "predicted_tokens_per_second", "degradations", "budget_bytes"}
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["plan", *args])
+
+
+@needs_smollm2
+def test_json_has_the_contract_keys():
+    result = run("--target", str(SMOLLM2), "--draft", "ngram", "--memory-budget", "1GiB",
+                 "--max-context", "2048", "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert KEYS <= set(found)
+    assert found["feasible"] is True and found["budget_bytes"] == 2**30
+    assert found["predicted_peak_bytes"] == sum(found["terms"].values()) <= 2**30
+    assert found["min_budget_any_bytes"] <= found["min_budget_keep_bytes"] <= found["predicted_peak_bytes"]
+    assert found["settings"]["drafter"] in ("ngram", "none")
+
+
+@needs_smollm2
+def test_draft_none_plans_plain_decoding_as_a_table():
+    result = run("--target", "smollm2-135m-instruct", "--draft", "none", "--memory-budget", "512MiB")
+    assert result.exit_code == 0, result.output
+    assert "target_kv_cache" in result.output and "drafter none" in result.output
+    assert "predicted peak" in result.output and "minimum to run at all" in result.output
+
+
+@needs_qwen
+def test_pair_preset_prints_terms_for_both_models():
+    result = run("--pair", "qwen-coder", "--memory-budget", "3GiB", "--max-context", "4096", "--alpha", "0.95",
+                 "--json")
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.output)
+    assert found["settings"]["drafter"] == "model" and "draft_kv_cache" in found["terms"]
+
+
+@needs_smollm2
+@pytest.mark.parametrize("budget, message", [
+    ("3X", "cannot read '3X' as a size"),
+    ("10MiB", "is below the minimum"),
+])
+def test_bad_budgets_are_one_line_with_exit_code_2(budget, message):
+    result = run("--target", str(SMOLLM2), "--draft", "none", "--memory-budget", budget)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+    assert "Traceback" not in result.output

