@@ -18,7 +18,8 @@ from memplanner.shapes import ModelShape
 UBATCH_CHOICES = (512, 256, 128, 64)
 DRAFT_CONTEXT_CHOICES = (2048, 1024, 512, 256)  # besides the full context
 KV_PREFERENCE = ("f16", "q8_0", "q4_0")  # quantized KV changes outputs slightly: last resort
-ATTENTION_SINK_TOKENS = 4  # StreamingLLM keeps the first tokens plus a recent window
+ATTENTION_SINK_TOKENS = 4
+DRAFTER_UPSIDE = {"ngram": 2, "none": 1, "model": 0}  # StreamingLLM keeps the first tokens plus a recent window
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,15 @@ class Candidate:
 
     @property
     def preference(self) -> tuple:
-        """Larger is better: speed, then f16 KV, draft window, n_ubatch, then less memory."""
+        """Larger is better: speed, f16 KV, drafter upside, draft window, n_ubatch, γ, then less memory.
+
+        At equal predicted speed the n-gram drafter beats plain decoding: the runtime's
+        controller falls back to γ = 0 by itself, so drafting can only gain, for a few KiB.
+        A draft model at no predicted gain is last: it costs its weights.
+        """
         s = self.settings
-        return (round(self.tokens_per_second, 9), -KV_PREFERENCE.index(s.target_kv_type),
-                s.draft_kv_window, s.n_ubatch, -self.peak_bytes)
+        return (round(self.tokens_per_second, 9), -KV_PREFERENCE.index(s.target_kv_type), DRAFTER_UPSIDE[s.drafter],
+                s.draft_kv_window, s.n_ubatch, s.max_gamma, -self.peak_bytes)
 
 
 def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape | None,
@@ -120,6 +126,9 @@ def candidate_settings(target: ModelShape, draft: ModelShape | None, workload: W
 def evaluate(settings: PlanSettings, target: ModelShape, draft: ModelShape | None, workload: Workload,
              alpha: dict[str, float], references=CPU_REFERENCES) -> Candidate:
     found = settings_terms(settings, target, draft, workload)
-    speed = tokens_per_second(target, draft, settings.drafter, settings.max_gamma,
-                              alpha.get(settings.drafter), references)
+    # The runtime picks γ per step and may pick 0, so an adaptive drafter is never
+    # predicted slower than plain decoding.
+    speed = max(tokens_per_second(target, draft, settings.drafter, settings.max_gamma,
+                                  alpha.get(settings.drafter), references),
+                tokens_per_second(target, draft, "none", 0, None, references))
     return Candidate(settings, found, sum(found.values()), speed)

@@ -40,8 +40,12 @@ def choose_models(
 
 
 def draft_settings_for(target_settings: ModelSettings, draft_max_context: int | None = None) -> ModelSettings:
-    """The draft model's context follows the target's unless the plan gives it a shorter window."""
-    return replace(target_settings, max_context=draft_max_context or target_settings.max_context)
+    """The draft follows the target's context unless the plan gives it a shorter window.
+
+    It keeps an f16 KV cache and one logits row: it only ever reads its last position.
+    """
+    return replace(target_settings, max_context=draft_max_context or target_settings.max_context,
+                   kv_type="f16", max_logits_rows=1)
 
 
 def load_engine(

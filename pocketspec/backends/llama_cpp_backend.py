@@ -55,6 +55,7 @@ class LlamaCppBackend:
         context_params.n_ubatch = min(settings.n_ubatch, settings.n_batch)
         context_params.n_seq_max = 1
         context_params.n_outputs_max = settings.max_logits_rows
+        context_params.n_outputs_max_per_seq = 0  # 0: same as n_outputs_max (the default 1 would abort)
         context_params.n_threads = settings.resolved_num_threads
         context_params.n_threads_batch = settings.resolved_num_threads
         context_params.type_k = KV_TYPES[settings.kv_type]

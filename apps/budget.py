@@ -1,0 +1,79 @@
+"""Making the runtime obey `--memory-budget`: plan first, refuse early, size every buffer from the plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from memplanner.device import detect_device
+from memplanner.planner import Plan, Workload, plan
+from memplanner.shapes import shape_from_gguf
+from memplanner.sizes import format_bytes, parse_size
+from pocketspec.errors import UserError
+from pocketspec.loader import ModelChoice
+from pocketspec.settings import ModelSettings, SpeculationSettings
+
+
+@dataclass
+class AppliedPlan:
+    choice: ModelChoice
+    target_settings: ModelSettings
+    speculation: SpeculationSettings
+    draft_max_context: int | None
+    plan: Plan
+    budget_bytes: int
+    notes: list[str]
+
+
+def parse_budget(text: str) -> int:
+    try:
+        budget_bytes = parse_size(text)
+    except ValueError as error:
+        raise UserError(f"--memory-budget {text!r}: {error}") from None
+    if budget_bytes <= 0:
+        raise UserError(f"--memory-budget must be positive, got {text!r}")
+    return budget_bytes
+
+
+def describe(plan_: Plan) -> str:
+    settings = plan_.settings
+    parts = [f"drafter {settings.drafter}", f"max γ {settings.max_gamma}",
+             f"target KV {settings.target_kv_type} × {settings.target_n_ctx}", f"n_ubatch {settings.n_ubatch}"]
+    if settings.drafter == "model":
+        parts.append(f"draft KV window {settings.draft_kv_window}")
+    return (f"memory plan: predicted peak {format_bytes(plan_.predicted_peak_bytes)} of "
+            f"{format_bytes(plan_.budget_bytes)} ({', '.join(parts)})")
+
+
+def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSettings,
+               speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
+               kv_type: str | None) -> AppliedPlan:
+    budget_bytes = parse_budget(memory_budget)
+    target_shape = shape_from_gguf(choice.target_path)
+    draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
+    workload = Workload(max_context=target_settings.max_context, max_new_tokens=max_new_tokens,
+                        max_gamma=speculation.gamma or speculation.max_gamma, temperature=temperature)
+    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=detect_device())
+    if not plan_.feasible:
+        raise UserError(plan_.reason)
+    settings = plan_.settings
+    notes = [describe(plan_)] + [f"memory plan: {step}" for step in plan_.degradations]
+    runtime_drafter = {"model": "auto", "ngram": "ngram", "none": "none"}[settings.drafter]
+    if choice.drafter == "none":
+        runtime_drafter = "none"
+    draft_path = choice.draft_path if runtime_drafter == "auto" else None
+    choice = ModelChoice(choice.target_path, draft_path, runtime_drafter)
+    if kv_type is not None and kv_type != settings.target_kv_type:
+        raise UserError(f"--kv-type {kv_type} conflicts with the memory plan's {settings.target_kv_type}: "
+                        "leave --kv-type out when giving --memory-budget")
+    target_settings = replace(
+        target_settings,
+        max_context=settings.target_n_ctx,  # the context plus γ + 1 verify slots, padded as llama.cpp pads
+        kv_type=settings.target_kv_type,
+        n_batch=settings.n_batch,
+        n_ubatch=settings.n_ubatch,
+        max_logits_rows=max(1, settings.logits_rows),
+    )
+    fixed_gamma = None if speculation.gamma is None else min(speculation.gamma, settings.max_gamma)
+    speculation = replace(speculation, drafter=runtime_drafter, max_gamma=settings.max_gamma, gamma=fixed_gamma)
+    draft_max_context = settings.draft_n_ctx if draft_path is not None else None
+    return AppliedPlan(choice, target_settings, speculation, draft_max_context, plan_, budget_bytes, notes)

@@ -1,0 +1,111 @@
+"""Bad input gets one clear line on stderr, exit code 2 and no traceback."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pocketspec.catalog import model_path
+
+LONG_PROMPT = "word " * 400
+
+
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "apps.cli", *args], capture_output=True, text=True,
+                          input=stdin, timeout=300)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def broken_models(tmp_path_factory, smollm2_path):
+    folder = tmp_path_factory.mktemp("broken")
+    truncated = folder / "truncated.gguf"
+    with open(smollm2_path, "rb") as source, open(truncated, "wb") as target:
+        target.write(source.read(20_000_000))
+    corrupted = folder / "corrupted.gguf"
+    shutil.copyfile(smollm2_path, corrupted)
+    with open(corrupted, "r+b") as file:
+        file.write(b"XXXX")
+    return {"truncated": truncated, "corrupted": corrupted, "missing": folder / "missing.gguf"}
+
+
+@pytest.mark.parametrize("kind, fragment", [("missing", "does not exist"), ("truncated", "truncated"),
+                                            ("corrupted", "not a GGUF")])
+def test_broken_model_files(broken_models, kind, fragment):
+    result = run_cli("generate", "--target", str(broken_models[kind]), "--draft", "none", "--prompt", "hi")
+    assert_one_line_error(result, fragment)
+
+
+def test_unknown_catalog_name():
+    assert_one_line_error(run_cli("generate", "--target", "llama-9000b", "--prompt", "hi"), "llama-9000b")
+
+
+def test_unknown_pair():
+    assert_one_line_error(run_cli("generate", "--pair", "no-such-pair", "--prompt", "hi"), "no-such-pair")
+
+
+def test_draft_with_another_vocabulary(smollm2_path):
+    draft = model_path("qwen2.5-coder-0.5b-instruct")
+    result = run_cli("generate", "--target", str(smollm2_path), "--draft", str(draft), "--prompt", "hi")
+    assert_one_line_error(result, "vocabulary", "same family")
+
+
+def test_prompt_longer_than_the_context(smollm2_path):
+    result = run_cli("generate", "--target", str(smollm2_path), "--draft", "ngram", "--max-context", "128",
+                     "--prompt", LONG_PROMPT)
+    assert_one_line_error(result, "prompt has", "--max-context")
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--temperature", "-1"], "--temperature"),
+    (["--top-p", "2"], "--top-p"),
+    (["--top-k", "-3"], "--top-k"),
+    (["--max-tokens", "0"], "--max-tokens"),
+    (["--gamma", "many"], "--gamma"),
+    (["--gamma", "99"], "--gamma"),
+    (["--max-context", "10"], "--max-context"),
+    (["--memory-budget", "lots"], "--memory-budget"),
+    (["--memory-budget", "100MiB"], "below the minimum"),
+    (["--kv-type", "q3"], "--kv-type"),
+])
+def test_nonsense_flag_values(smollm2_path, flags, fragment):
+    result = run_cli("generate", "--target", str(smollm2_path), "--draft", "ngram", "--prompt", "hi", *flags)
+    assert_one_line_error(result, fragment)
+
+
+def test_missing_prompt_file(smollm2_path, tmp_path):
+    result = run_cli("generate", "--target", str(smollm2_path), "--prompt-file", str(tmp_path / "nope.txt"))
+    assert_one_line_error(result, "nope.txt")
+
+
+def test_empty_prompt(smollm2_path):
+    assert_one_line_error(run_cli("generate", "--target", str(smollm2_path), "--prompt", "  "), "empty")
+
+
+def test_unknown_command_and_option():
+    assert_one_line_error(run_cli("fly"), "fly")
+    assert_one_line_error(run_cli("generate", "--wings"), "--wings")
+
+
+def test_generate_json_has_the_documented_keys(smollm2_path):
+    import json
+
+    result = run_cli("generate", "--target", str(smollm2_path), "--draft", "ngram", "--prompt", "Hello",
+                     "--max-tokens", "8", "--json")
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    assert {"text", "tokens", "stats"} <= output.keys()
+    assert {"num_tokens", "seconds", "tokens_per_second", "num_steps", "num_drafted", "num_accepted",
+            "acceptance_rate", "mean_accepted_per_step", "peak_rss_bytes", "peak_memory_bytes"} <= output["stats"].keys()
+    assert output["stats"]["num_tokens"] == len(output["tokens"]) <= 8

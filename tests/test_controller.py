@@ -1,0 +1,79 @@
+"""The γ controller picks the drafter and draft length with the most expected tokens per second."""
+
+import pytest
+
+from pocketspec.controller import AcceptanceEstimate, GammaController, expected_tokens_per_step
+from pocketspec.costs import CostTable
+
+
+def test_expected_tokens_per_step_formula():
+    assert expected_tokens_per_step(0.5, 0) == 1.0
+    assert expected_tokens_per_step(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens_per_step(1.0, 4) == 5.0
+
+
+def _controller(verify_seconds: dict[int, float], draft_seconds: float, alpha_ngram: float, alpha_model: float):
+    controller = GammaController(max_gamma=8)
+    for width, seconds in verify_seconds.items():
+        controller.target_costs.observe(width, seconds)
+    controller.draft_costs.observe(1, draft_seconds)
+    controller.draft_costs.observe(2, draft_seconds * 1.1)
+    for name, alpha in (("ngram", alpha_ngram), ("model", alpha_model)):
+        estimate = controller.acceptance[name]
+        estimate.prior_rate, estimate.prior_weight = alpha, 1e9  # pin the estimate
+    return controller
+
+
+# This CPU: a forward pass over w tokens costs far more than one token.
+EXPENSIVE_VERIFY = {w: 0.030 * r for w, r in {1: 1, 2: 1.9, 3: 2.3, 4: 2.8, 5: 3.4, 7: 4.5, 9: 5.0}.items()}
+# A GPU: verifying 9 tokens costs about one.
+CHEAP_VERIFY = {w: 0.020 * (1 + 0.02 * (w - 1)) for w in range(1, 10)}
+
+
+def test_picks_plain_decoding_when_drafts_cannot_pay():
+    controller = _controller(EXPENSIVE_VERIFY, draft_seconds=0.016, alpha_ngram=0.3, alpha_model=0.7)
+    choice = controller.choose(ngram_available=8, model_lag=0)
+    assert (choice.drafter, choice.gamma) == ("none", 0)
+
+
+def test_picks_long_ngram_draft_when_copies_are_accepted():
+    controller = _controller(EXPENSIVE_VERIFY, draft_seconds=0.016, alpha_ngram=0.98, alpha_model=0.7)
+    choice = controller.choose(ngram_available=8, model_lag=0)
+    assert choice.drafter == "ngram" and choice.gamma >= 6
+
+
+def test_ngram_gamma_is_capped_by_what_it_can_propose():
+    controller = _controller(EXPENSIVE_VERIFY, draft_seconds=0.016, alpha_ngram=0.98, alpha_model=0.2)
+    assert controller.choose(ngram_available=3, model_lag=0).gamma <= 3
+
+
+def test_picks_model_draft_when_verification_is_cheap():
+    controller = _controller(CHEAP_VERIFY, draft_seconds=0.004, alpha_ngram=0.2, alpha_model=0.8)
+    choice = controller.choose(ngram_available=0, model_lag=0)
+    assert choice.drafter == "model" and 3 <= choice.gamma <= 8
+
+
+def test_a_long_catch_up_makes_the_model_draft_lose():
+    controller = _controller(CHEAP_VERIFY, draft_seconds=0.004, alpha_ngram=0.2, alpha_model=0.8)
+    controller.draft_costs.observe(200, 2.0)
+    assert controller.choose(ngram_available=0, model_lag=199).drafter == "none"
+
+
+def test_fixed_gamma_is_used_as_given():
+    controller = GammaController(max_gamma=8, fixed_gamma=3)
+    assert controller.choose(ngram_available=5, model_lag=None).gamma == 3
+    assert controller.choose(ngram_available=0, model_lag=0) == controller.choose(ngram_available=0, model_lag=0)
+
+
+def test_acceptance_estimate_learns_from_truncated_runs():
+    estimate = AcceptanceEstimate(prior_rate=0.5, prior_weight=1.0, decay=1.0)
+    for _ in range(200):
+        estimate.observe(num_accepted=3, num_drafted=4)  # 3 of 4 tried accepted
+    assert estimate.rate == pytest.approx(0.75, abs=0.01)
+
+
+def test_cost_table_predicts_unseen_widths_from_measured_scale():
+    table = CostTable(prior_ratio={1: 1.0, 5: 2.0})
+    table.observe(1, 0.05)
+    assert table.seconds(5) == pytest.approx(0.10)
+    assert table.seconds(3) == pytest.approx(0.075)

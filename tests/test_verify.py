@@ -1,0 +1,92 @@
+"""Verification rules on synthetic distributions: exact greedy match and lossless sampling."""
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+
+from pocketspec.verify import verify_deterministic, verify_greedy, verify_sampled
+
+NUM_DRAWS = 40_000
+
+
+def test_greedy_accepts_matching_prefix_then_takes_target_choice():
+    verdict = verify_greedy([5, 7, 9], [5, 7, 3, 8])
+    assert (verdict.num_accepted, verdict.next_token) == (2, 3)
+    assert verdict.emitted([5, 7, 9]) == [5, 7, 3]
+
+
+def test_greedy_all_accepted_gives_bonus_token():
+    verdict = verify_greedy([1, 2], [1, 2, 6])
+    assert (verdict.num_accepted, verdict.next_token) == (2, 6)
+
+
+def test_greedy_without_draft_is_plain_decoding():
+    assert verify_greedy([], [4]).emitted([]) == [4]
+
+
+def _first_token_histogram(draw, vocab_size):
+    counts = np.zeros(vocab_size)
+    for _ in range(NUM_DRAWS):
+        counts[draw()] += 1
+    return counts
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_speculative_sampling_keeps_target_distribution(seed):
+    rng = np.random.default_rng(seed)
+    vocab_size = 6
+    target = rng.dirichlet(np.ones(vocab_size))  # p, for position 0
+    draft = rng.dirichlet(np.ones(vocab_size))  # q, deliberately different
+    bonus = rng.dirichlet(np.ones(vocab_size))
+
+    def first_emitted_token():
+        drafted = int(rng.choice(vocab_size, p=draft))
+        verdict = verify_sampled([drafted], draft[None, :], np.stack([target, bonus]), rng)
+        return verdict.emitted([drafted])[0]
+
+    counts = _first_token_histogram(first_emitted_token, vocab_size)
+    assert chisquare(counts, target * NUM_DRAWS).pvalue > 1e-3
+
+
+def test_speculative_sampling_second_position_keeps_target_distribution():
+    """The token after an accepted draft must follow p at that position too."""
+    rng = np.random.default_rng(7)
+    vocab_size = 5
+    target = rng.dirichlet(np.ones(vocab_size), size=3)
+    draft = rng.dirichlet(np.ones(vocab_size), size=2)
+    counts = np.zeros(vocab_size)
+    num_second = 0
+    for _ in range(NUM_DRAWS):
+        drafted = [int(rng.choice(vocab_size, p=draft[i])) for i in range(2)]
+        verdict = verify_sampled(drafted, draft, target, rng)
+        emitted = verdict.emitted(drafted)
+        if len(emitted) >= 2 and emitted[0] == drafted[0] and drafted[0] == 0:
+            counts[emitted[1]] += 1
+            num_second += 1
+    assert num_second > 500
+    assert chisquare(counts, target[1] * num_second).pvalue > 1e-3
+
+
+def test_deterministic_draft_rule_keeps_target_distribution():
+    rng = np.random.default_rng(3)
+    vocab_size = 6
+    target = rng.dirichlet(np.ones(vocab_size))
+    bonus = rng.dirichlet(np.ones(vocab_size))
+
+    def first_emitted_token():
+        verdict = verify_deterministic([2], np.stack([target, bonus]), rng)
+        return verdict.emitted([2])[0]
+
+    counts = _first_token_histogram(first_emitted_token, vocab_size)
+    assert chisquare(counts, target * NUM_DRAWS).pvalue > 1e-3
+
+
+def test_sampling_chi_square_detects_a_wrong_rule():
+    """The test has power: accepting every draft (a lossy rule) fails it."""
+    rng = np.random.default_rng(0)
+    target = np.array([0.7, 0.2, 0.1])
+    draft = np.array([0.1, 0.2, 0.7])
+    counts = np.zeros(3)
+    for _ in range(5000):
+        counts[int(rng.choice(3, p=draft))] += 1
+    assert chisquare(counts, target * 5000).pvalue < 1e-6
