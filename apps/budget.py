@@ -46,13 +46,13 @@ def describe(plan_: Plan) -> str:
 
 def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSettings,
                speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
-               kv_type: str | None) -> AppliedPlan:
+               kv_type: str | None, alpha: float | None = None) -> AppliedPlan:
     budget_bytes = parse_budget(memory_budget)
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
     workload = Workload(max_context=target_settings.max_context, max_new_tokens=max_new_tokens,
                         max_gamma=speculation.gamma or speculation.max_gamma, temperature=temperature)
-    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=detect_device())
+    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=detect_device(), alpha=alpha)
     if not plan_.feasible:
         raise UserError(plan_.reason)
     settings = plan_.settings

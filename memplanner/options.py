@@ -126,9 +126,9 @@ def candidate_settings(target: ModelShape, draft: ModelShape | None, workload: W
 def evaluate(settings: PlanSettings, target: ModelShape, draft: ModelShape | None, workload: Workload,
              alpha: dict[str, float], references=CPU_REFERENCES) -> Candidate:
     found = settings_terms(settings, target, draft, workload)
-    # The runtime picks γ per step and may pick 0, so an adaptive drafter is never
-    # predicted slower than plain decoding.
-    speed = max(tokens_per_second(target, draft, settings.drafter, settings.max_gamma,
-                                  alpha.get(settings.drafter), references),
-                tokens_per_second(target, draft, "none", 0, None, references))
+    # max_gamma is a ceiling: the runtime picks γ per step from 0 (plain decoding) up to
+    # it, so a candidate is predicted at its best γ within the ceiling.
+    speed = max(tokens_per_second(target, draft, settings.drafter if gamma else "none", gamma,
+                                  alpha.get(settings.drafter), references)
+                for gamma in range(settings.max_gamma + 1))
     return Candidate(settings, found, sum(found.values()), speed)

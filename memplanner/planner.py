@@ -104,7 +104,9 @@ def _label(term: str) -> str:
     return term.replace("_", " ")
 
 
-def _degradations(chosen: PlanSettings, best: PlanSettings) -> list[str]:
+def _degradations(chosen_candidate: Candidate, best_candidate: Candidate) -> list[str]:
+    chosen, best = chosen_candidate.settings, best_candidate.settings
+    is_slower = chosen_candidate.tokens_per_second < best_candidate.tokens_per_second
     found = []
     if chosen.n_ubatch < best.n_ubatch:
         found.append(f"prompt micro-batch n_ubatch {best.n_ubatch} -> {chosen.n_ubatch}: smaller compute "
@@ -115,7 +117,8 @@ def _degradations(chosen: PlanSettings, best: PlanSettings) -> list[str]:
     if chosen.target_kv_type != best.target_kv_type:
         found.append(f"target KV cache quantized {best.target_kv_type} -> {chosen.target_kv_type}: "
                      "outputs can differ slightly from f16")
-    if chosen.drafter == best.drafter and 0 < chosen.max_gamma < best.max_gamma:
+    # a lower γ ceiling that the runtime would not have used anyway is no loss
+    if chosen.drafter == best.drafter and 0 < chosen.max_gamma < best.max_gamma and is_slower:
         found.append(f"max draft length gamma {best.max_gamma} -> {chosen.max_gamma}")
     if chosen.drafter != best.drafter:
         if chosen.drafter == "ngram":
@@ -145,7 +148,7 @@ def plan(budget_bytes: int, target: ModelShape, draft: ModelShape | None, worklo
         reason = (f"the draft model does not pay on this device: at best {model_speed:.1f} tok/s against "
                   f"{best.tokens_per_second:.1f} tok/s for {'plain' if best.settings.drafter == 'none' else 'n-gram'} decoding")
     return Plan(True, budget_bytes, chosen.terms, chosen.settings, chosen.peak_bytes, chosen.tokens_per_second,
-                _degradations(chosen.settings, best.settings), minimum.peak_bytes, keep, reason)
+                _degradations(chosen, best), minimum.peak_bytes, keep, reason)
 
 
 def generation_bytes(plan_terms: dict[str, int]) -> int:

@@ -64,6 +64,12 @@ class SpeculativeEngine:
         self.controller = GammaController(max_gamma, fixed_gamma=fixed_gamma)
         self._shadow: tuple[int, list[int]] | None = None  # an unused n-gram proposal, scored later
 
+    def reseed(self, seed: int) -> None:
+        """Restart the random stream shared by sampling, verification and the draft model."""
+        self.rng = np.random.default_rng(seed)
+        if self.model is not None:
+            self.model.rng = self.rng
+
     def _exact_max_gamma(self, speculation: SpeculationSettings) -> int:
         """Largest γ whose verify pass (γ + 1 rows) reproduces one-token logits exactly."""
         if self.ngram is None and self.model is None:

@@ -1,0 +1,155 @@
+"""Proof that the memory plan is right: predicted peak vs measured peak RSS over a grid of real runs.
+
+    .venv/bin/python benchmarks/memory_grid.py [--quick]
+
+Each configuration runs in a fresh worker process. The worker records its RSS
+before any model loads, plans with memplanner for the budget, loads exactly what
+the plan says, prefills a prompt that fills the context (the plan's worst case),
+generates, and reports its peak RSS above that baseline (ru_maxrss, and psutil
+sampled every 5 ms). Results: benchmarks/results/memory_grid.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+NEW_TOKENS = 24
+
+
+def worker(config: dict) -> dict:
+    baseline = psutil.Process().memory_info().rss
+    sampled_peak = [baseline]
+    stop = threading.Event()
+
+    def sample() -> None:
+        process = psutil.Process()
+        while not stop.is_set():
+            sampled_peak[0] = max(sampled_peak[0], process.memory_info().rss)
+            time.sleep(0.005)
+
+    threading.Thread(target=sample, daemon=True).start()
+    from apps.budget import apply_plan
+    from pocketspec.loader import choose_models, close_engine, draft_settings_for, load_engine
+    from pocketspec.settings import ModelSettings, SpeculationSettings
+
+    choice = choose_models(target=config["target"], draft=config["draft"], pair=None)
+    applied = apply_plan(choice, config["budget"], ModelSettings(max_context=config["context"]), SpeculationSettings(),
+                         NEW_TOKENS, 0.0, None, alpha=config.get("alpha"))
+    engine = load_engine(applied.choice, target_settings=applied.target_settings,
+                         draft_settings=draft_settings_for(applied.target_settings, applied.draft_max_context),
+                         speculation=applied.speculation)
+    tokenizer = engine.target.tokenizer
+    text = (ROOT / "benchmarks" / "data" / "spec_bench.jsonl").read_text()
+    # fill the context: the plan's peak is the worst case, a full KV cache at full attention length
+    num_prompt = config["context"] - NEW_TOKENS - applied.plan.settings.max_gamma - 2
+    prompt = tokenizer.encode(text, add_bos=False)[:num_prompt]
+    started = time.perf_counter()
+    result = engine.generate(prompt, NEW_TOKENS)
+    seconds = time.perf_counter() - started
+    stop.set()
+    close_engine(engine)
+    settings = applied.plan.settings
+    return {
+        "predicted_peak_bytes": applied.plan.predicted_peak_bytes,
+        "measured_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline,
+        "sampled_peak_bytes": sampled_peak[0] - baseline,
+        "budget_bytes": applied.budget_bytes,
+        "terms": applied.plan.terms,
+        "drafter": settings.drafter, "max_gamma": settings.max_gamma, "kv_type": settings.target_kv_type,
+        "draft_window": settings.draft_kv_window, "n_ubatch": settings.n_ubatch,
+        "degradations": applied.plan.degradations,
+        "decode_tokens_per_second": (result.stats.num_tokens - 1) / max(result.stats.seconds - result.stats.prefill_seconds, 1e-9),
+        "num_prompt_tokens": len(prompt), "wall_seconds": seconds,
+    }
+
+
+def grid(quick: bool) -> list[dict]:
+    from memplanner.planner import Workload, min_budget_any, plan
+    from memplanner.shapes import shape_from_gguf
+    from memplanner.sizes import format_bytes
+    from pocketspec.catalog import model_path
+
+    models = {name: shape_from_gguf(model_path(name)) for name in
+              ("smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")}
+    configs = []
+
+    def add(target, draft, context, alpha, fractions):
+        workload = Workload(max_context=context, max_new_tokens=NEW_TOKENS)
+        draft_shape = models[draft] if draft not in ("ngram", "none") else None
+        low = min_budget_any(models[target], workload)
+        high = plan(1 << 40, models[target], draft_shape, workload, alpha=alpha).predicted_peak_bytes
+        for fraction in fractions:
+            budget = int(low + fraction * (high - low))
+            configs.append({"target": target, "draft": draft, "context": context, "alpha": alpha,
+                            "budget": str(budget), "budget_label": format_bytes(budget)})
+
+    small, target, draft = "smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+    for context in (512, 2048, 8192):
+        add(small, "ngram", context, None, (0.0, 1.0))
+    add(small, "none", 4096, None, (1.0,))
+    for context in (512, 1024, 2048, 4096, 8192) if not quick else (1024,):
+        add(target, draft, context, 0.95, (1.0, 0.6, 0.3) if context in (1024, 4096) else (1.0,))
+    add(target, draft, 4096, 0.95, (0.0, 0.1))
+    add(target, "none", 2048, None, (0.0,))
+    return configs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+    from apps.report import write_results
+    from memplanner.sizes import format_bytes
+
+    records = []
+    for config in grid(args.quick):
+        output = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)], capture_output=True,
+                                text=True, cwd=ROOT)
+        if output.returncode != 0:
+            records.append({**config, "error": output.stderr.strip().splitlines()[-1:]})
+            print(f"{config} failed: {output.stderr.strip()[-300:]}", file=sys.stderr)
+            continue
+        record = {**config, **json.loads(output.stdout.strip().splitlines()[-1])}
+        record["error_fraction"] = (record["predicted_peak_bytes"] - record["measured_peak_bytes"]) / record["measured_peak_bytes"]
+        record["within_budget"] = record["measured_peak_bytes"] <= record["budget_bytes"]
+        records.append(record)
+        print(f"{config['target'][:12]} {config['draft'][:12]:>12} ctx {config['context']:>5} budget {config['budget_label']:>10}: "
+              f"predicted {format_bytes(record['predicted_peak_bytes'])} measured {format_bytes(record['measured_peak_bytes'])} "
+              f"({record['error_fraction']:+.1%}) {record['drafter']} γ{record['max_gamma']} {record['kv_type']}", file=sys.stderr)
+    measured = [r for r in records if "error" not in r]
+    rows = [[r["target"].split("-instruct")[0], r["draft"].split("-instruct")[0], r["context"], r["budget_label"],
+             r["drafter"], r["max_gamma"], r["kv_type"], r["draft_window"], r["n_ubatch"],
+             format_bytes(r["predicted_peak_bytes"]), format_bytes(r["measured_peak_bytes"]),
+             f"{r['error_fraction']:+.1%}", "yes" if r["within_budget"] else "NO", round(r["decode_tokens_per_second"], 1)]
+            for r in measured]
+    worst = max((abs(r["error_fraction"]) for r in measured), default=float("nan"))
+    notes = [f"{len(measured)} of {len(records)} configurations ran; worst |predicted - measured| = {worst:.1%} of measured",
+             f"runs over budget: {sum(not r['within_budget'] for r in measured)}",
+             "measured = peak RSS (ru_maxrss) above the worker's RSS before any model loaded; "
+             f"{NEW_TOKENS} new tokens after a prompt that fills the rest of the context"]
+    columns = ["target", "draft", "context", "budget", "drafter", "γ", "KV", "draft window", "n_ubatch",
+               "predicted", "measured", "error", "in budget", "decode tok/s"]
+    _, markdown_path = write_results(ROOT / "benchmarks" / "results", "memory_grid", {"records": records},
+                                     "Memory plan: predicted vs measured peak", columns, rows, notes)
+    print(markdown_path.read_text())
+
+
+if __name__ == "__main__":
+    main()

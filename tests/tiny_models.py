@@ -1,0 +1,98 @@
+"""Tiny llama-architecture GGUF models with random weights, written with the gguf package.
+
+A target and a draft that shares its vocabulary (the target's weights plus noise), so
+the whole speculative path runs in milliseconds on real llama.cpp.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+QUANT = gguf.GGMLQuantizationType.Q4_1
+WORDS = tuple(dict.fromkeys(("the a of to and in is it that for on with as was be at by this from or an are not but "
+                             "def return if else while import print class self true false none list dict int str").split()))
+
+
+def _vocabulary() -> tuple[list[str], list[float], list[int]]:
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{byte:02X}>" for byte in range(256)] + ["▁" + word for word in WORDS]
+    types = ([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+             + [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * len(WORDS))
+    scores = [0.0] * 259 + [-float(index) for index in range(len(WORDS))]
+    return tokens, scores, [int(kind) for kind in types]
+
+
+def _weights(rng: np.random.Generator, vocab_size: int, dim: int, num_layers: int, num_heads: int,
+             num_kv_heads: int, ffn_dim: int) -> dict[str, np.ndarray]:
+    head_dim = dim // num_heads
+
+    def matrix(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * scale / np.sqrt(cols)).astype(np.float32)
+
+    tensors = {"token_embd.weight": matrix(vocab_size, dim, np.sqrt(dim)),
+               "output_norm.weight": np.ones(dim, dtype=np.float32),
+               "output.weight": matrix(vocab_size, dim, 4.0)}
+    for layer in range(num_layers):
+        prefix = f"blk.{layer}."
+        tensors.update({
+            prefix + "attn_norm.weight": np.ones(dim, dtype=np.float32),
+            prefix + "attn_q.weight": matrix(dim, dim),
+            prefix + "attn_k.weight": matrix(num_kv_heads * head_dim, dim),
+            prefix + "attn_v.weight": matrix(num_kv_heads * head_dim, dim),
+            prefix + "attn_output.weight": matrix(dim, dim),
+            prefix + "ffn_norm.weight": np.ones(dim, dtype=np.float32),
+            prefix + "ffn_gate.weight": matrix(ffn_dim, dim),
+            prefix + "ffn_up.weight": matrix(ffn_dim, dim),
+            prefix + "ffn_down.weight": matrix(dim, ffn_dim),
+        })
+    return tensors
+
+
+def write_tiny_model(path: Path, tensors: dict[str, np.ndarray], *, dim: int, num_layers: int, num_heads: int,
+                     num_kv_heads: int, ffn_dim: int, context_length: int = 1024) -> Path:
+    tokens, scores, types = _vocabulary()
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(path.stem)
+    writer.add_context_length(context_length)
+    writer.add_embedding_length(dim)
+    writer.add_block_count(num_layers)
+    writer.add_feed_forward_length(ffn_dim)
+    writer.add_head_count(num_heads)
+    writer.add_head_count_kv(num_kv_heads)
+    writer.add_rope_dimension_count(dim // num_heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    for name, array in tensors.items():
+        if array.ndim == 2:
+            # Q4_1 like SmolLM2: llama.cpp's batched and one-token kernels agree on it bit for bit
+            writer.add_tensor(name, gguf.quants.quantize(array, QUANT), raw_dtype=QUANT)
+        else:
+            writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def write_tiny_pair(folder: Path, seed: int = 0, draft_noise: float = 0.3) -> tuple[Path, Path]:
+    """A random target and a draft made of the same weights plus noise (same vocabulary)."""
+    shape = dict(dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=128)
+    rng = np.random.default_rng(seed)
+    vocab_size = len(_vocabulary()[0])
+    target_tensors = _weights(rng, vocab_size, shape["dim"], shape["num_layers"], shape["num_heads"],
+                              shape["num_kv_heads"], shape["ffn_dim"])
+    draft_tensors = {name: (array + draft_noise * array.std() * rng.standard_normal(array.shape)).astype(np.float32)
+                     if array.ndim == 2 else array for name, array in target_tensors.items()}
+    target = write_tiny_model(folder / "tiny-target.gguf", target_tensors, **shape)
+    draft = write_tiny_model(folder / "tiny-draft.gguf", draft_tensors, **shape)
+    return target, draft
