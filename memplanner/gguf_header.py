@@ -23,7 +23,8 @@ _SCALAR_FORMATS = {
     GGUFValueType.FLOAT32: "<f", GGUFValueType.FLOAT64: "<d",
     GGUFValueType.BOOL: "<?",
 }
-_SMALL_ARRAY = 64  # arrays longer than this keep only their length
+_SMALL_ARRAY = 64
+DEFAULT_ALIGNMENT = 32  # arrays longer than this keep only their length
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,10 @@ class GGUFHeader:
     path: Path
     metadata: dict[str, object]  # scalars, strings and short arrays
     array_lengths: dict[str, int]  # every array field, long ones included
+    array_spans: dict[str, tuple[int, int]]  # byte span of every array's elements in the file
     tensors: tuple[TensorInfo, ...]
     file_bytes: int
+    data_end: int  # where the last tensor's data ends: past file_bytes means a truncated file
 
 
 class _Cursor:
@@ -99,24 +102,33 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
         num_tensors, num_fields = cursor.read("<Q"), cursor.read("<Q")
         metadata: dict[str, object] = {}
         array_lengths: dict[str, int] = {}
+        array_spans: dict[str, tuple[int, int]] = {}
         for _ in range(num_fields):
             key = cursor.read_string()
             value_type = GGUFValueType(cursor.read("<I"))
             if value_type == GGUFValueType.ARRAY:
+                start = cursor.offset + 12  # after the element type and the count
                 values, array_lengths[key] = _read_array(cursor)
+                array_spans[key] = (start, cursor.offset)
                 if values is not None:
                     metadata[key] = values
             else:
                 metadata[key] = cursor.read_value(value_type)
         tensors = []
+        data_ends = [0]
         for _ in range(num_tensors):
             name = cursor.read_string()
             dims = tuple(cursor.read("<Q") for _ in range(cursor.read("<I")))
             quant_type = GGMLQuantizationType(cursor.read("<I"))
-            cursor.read("<Q")  # data offset, not needed for sizes
+            data_offset = cursor.read("<Q")  # relative to the aligned start of tensor data
             block_size, type_size = GGML_QUANT_SIZES[quant_type]
             num_elements = 1
             for dim in dims:
                 num_elements *= dim
-            tensors.append(TensorInfo(name, dims, quant_type.name, num_elements * type_size // block_size))
-        return GGUFHeader(path, metadata, array_lengths, tuple(tensors), len(buffer))
+            num_bytes = num_elements * type_size // block_size
+            tensors.append(TensorInfo(name, dims, quant_type.name, num_bytes))
+            data_ends.append(data_offset + num_bytes)
+        alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        data_start = -(-cursor.offset // alignment) * alignment
+        return GGUFHeader(path, metadata, array_lengths, array_spans, tuple(tensors), len(buffer),
+                          data_start + max(data_ends))

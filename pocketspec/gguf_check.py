@@ -1,12 +1,9 @@
 """Checks a GGUF file before llama.cpp loads it, and reads the metadata PocketSpec needs.
 
 A missing, foreign, truncated or unreadable file becomes one UserError line that names the
-path and the fix, instead of a crash inside llama.cpp. Only the header is parsed: tensor
-data is never read, so a 1 GB file is checked in well under a second.
-
-gguf.GGUFReader is not used for parsing: it builds a numpy view per array element and
-takes over 10 s on a 151936-token Qwen vocabulary (gguf 0.19). We walk the header over
-an mmap instead and take the type tables (value types, quant block sizes) from `gguf`.
+path and the fix, instead of a crash inside llama.cpp. Only the header is parsed (with
+memplanner.gguf_header, which walks it over an mmap): tensor data is never read, so a
+1 GB file is checked in well under a second.
 """
 
 from __future__ import annotations
@@ -18,32 +15,11 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
-
+from memplanner.gguf_header import GGUFHeader, read_gguf_header
 from pocketspec.errors import UserError
 
 GGUF_MAGIC = b"GGUF"
-DEFAULT_ALIGNMENT = 32
 DEFAULT_FIX = "re-download it, or pass another GGUF file"
-
-_SCALAR_FORMATS = {
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b",
-    GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
-    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q",
-    GGUFValueType.FLOAT32: "<f", GGUFValueType.FLOAT64: "<d",
-    GGUFValueType.BOOL: "<?",
-}
-
-
-@dataclass(frozen=True)
-class GGUFArray:
-    """Where an array value lies in the file; elements are decoded only on demand."""
-
-    element_type: GGUFValueType
-    num_elements: int
-    start: int  # byte offset of the first element
-    end: int  # byte offset just past the last element
 
 
 @dataclass(frozen=True)
@@ -68,99 +44,17 @@ class GGUFInfo:
     metadata: dict = field(default_factory=dict, compare=False, repr=False)  # scalar keys only
 
 
-class _Header:
-    """A forward-only reader over the header bytes; raises struct.error past the end."""
-
-    def __init__(self, buffer: mmap.mmap):
-        self.buffer = buffer
-        self.offset = 0
-
-    def scalar(self, fmt: str):
-        (value,) = struct.unpack_from(fmt, self.buffer, self.offset)
-        self.offset += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> str:
-        num_bytes = self.scalar("<Q")
-        self._need(num_bytes)
-        raw = self.buffer[self.offset:self.offset + num_bytes]
-        self.offset += num_bytes
-        return raw.decode("utf-8", errors="replace")
-
-    def skip_strings(self, num_strings: int) -> None:
-        buffer, offset = self.buffer, self.offset
-        for _ in range(num_strings):
-            (num_bytes,) = struct.unpack_from("<Q", buffer, offset)
-            offset += 8 + num_bytes
-        self.offset = offset
-        self._need(0)
-
-    def value(self, value_type: GGUFValueType):
-        if value_type == GGUFValueType.STRING:
-            return self.string()
-        if value_type == GGUFValueType.ARRAY:
-            element_type = GGUFValueType(self.scalar("<I"))
-            num_elements = self.scalar("<Q")
-            start = self.offset
-            if element_type == GGUFValueType.STRING:
-                self._need(num_elements * 8)  # each string has at least its length field
-                self.skip_strings(num_elements)
-            elif element_type in _SCALAR_FORMATS:
-                num_bytes = num_elements * struct.calcsize(_SCALAR_FORMATS[element_type])
-                self._need(num_bytes)
-                self.offset += num_bytes
-            else:
-                raise ValueError(f"unsupported array element type {element_type}")
-            return GGUFArray(element_type, num_elements, start, self.offset)
-        return self.scalar(_SCALAR_FORMATS[value_type])
-
-    def _need(self, num_bytes: int) -> None:
-        if self.offset + num_bytes > len(self.buffer):
-            raise ValueError("header runs past the end of the file")
-
-
-def _tensor_bytes(dims: list[int], ggml_type: int) -> int:
-    block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-    num_elements = 1
-    for dim in dims:
-        num_elements *= dim
-    return num_elements // block_size * type_size
-
-
-def _parse(path: Path, buffer: mmap.mmap, fix: str) -> GGUFInfo:
-    header = _Header(buffer)
-    header.offset = len(GGUF_MAGIC)
-    version = header.scalar("<I")
+def _parse(path: Path, header: GGUFHeader, buffer: mmap.mmap, fix: str) -> GGUFInfo:
+    version = struct.unpack_from("<I", buffer, 4)[0]
     if version not in (2, 3):
         raise UserError(f"{path}: GGUF version {version} is not supported (need 2 or 3); {fix}")
-    num_tensors = header.scalar("<Q")
-    num_kv = header.scalar("<Q")
-    metadata: dict = {}
-    for _ in range(num_kv):
-        key = header.string()
-        metadata[key] = header.value(GGUFValueType(header.scalar("<I")))
-
-    data_end = 0
-    tensor_infos = []
-    for _ in range(num_tensors):
-        header.string()  # tensor name
-        num_dims = header.scalar("<I")
-        dims = [header.scalar("<Q") for _ in range(num_dims)]
-        ggml_type = header.scalar("<I")
-        tensor_infos.append((header.scalar("<Q"), _tensor_bytes(dims, ggml_type)))
-    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    data_start = -(-header.offset // alignment) * alignment
-    for relative_offset, num_bytes in tensor_infos:
-        data_end = max(data_end, data_start + relative_offset + num_bytes)
-
-    file_bytes = len(buffer)
-    if data_end > file_bytes:
+    if header.data_end > header.file_bytes:
         raise UserError(
-            f"{path} is truncated: it holds {file_bytes} bytes but its tensors need "
-            f"{data_end}; {fix}"
+            f"{path} is truncated: it holds {header.file_bytes} bytes but its tensors need "
+            f"{header.data_end}; {fix}"
         )
-    tokens = metadata.get("tokenizer.ggml.tokens")
-    if not isinstance(tokens, GGUFArray):
+    metadata = header.metadata
+    if "tokenizer.ggml.tokens" not in header.array_spans:
         raise UserError(f"{path} has no tokenizer vocabulary (tokenizer.ggml.tokens); {fix}")
     arch = metadata.get("general.architecture")
     if not isinstance(arch, str):
@@ -170,13 +64,15 @@ def _parse(path: Path, buffer: mmap.mmap, fix: str) -> GGUFInfo:
         value = metadata.get(f"{arch}.{key}")
         return int(value) if isinstance(value, (int, float)) else None
 
+    tokens_start, tokens_end = header.array_spans["tokenizer.ggml.tokens"]
     template = metadata.get("tokenizer.chat_template")
+    name = metadata.get("general.name")
     return GGUFInfo(
         path=path,
         arch=arch,
-        name=metadata.get("general.name") if isinstance(metadata.get("general.name"), str) else None,
-        vocab_size=tokens.num_elements,
-        tokens_sha256=hashlib.sha256(buffer[tokens.start:tokens.end]).hexdigest(),
+        name=name if isinstance(name, str) else None,
+        vocab_size=header.array_lengths["tokenizer.ggml.tokens"],
+        tokens_sha256=hashlib.sha256(buffer[tokens_start:tokens_end]).hexdigest(),
         num_layers=arch_int("block_count"),
         context_length=arch_int("context_length"),
         embedding_length=arch_int("embedding_length"),
@@ -185,9 +81,9 @@ def _parse(path: Path, buffer: mmap.mmap, fix: str) -> GGUFInfo:
         chat_template=template if isinstance(template, str) else None,
         bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
         eos_token_id=metadata.get("tokenizer.ggml.eos_token_id"),
-        num_tensors=num_tensors,
-        file_bytes=file_bytes,
-        metadata={k: v for k, v in metadata.items() if not isinstance(v, GGUFArray)},
+        num_tensors=len(header.tensors),
+        file_bytes=header.file_bytes,
+        metadata={key: value for key, value in metadata.items() if not isinstance(value, list)},
     )
 
 
@@ -199,8 +95,8 @@ def _check_cached(path: Path, file_bytes: int, mtime_ns: int, fix: str) -> GGUFI
         if buffer[:4] != GGUF_MAGIC:
             raise UserError(f"{path} is not a GGUF model file (bad magic bytes); {fix}")
         try:
-            return _parse(path, buffer, fix)
-        except (struct.error, ValueError, KeyError, OverflowError) as error:
+            return _parse(path, read_gguf_header(path), buffer, fix)
+        except (struct.error, ValueError, KeyError, OverflowError, UnicodeDecodeError) as error:
             raise UserError(f"{path}: GGUF metadata is unreadable ({error}); {fix}") from None
 
 
