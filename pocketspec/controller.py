@@ -76,7 +76,7 @@ class GammaController:
         draft model must catch up on first (None when there is no draft model).
         """
         choices = [Choice("none", 0, self._rate(1.0, self.target_costs.seconds(1)))]
-        gammas = [self.fixed_gamma] if self.fixed_gamma is not None else range(1, max_gamma + 1)
+        gammas = [min(self.fixed_gamma, max_gamma)] if self.fixed_gamma is not None else range(1, max_gamma + 1)
         alpha_ngram = self.acceptance["ngram"].rate
         for gamma in gammas:
             if 1 <= gamma <= min(ngram_available, max_gamma):

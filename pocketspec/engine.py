@@ -130,6 +130,7 @@ class SpeculativeEngine:
     def _step(self, context: list[int], max_gamma: int, stats: GenerationStats) -> list[int]:
         """One draft + verify step; returns the tokens it adds to the context."""
         step_started = time.perf_counter()
+        max_gamma = min(max_gamma, self.controller.max_gamma)
         ngram_tokens = self.ngram.lookup(context, max_gamma) if self.ngram is not None else []
         model_lag = None
         if self.model is not None and self.model.fits(context, max_gamma):

@@ -34,6 +34,21 @@ def test_model_draft_greedy_equals_plain(tiny_pair, gamma):
         assert result.stats.num_drafted > 0 and 0 < result.stats.num_accepted < result.stats.num_drafted
 
 
+def test_draft_with_a_sliding_window_shorter_than_the_context(tiny_pair):
+    """A short draft context (128 asked, 256 after llama.cpp's padding) under a 512-token target."""
+    target, draft = tiny_pair
+    with built_engine(target, drafter="none", max_context=512) as plain:
+        expected = plain.generate(_prompt(plain), 300).tokens
+    with built_engine(target, draft_path=draft, drafter="model", gamma=4, max_context=512,
+                      draft_max_context=128) as engine:
+        result = engine.generate(_prompt(engine), 300)
+        draft_backend = engine.model.backend
+        assert engine.model._num_dropped > 0 and draft_backend.num_cached <= draft_backend.max_context < 512
+    assert result.tokens == expected
+    # every step drafts with the model but the last, which has room for no draft
+    assert result.stats.steps_by_drafter.get("model", 0) >= result.stats.num_steps - 1
+
+
 def _token_counts(engine, position: int, num_runs: int) -> Counter:
     prompt = _prompt(engine)
     counts = Counter()

@@ -42,6 +42,9 @@ class Backend(Protocol):
     def rollback(self, num_kept: int) -> None:
         """Drop every cached token at position >= num_kept."""
 
+    def shift_out(self, start: int, count: int) -> None:
+        """Drop `count` cached tokens from `start` and move the later ones down (a sliding window)."""
+
     def exact_verify_width(self, max_width: int) -> int:
         """Widest forward (<= max_width) whose logits equal one-token forwards bit for bit."""
 

@@ -70,7 +70,9 @@ class LlamaCppBackend:
                 "lower --max-context or --memory-budget"
             ) from None
         self._buffer_bytes = llama_logs.take_buffer_sizes()
-        self._batch = LlamaBatch(n_tokens=settings.n_batch, embd=0, n_seq_max=1, verbose=False)
+        # llama.cpp clamps n_batch to n_ctx; a bigger batch would abort it (GGML_ASSERT)
+        self.n_batch = int(llama_cpp.llama_n_batch(self._context.ctx))
+        self._batch = LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=False)
         self.tokenizer = Tokenizer(self._model)
         self.vocab_size = self._model.n_vocab()
         self.model_path = Path(model_path)
@@ -95,8 +97,8 @@ class LlamaCppBackend:
     def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
         """Logits [len(logits_rows), vocab], a view valid until the next call on this backend."""
         num_tokens = len(tokens)
-        if num_tokens > self.settings.n_batch:
-            raise ValueError(f"{num_tokens} tokens exceed n_batch {self.settings.n_batch}; use prefill")
+        if num_tokens > self.n_batch:
+            raise ValueError(f"{num_tokens} tokens exceed n_batch {self.n_batch}; use prefill")
         if len(logits_rows) > self.max_logits_rows:
             # llama.cpp aborts the process (GGML_ASSERT) past n_outputs_max; refuse first.
             raise ValueError(f"{len(logits_rows)} logits rows exceed max_logits_rows {self.max_logits_rows}")
@@ -126,7 +128,7 @@ class LlamaCppBackend:
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         if not tokens:
             raise ValueError("prefill needs at least one token")
-        step = self.settings.n_batch
+        step = self.n_batch
         for chunk_start in range(0, len(tokens) - 1, step):
             chunk = tokens[chunk_start:min(chunk_start + step, len(tokens) - 1)]
             self.forward(chunk, [])
@@ -137,6 +139,20 @@ class LlamaCppBackend:
             return
         llama_cpp.llama_memory_seq_rm(self._context.memory, 0, num_kept, -1)
         del self._cached[num_kept:]
+
+    @property
+    def can_shift(self) -> bool:
+        return bool(llama_cpp.llama_memory_can_shift(self._context.memory))
+
+    def shift_out(self, start: int, count: int) -> None:
+        """Drop `count` cached tokens from position `start` and move the later ones down.
+
+        llama.cpp re-rotates the moved keys (RoPE) lazily at the next decode.
+        """
+        memory = self._context.memory
+        llama_cpp.llama_memory_seq_rm(memory, 0, start, start + count)
+        llama_cpp.llama_memory_seq_add(memory, 0, start + count, -1, -count)
+        del self._cached[start:start + count]
 
     def exact_verify_width(self, max_width: int) -> int:
         from pocketspec.backends.exact_width import exact_width

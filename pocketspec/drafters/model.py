@@ -2,6 +2,9 @@
 
 Its KV cache follows the context lazily: before drafting it keeps the longest
 common prefix with the context, rolls back the rest and catches up in one pass.
+When the plan gives the draft a context shorter than the target's, the draft
+sees a sliding window: the first SINK_TOKENS tokens plus the most recent ones
+(StreamingLLM attention sinks, as MagicDec drafts with), shifted in its cache.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from pocketspec.prefix import common_prefix_length
 from pocketspec.sampling import distribution, sample
 from pocketspec.settings import SamplingSettings
 
+SINK_TOKENS = 4
+SLIDE_SLACK = 64  # drop this many more tokens than needed, so the window moves rarely
+
 
 class ModelDrafter:
     name = "model"
@@ -25,14 +31,42 @@ class ModelDrafter:
         self.sampling = sampling
         self.rng = rng
         self.has_probs = not sampling.is_greedy
+        self._num_dropped = 0  # context tokens after the sinks that the window no longer holds
+
+    def _window(self, context: Sequence[int]) -> list[int]:
+        """What the draft model sees of `context`: sinks, then everything after the dropped span."""
+        context = list(context)
+        cached_sinks = self.backend.cached_tokens[:SINK_TOKENS]
+        if self._num_dropped and (len(context) < SINK_TOKENS + self._num_dropped
+                                  or (len(cached_sinks) == SINK_TOKENS and context[:SINK_TOKENS] != cached_sinks)):
+            self._num_dropped = 0  # a different conversation: start the window over
+            self.backend.rollback(0)
+        return context[:SINK_TOKENS] + context[SINK_TOKENS + self._num_dropped:]
+
+    def _num_kept(self, window: list[int]) -> int:
+        return min(common_prefix_length(self.backend.cached_tokens, window), len(window) - 1)
 
     def lag(self, context: Sequence[int]) -> int:
         """Tokens of `context` that a proposal would first have to feed to the draft model."""
-        kept = min(common_prefix_length(self.backend.cached_tokens, context), len(context) - 1)
-        return len(context) - kept - 1
+        window = self._window(context)
+        return len(window) - self._num_kept(window) - 1
 
     def fits(self, context: Sequence[int], max_tokens: int) -> bool:
-        return len(context) + max_tokens <= self.backend.max_context
+        return SINK_TOKENS + SLIDE_SLACK + max_tokens + 1 < self.backend.max_context
+
+    def _slide(self, window: list[int], num_kept: int, max_tokens: int, context: Sequence[int]) -> tuple[list[int], int]:
+        overflow = len(window) + max_tokens - self.backend.max_context
+        if overflow <= 0:
+            return window, num_kept
+        num_dropping = overflow + SLIDE_SLACK
+        if num_kept - SINK_TOKENS >= num_dropping:
+            self.backend.shift_out(SINK_TOKENS, num_dropping)
+            num_kept -= num_dropping
+        else:
+            self.backend.rollback(min(num_kept, SINK_TOKENS))
+            num_kept = min(num_kept, SINK_TOKENS)
+        self._num_dropped += num_dropping
+        return self._window(context), num_kept
 
     def _choose(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
         if self.sampling.is_greedy:
@@ -41,11 +75,13 @@ class ModelDrafter:
         return sample(probs, self.rng), probs
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
-        kept = min(common_prefix_length(self.backend.cached_tokens, context), len(context) - 1)
-        self.backend.rollback(kept)
+        window = self._window(context)
+        num_kept = self._num_kept(window)
+        self.backend.rollback(num_kept)
+        window, num_kept = self._slide(window, num_kept, max_tokens, context)
         started = time.perf_counter()
-        logits = self.backend.prefill(context[kept:])
-        timings = [(len(context) - kept, time.perf_counter() - started)]
+        logits = self.backend.prefill(window[num_kept:])
+        timings = [(len(window) - num_kept, time.perf_counter() - started)]
         tokens: list[int] = []
         probs: list[np.ndarray] = []
         for index in range(max_tokens):
@@ -60,6 +96,7 @@ class ModelDrafter:
         return Draft(tokens=tokens, probs=np.stack(probs) if probs else None, forward_timings=timings)
 
     def reset(self) -> None:
+        self._num_dropped = 0
         self.backend.rollback(0)
 
     def close(self) -> None:
