@@ -52,11 +52,18 @@ def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSe
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
     workload = Workload(max_context=target_settings.max_context, max_new_tokens=max_new_tokens,
                         max_gamma=speculation.gamma or speculation.max_gamma, temperature=temperature)
-    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=detect_device(), alpha=alpha)
+    # plan for where the backend really runs: the CPU unless layers are offloaded
+    device = detect_device(prefer_gpu=target_settings.gpu_layers != 0)
+    notes = []
+    if budget_bytes > device.free_bytes:
+        notes.append(f"memory plan: --memory-budget {format_bytes(budget_bytes)} is more than the "
+                     f"{format_bytes(device.free_bytes)} free now; planning for what is free")
+        budget_bytes = device.free_bytes
+    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=alpha)
     if not plan_.feasible:
         raise UserError(plan_.reason)
     settings = plan_.settings
-    notes = [describe(plan_)] + [f"memory plan: {step}" for step in plan_.degradations]
+    notes += [describe(plan_)] + [f"memory plan: {step}" for step in plan_.degradations]
     runtime_drafter = {"model": "auto", "ngram": "ngram", "none": "none"}[settings.drafter]
     if choice.drafter == "none":
         runtime_drafter = "none"

@@ -6,27 +6,12 @@ token) scaled by what has been measured.
 
 from __future__ import annotations
 
-import bisect
+from memplanner.costs import CPU_REFERENCES, interpolate
 
-# Cost of a forward pass of width w relative to width 1: qwen2.5-coder-1.5b on the
-# 2-core CPU with llama-cpp-python 0.3.36 (MODELS.md, 2026-11-21).
-CPU_PRIOR_RATIO = {1: 1.0, 2: 1.53, 3: 1.96, 5: 2.02, 9: 3.36, 17: 4.64}
-
-
-def _interpolate(table: dict[int, float], width: int) -> float:
-    widths = sorted(table)
-    if width <= widths[0]:
-        return table[widths[0]]
-    if width >= widths[-1]:
-        last, before = widths[-1], widths[-2]
-        slope = (table[last] - table[before]) / (last - before)
-        return table[last] + slope * (width - last)
-    right = bisect.bisect_left(widths, width)
-    low, high = widths[right - 1], widths[right]
-    if high == width:
-        return table[high]
-    share = (width - low) / (high - low)
-    return table[low] + share * (table[high] - table[low])
+# Cost of a forward pass of w tokens relative to one token, from the planner's CPU
+# reference (qwen2.5-coder-1.5b, MODELS.md): a prior until this machine is measured.
+_REFERENCE = CPU_REFERENCES[0].seconds_by_width
+CPU_PRIOR_RATIO = {width: seconds / _REFERENCE[1] for width, seconds in _REFERENCE.items()}
 
 
 class CostTable:
@@ -45,7 +30,7 @@ class CostTable:
             self._seconds_by_width[width] = seconds
         else:
             self._seconds_by_width[width] = previous + self.smoothing * (seconds - previous)
-        self._scale_sum += seconds / _interpolate(self.prior_ratio, width)
+        self._scale_sum += seconds / interpolate(self.prior_ratio, width)
         self._scale_count += 1
 
     @property
@@ -59,4 +44,4 @@ class CostTable:
         if measured is not None:
             return measured
         scale = self._scale_sum / self._scale_count if self._scale_count else 0.08
-        return scale * _interpolate(self.prior_ratio, width)
+        return scale * interpolate(self.prior_ratio, width)
