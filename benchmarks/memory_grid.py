@@ -100,10 +100,13 @@ def grid(quick: bool) -> list[dict]:
     for context in (512, 2048, 8192):
         add(small, "ngram", context, None, (0.0, 1.0))
     add(small, "none", 4096, None, (1.0,))
+    add(small, "ngram", 1024, None, (0.5,))
     for context in (512, 1024, 2048, 4096, 8192) if not quick else (1024,):
         add(target, draft, context, 0.95, (1.0, 0.6, 0.3) if context in (1024, 4096) else (1.0,))
     add(target, draft, 4096, 0.95, (0.0, 0.1))
     add(target, "none", 2048, None, (0.0,))
+    add(target, "none", 512, None, (1.0,))
+    add(target, "ngram", 8192, None, (1.0,))
     return configs
 
 

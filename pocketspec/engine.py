@@ -90,7 +90,7 @@ class SpeculativeEngine:
             return verify_deterministic(draft.tokens, target_probs, self.rng)
         return verify_sampled(draft.tokens, draft.probs, target_probs, self.rng)
 
-    def _prefill(self, prompt: Sequence[int], stats: GenerationStats) -> int:
+    def _prefill(self, prompt: Sequence[int], stats: GenerationStats, should_stop=None) -> int | None:
         room = self.target.max_context
         if len(prompt) >= room:
             raise UserError(
@@ -100,9 +100,11 @@ class SpeculativeEngine:
         kept = min(common_prefix_length(self.target.cached_tokens, prompt), len(prompt) - 1)
         self.target.rollback(kept)
         started = time.perf_counter()
-        logits = self.target.prefill(prompt[kept:])
+        logits = self.target.prefill(prompt[kept:], should_stop)
         stats.prefill_seconds = time.perf_counter() - started
         stats.num_prompt_tokens, stats.num_reused_tokens = len(prompt), kept
+        if logits is None:
+            return None
         if self.ngram is not None:
             self.ngram.reset()
         self._shadow = None
@@ -173,7 +175,10 @@ class SpeculativeEngine:
         emitted: list[int] = []
         stop_reason = "max_tokens"
         is_end = self.target.tokenizer.is_end_of_generation
-        new_tokens = [self._prefill(list(prompt), stats)] if max_new_tokens > 0 else []
+        first_token = self._prefill(list(prompt), stats, should_stop) if max_new_tokens > 0 else None
+        new_tokens = [first_token] if first_token is not None else []
+        if max_new_tokens > 0 and first_token is None:
+            stop_reason = "interrupted"
         context = list(prompt)
         while new_tokens:
             context.extend(new_tokens)

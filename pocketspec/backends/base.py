@@ -7,7 +7,7 @@ knows whether rollback moves a position (torch) or calls llama_memory_seq_rm
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -36,8 +36,11 @@ class Backend(Protocol):
         the token that follows tokens[logits_rows[i]].
         """
 
-    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
-        """Append a (long) prompt in n_batch chunks; return logits of the last token [vocab]."""
+    def prefill(self, tokens: Sequence[int], should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
+        """Append a (long) prompt in n_batch chunks; return logits of the last token [vocab].
+
+        Returns None when should_stop(), asked between chunks, says to stop.
+        """
 
     def rollback(self, num_kept: int) -> None:
         """Drop every cached token at position >= num_kept."""

@@ -7,7 +7,7 @@ flags), never with logits_all, which would cost n_ctx x vocab floats.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import llama_cpp
 import numpy as np
@@ -125,13 +125,16 @@ class LlamaCppBackend:
         pointer = llama_cpp.llama_get_logits(self._context.ctx)
         return np.ctypeslib.as_array(pointer, shape=(len(logits_rows), self.vocab_size))
 
-    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+    def prefill(self, tokens: Sequence[int], should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
+        """Logits after the last token, or None when should_stop() said so between chunks."""
         if not tokens:
             raise ValueError("prefill needs at least one token")
         step = self.n_batch
         for chunk_start in range(0, len(tokens) - 1, step):
             chunk = tokens[chunk_start:min(chunk_start + step, len(tokens) - 1)]
             self.forward(chunk, [])
+            if should_stop is not None and should_stop():
+                return None
         return self.forward(tokens[-1:], [0])[0]
 
     def rollback(self, num_kept: int) -> None:

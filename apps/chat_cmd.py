@@ -1,0 +1,113 @@
+"""`pocketspec chat`: a conversation in the terminal, or one answer to a message piped into stdin."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from apps.chat_repl import Chat, Repl, note, stats_line, stop_note
+from apps.options import model_choice_options, runtime_options, sampling_options
+from apps.session import open_engine
+from pocketspec.catalog import models_dir
+from pocketspec.conversation import Conversation, Replayed, assistant_record, header_record
+from pocketspec.errors import UserError
+from pocketspec.transcript import TranscriptWriter, load_transcript, new_transcript_path
+
+DEFAULT_MAX_REPLY_TOKENS = 512
+NUM_MESSAGES_SHOWN_ON_RESUME = 6
+
+
+def _model_name(path: Path | None, drafter: str) -> str:
+    """What the transcript header records: a catalog name for pulled models, else the file's path."""
+    if path is None:
+        return drafter
+    return path.stem if path.parent.resolve() == models_dir().resolve() else str(path)
+
+
+def _show_history(replayed: Replayed, path: Path) -> None:
+    turns = replayed.conversation.turns
+    note(f"resumed {len(turns)} messages from {path}")
+    if len(turns) > NUM_MESSAGES_SHOWN_ON_RESUME:
+        note(f"({len(turns) - NUM_MESSAGES_SHOWN_ON_RESUME} earlier messages not shown)")
+    for message in turns[-NUM_MESSAGES_SHOWN_ON_RESUME:]:
+        if message.role == "user":
+            click.echo(f"> {message.content}")
+        else:
+            click.echo(message.content)
+            if message.is_cut:
+                note("[reply cut]")
+
+
+def _answer_piped(chat: Chat, session, message: str, show_stats: bool) -> None:
+    """Scripts: the reply alone on stdout; notes and stats on stderr."""
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    turn = chat.reply(message, on_text=write, on_note=note)
+    write("\n")
+    stop = stop_note(turn, chat.max_new_tokens)
+    if stop is not None and turn.stop_reason != "max_tokens":
+        note(stop)
+    if show_stats:
+        note(stats_line(turn.stats, session))
+
+
+@click.command()
+@model_choice_options
+@click.option("--system", "system_prompt", default=None, help="System prompt (default: the chat template's own, if any).")
+@click.option("--resume", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Continue a transcript from POCKETSPEC_HOME/chats/ (or one written by /save).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_REPLY_TOKENS, show_default=True,
+              help="Longest reply, in tokens.")
+@sampling_options
+@runtime_options
+@click.option("--stats/--no-stats", "show_stats", default=True, help="A stats line after each reply (/stats toggles it).")
+def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, top_p, top_k, seed,
+         gamma, memory_budget, max_context, kv_type, threads, repack, show_stats):
+    """Chat with a model; with stdin piped in, answer it as one message and exit.
+
+    Every turn is appended to a JSONL transcript under POCKETSPEC_HOME/chats/.
+    """
+    is_interactive = sys.stdin.isatty()
+    replayed = load_transcript(resume) if resume is not None else None
+    if replayed is not None and replayed.header and not (target or draft or pair):
+        target, draft = replayed.header.get("target"), replayed.header.get("draft")
+    message = None
+    if not is_interactive:
+        message = sys.stdin.read().strip()
+        if not message:
+            raise UserError("stdin is empty: pipe a message in, or run `pocketspec chat` in a terminal")
+    with open_engine(
+        target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+        gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads,
+        repack=repack, max_new_tokens=max_tokens, announce=True, pull_if_missing=True,
+    ) as session:
+        choice = session.choice
+        models = (_model_name(choice.target_path, "none"), _model_name(choice.draft_path, choice.drafter))
+        transcript_path = resume or new_transcript_path()
+        with TranscriptWriter(transcript_path) as transcript:
+            if replayed is None:
+                transcript.append(header_record(target=models[0], draft=models[1]))
+            elif replayed.unfinished_reply is not None:
+                # The process died mid-reply: what was shown stays in the history, marked cut.
+                transcript.append(assistant_record(replayed.unfinished_reply, is_cut=True, stop_reason="killed"))
+            conversation = replayed.conversation if replayed is not None else Conversation()
+            chat_ = Chat(session.engine, conversation, max_new_tokens=max_tokens, transcript=transcript,
+                         stats_for=session.stats_dict)
+            if system_prompt is not None:
+                chat_.set_system(system_prompt)
+            if not is_interactive:
+                _answer_piped(chat_, session, message, show_stats)
+                return
+            note(f"chat with {models[0]} (draft: {models[1]}), context {chat_.max_context} tokens; "
+                 "/help for commands, Ctrl-D or /exit to quit")
+            note(f"transcript: {transcript_path}")
+            if replayed is not None:
+                _show_history(replayed, transcript_path)
+            Repl(chat_, session, show_stats=show_stats, models=models).run()
+
+
+COMMANDS = [chat]

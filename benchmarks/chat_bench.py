@@ -1,0 +1,148 @@
+"""Chat speed on MT-Bench: the two-turn conversations replayed through `pocketspec chat`'s turn logic.
+
+    .venv/bin/python benchmarks/chat_bench.py [--limit N] [--pair qwen-coder] [--memory-budget 3GiB]
+
+Each conversation runs twice, plain (`--draft none`) and speculative (the pair's draft
+model plus n-grams), at temperature 0 with up to 128 new tokens per turn. Each mode
+runs in its own worker process so that its peak RSS is its own. Turn 2 reuses the KV
+cache of turn 1, as in the chat. Per turn it records tok/s, time to first token and
+whether the two modes produced the same tokens (they must: decoding is lossless).
+Results: benchmarks/results/chat_bench.{json,md}.
+
+Data: the 80 MT-Bench conversations of Spec-Bench (benchmarks/data/mt_bench.jsonl,
+Apache-2.0, see benchmarks/data/SPEC_BENCH_LICENSE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DATA_PATH = ROOT / "benchmarks" / "data" / "mt_bench.jsonl"
+MODES = {"plain": "none", "speculative": None}  # mode -> --draft (None: the pair's draft model)
+
+
+def load_conversations(limit: int | None) -> list[dict]:
+    rows = [json.loads(line) for line in DATA_PATH.read_text().splitlines() if line.strip()]
+    return rows[:limit] if limit else rows
+
+
+def worker(config: dict) -> dict:
+    """Replay the conversations on one engine; returns per-turn rows and the peak memory."""
+    from apps.chat_repl import Chat
+    from apps.session import open_engine
+    from pocketspec.conversation import Conversation
+
+    rows = []
+    with open_engine(pair=config["pair"], target=None, draft=config["draft"], temperature=0.0,
+                     memory_budget=config["memory_budget"], max_context=config["max_context"],
+                     threads=config["threads"], max_new_tokens=config["max_tokens"], announce=False) as session:
+        for conversation in load_conversations(config["limit"]):
+            chat = Chat(session.engine, Conversation(), max_new_tokens=config["max_tokens"])
+            for turn_index, question in enumerate(conversation["turns"], start=1):
+                started = time.perf_counter()
+                first_text_at = []
+                turn = chat.reply(question, on_text=lambda _text: first_text_at.append(time.perf_counter()))
+                stats = turn.stats
+                rows.append({
+                    "question_id": conversation["question_id"], "category": conversation["category"],
+                    "turn": turn_index, "tokens": turn.tokens, "num_tokens": stats.num_tokens,
+                    "num_prompt_tokens": stats.num_prompt_tokens, "num_reused_tokens": stats.num_reused_tokens,
+                    "seconds": stats.seconds, "tokens_per_second": stats.tokens_per_second,
+                    "time_to_first_token": (first_text_at[0] - started) if first_text_at else None,
+                    "acceptance_rate": stats.acceptance_rate, "mean_accepted_per_step": stats.mean_accepted_per_step,
+                    "num_dropped": turn.num_dropped, "stop_reason": turn.stop_reason,
+                })
+        return {"rows": rows, "peak_memory_bytes": session.peak_memory_bytes(), "budget_bytes": session.budget_bytes,
+                "notes": session.notes}
+
+
+def run_worker(config: dict) -> dict:
+    completed = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)],
+                               capture_output=True, text=True)
+    if completed.returncode != 0:
+        sys.exit(f"{config['mode']} worker failed:\n{completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def _mean(values) -> float:
+    values = [value for value in values if value is not None]
+    return statistics.fmean(values) if values else 0.0
+
+
+def summarize(results: dict[str, dict], config: dict) -> tuple[dict, list[list], list[str]]:
+    from memplanner.sizes import format_bytes
+
+    plain, speculative = results["plain"]["rows"], results["speculative"]["rows"]
+    turns = []
+    for plain_row, spec_row in zip(plain, speculative):
+        turns.append({
+            "question_id": plain_row["question_id"], "category": plain_row["category"], "turn": plain_row["turn"],
+            "same_output": plain_row["tokens"] == spec_row["tokens"],
+            "plain": {key: value for key, value in plain_row.items() if key != "tokens"},
+            "speculative": {key: value for key, value in spec_row.items() if key != "tokens"},
+        })
+    table = []
+    for turn_index in (1, 2):
+        chosen = [turn for turn in turns if turn["turn"] == turn_index]
+        plain_tps = _mean(turn["plain"]["tokens_per_second"] for turn in chosen)
+        spec_tps = _mean(turn["speculative"]["tokens_per_second"] for turn in chosen)
+        table.append([f"turn {turn_index}", len(chosen), plain_tps, spec_tps, spec_tps / plain_tps if plain_tps else 0.0,
+                      _mean(turn["plain"]["time_to_first_token"] for turn in chosen),
+                      _mean(turn["speculative"]["time_to_first_token"] for turn in chosen),
+                      _mean(turn["speculative"]["acceptance_rate"] for turn in chosen),
+                      _mean(turn["speculative"]["num_reused_tokens"] for turn in chosen),
+                      sum(turn["same_output"] for turn in chosen)])
+    budget = config["memory_budget"] or "none"
+    notes = [f"pair {config['pair']}, temperature 0, up to {config['max_tokens']} new tokens per turn, "
+             f"{len(turns) // 2} conversations, memory budget {budget}"]
+    for mode, result in results.items():
+        notes.append(f"{mode}: peak memory {format_bytes(result['peak_memory_bytes'])}"
+                     + (f" of a {format_bytes(result['budget_bytes'])} budget" if result["budget_bytes"] else ""))
+    payload = {"config": config, "turns": turns,
+               "peak_memory_bytes": {mode: result["peak_memory_bytes"] for mode, result in results.items()},
+               "budget_bytes": results["speculative"]["budget_bytes"],
+               "plan_notes": {mode: result["notes"] for mode, result in results.items()}}
+    return payload, table, notes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--limit", type=int, default=None, help="First N conversations (default: all 80).")
+    parser.add_argument("--pair", default="qwen-coder")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-context", type=int, default=None)
+    parser.add_argument("--memory-budget", default=None)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+    from apps.report import write_results
+
+    config = {"pair": args.pair, "max_tokens": args.max_tokens, "max_context": args.max_context,
+              "memory_budget": args.memory_budget, "threads": args.threads, "limit": args.limit}
+    results = {}
+    for mode, draft in MODES.items():
+        print(f"running {mode} ...", file=sys.stderr)
+        results[mode] = run_worker({**config, "mode": mode, "draft": draft})
+    payload, table, notes = summarize(results, config)
+    columns = ["turn", "n", "plain tok/s", "spec tok/s", "speedup", "plain TTFT s", "spec TTFT s",
+               "acceptance", "reused prompt tokens", "same output"]
+    json_path, markdown_path = write_results(args.out_dir, "chat_bench", payload, "Chat on MT-Bench: plain vs speculative",
+                                             columns, table, notes)
+    print(f"wrote {json_path} and {markdown_path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

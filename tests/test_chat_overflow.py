@@ -1,0 +1,100 @@
+"""Chat turns on a real model: KV reuse across turns, and trimming when the conversation outgrows the context."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from apps.chat_repl import Chat
+from pocketspec.chat_template import encode_chat
+from pocketspec.conversation import Conversation
+from pocketspec.loader import ModelChoice, close_engine, draft_settings_for, load_engine
+from pocketspec.settings import ModelSettings, SamplingSettings, SpeculationSettings
+
+SYSTEM = "You are a helpful assistant. Answer in one or two sentences."
+QUESTIONS = [
+    "What is the capital of France, and what river runs through it?",
+    "Name three animals that live in the ocean and say what they eat.",
+    "Why is the sky blue during the day but red at sunset?",
+    "What is the difference between a planet and a star?",
+    "How do bees make honey from the nectar of flowers?",
+    "What does a computer's processor do, in simple words?",
+    "Why do leaves change colour in autumn before they fall?",
+]
+
+
+@contextlib.contextmanager
+def _engine(target_path, *, drafter: str, max_context: int, draft_path=None, gamma=None):
+    # One thread: the test machine is shared, and llama.cpp's spinning threads crawl when cores are busy.
+    settings = ModelSettings(num_threads=1, max_context=max_context, max_logits_rows=9)
+    choice = ModelChoice(target_path, draft_path, "auto" if draft_path else drafter)
+    engine = load_engine(choice, target_settings=settings, draft_settings=draft_settings_for(settings),
+                         sampling=SamplingSettings(), speculation=SpeculationSettings(drafter=drafter, gamma=gamma))
+    try:
+        yield engine
+    finally:
+        close_engine(engine)
+
+
+def test_second_turn_prefills_only_new_tokens_on_target_and_draft(smollm2_path):
+    with _engine(smollm2_path, drafter="model", draft_path=smollm2_path, gamma=3, max_context=1024) as engine:
+        draft_backend = engine.model.backend
+        draft_prefilled: list[int] = []
+        prefill = draft_backend.prefill
+        draft_backend.prefill = lambda tokens: draft_prefilled.append(len(tokens)) or prefill(tokens)
+        chat = Chat(engine, Conversation(SYSTEM), max_new_tokens=48)
+        first = chat.reply(QUESTIONS[0])
+        draft_prefilled.clear()
+        second = chat.reply(QUESTIONS[1])
+
+    assert second.prompt_tokens[: len(first.prompt_tokens)] == first.prompt_tokens
+    # The target kept the whole first turn (its last token may still be pending, not yet in the cache).
+    num_turn_one = len(first.prompt_tokens) + len(first.tokens)
+    assert second.stats.num_reused_tokens >= num_turn_one - 1
+    num_new = len(second.prompt_tokens) - second.stats.num_reused_tokens
+    assert num_new <= len(second.prompt_tokens) - num_turn_one + 1
+    # The draft model caught up from its own cache too: its first pass fed the new tokens, the
+    # target's first reply token and at most the last verify step of turn one (γ + 1 tokens).
+    assert second.stats.steps_by_drafter.get("model", 0) > 0
+    assert draft_prefilled[0] <= num_new + 1 + (3 + 1)
+    assert draft_prefilled[0] < len(second.prompt_tokens) - len(first.prompt_tokens)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_overflow_drops_oldest_turns_keeps_system_and_matches_plain(smollm2_path, drafter):
+    """The reference is a plain engine given the same sequence of prompts, so both reuse their
+    KV caches alike: llama.cpp's logits depend on how a prompt was split into batches, so a
+    fresh prefill of a long history is not bit-identical to one built up turn by turn."""
+    max_context, max_new_tokens = 256, 48
+    draft_path = smollm2_path if drafter == "model" else None
+    notes: list[str] = []
+    num_trimmed_turns = num_model_steps = 0
+    with _engine(smollm2_path, drafter=drafter, draft_path=draft_path, gamma=3 if draft_path else None,
+                 max_context=max_context) as engine, \
+            _engine(smollm2_path, drafter="none", max_context=max_context) as plain:
+        chat = Chat(engine, Conversation(SYSTEM), max_new_tokens=max_new_tokens)
+        assert chat.max_context == max_context
+        tokenizer = engine.target.tokenizer
+        for question in QUESTIONS:
+            turn = chat.reply(question, on_note=notes.append)
+            messages = chat.conversation.messages()
+            assert messages[0] == {"role": "system", "content": SYSTEM}
+            assert messages[-2] == {"role": "user", "content": question}
+            # The prompt is the trimmed history, rendered afresh, and it fits with room for the reply.
+            assert turn.prompt_tokens == encode_chat(tokenizer, chat.template, messages[:-1])
+            assert len(turn.prompt_tokens) <= chat.max_prompt_tokens
+            expected = plain.generate(turn.prompt_tokens, max_new_tokens)
+            assert expected.stats.num_drafted == 0
+            assert turn.tokens == expected.tokens
+            num_model_steps += turn.stats.steps_by_drafter.get("model", 0)
+            if turn.num_dropped:
+                num_trimmed_turns += 1
+                assert turn.num_dropped % 2 == 0  # whole exchanges, oldest first
+                assert QUESTIONS[0] not in [message["content"] for message in messages]
+                # Both caches rolled back to the shared start (at least the system prompt) and re-prefilled.
+                assert turn.stats.num_reused_tokens < len(turn.prompt_tokens) // 2
+    assert num_trimmed_turns >= 2
+    assert len(notes) == num_trimmed_turns and all("dropped" in note for note in notes)
+    if drafter == "model":
+        assert num_model_steps > 0

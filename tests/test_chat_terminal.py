@@ -1,0 +1,189 @@
+"""`pocketspec chat` as people use it: in a pseudo-terminal, through a pipe, killed mid-reply, and with bad input."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pocketspec.transcript import load_transcript, read_records
+
+pexpect = pytest.importorskip("pexpect")
+
+POCKETSPEC = Path(sys.executable).parent / "pocketspec"
+SMOLLM2 = ["--target", "smollm2-135m-instruct", "--draft", "ngram", "--threads", "1"]
+LONG_REQUEST = "Write a long story about a dragon who learns to read."  # smollm2 runs past 1000 tokens
+TIMEOUT_SECONDS = 120
+
+
+@pytest.fixture
+def chat_home(tmp_path, smollm2_path) -> Path:
+    """A fresh POCKETSPEC_HOME whose models/ is the real model cache, so nothing is downloaded."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(smollm2_path.parent, target_is_directory=True)
+    return home
+
+
+def _env(home: Path) -> dict:
+    return {**os.environ, "POCKETSPEC_HOME": str(home), "TERM": "dumb"}
+
+
+def _spawn(home: Path, *args: str):
+    child = pexpect.spawn(str(POCKETSPEC), ["chat", *SMOLLM2, *args], env=_env(home), encoding="utf-8",
+                          timeout=TIMEOUT_SECONDS, dimensions=(50, 200))
+    child.logfile_read = io.StringIO()
+    child.expect("/help for commands")
+    child.expect("> ")
+    return child
+
+
+def _say(child, text: str) -> None:
+    """Send a line and wait for the next prompt."""
+    child.sendline(text)
+    child.expect("\r\n> ")
+
+
+def _start_long_reply(child) -> str:
+    """Send LONG_REQUEST and return once a few words of the reply are on the screen."""
+    child.sendline(LONG_REQUEST)
+    child.expect_exact(LONG_REQUEST + "\r\n")  # the terminal's echo of the line
+    child.expect(r"(\w+\W+){8}")
+    return child.after.replace("\r\n", "\n")
+
+
+def _screen(child) -> str:
+    return child.logfile_read.getvalue().replace("\r\n", "\n")
+
+
+def _only_transcript(home: Path) -> Path:
+    paths = list((home / "chats").glob("*.jsonl"))
+    assert len(paths) == 1, paths
+    return paths[0]
+
+
+def test_two_turns_stats_ctrl_c_and_exit(chat_home):
+    child = _spawn(chat_home, "--max-tokens", "1500")
+    _say(child, "What is 2+2?")
+    assert "tok/s" in child.before and "accepted/step" in child.before and "memory" in child.before
+    _say(child, "And what is 3+3?")
+    _say(child, "/stats")
+    assert "stats off" in child.before
+    shown_before_cut = _start_long_reply(child)
+    child.sendcontrol("c")
+    child.expect_exact("[reply cut: Ctrl-C]")
+    child.expect("\r\n> ")
+    _say(child, "Thank you!")
+    assert "tok/s" not in child.before  # /stats turned the stats line off
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, _screen(child)
+    screen = _screen(child)
+    assert "Traceback" not in screen
+
+    conversation = load_transcript(_only_transcript(chat_home)).conversation
+    roles = [message.role for message in conversation.turns]
+    assert roles == ["user", "assistant"] * 4
+    users = [message.content for message in conversation.turns[0::2]]
+    assert users == ["What is 2+2?", "And what is 3+3?", LONG_REQUEST, "Thank you!"]
+    replies = conversation.turns[1::2]
+    assert [reply.is_cut for reply in replies] == [False, False, True, False]
+    assert shown_before_cut in replies[2].content
+    for reply in replies:
+        assert reply.content.strip() and reply.content in screen.replace("^C", ""), screen
+    records = read_records(_only_transcript(chat_home))
+    cut = [record for record in records if record["type"] == "assistant" and record["cut"]]
+    assert [record["stop_reason"] for record in cut] == ["interrupted"]
+    assert cut[0]["stats"]["num_tokens"] < 1500
+
+
+def test_ctrl_c_at_the_prompt_clears_the_line_and_ctrl_d_quits(chat_home):
+    child = _spawn(chat_home)
+    child.send("half a line")
+    child.sendcontrol("c")
+    child.expect_exact("Ctrl-D or /exit quits")
+    child.expect("> ")
+    child.sendline("/help")
+    child.expect_exact("/budget")
+    child.expect("> ")
+    child.sendline("/budget")
+    child.expect_exact("no --memory-budget given")
+    child.expect("> ")
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert "Traceback" not in _screen(child)
+
+
+def test_transcript_survives_kill_and_resumes(chat_home):
+    child = _spawn(chat_home, "--max-tokens", "1500")
+    _say(child, "What is 2+2?")
+    shown = _start_long_reply(child)
+    child.kill(signal.SIGKILL)
+    child.expect(pexpect.EOF)
+    child.close()
+    path = _only_transcript(chat_home)
+
+    replayed = load_transcript(path)
+    first_reply = replayed.conversation.turns[1].content
+    assert [message.role for message in replayed.conversation.turns] == ["user", "assistant"] * 2
+    assert replayed.conversation.turns[0].content == "What is 2+2?"
+    assert shown in replayed.unfinished_reply  # nothing shown before the kill was lost
+    assert replayed.conversation.turns[3].is_cut
+
+    child = _spawn(chat_home, "--resume", str(path), "--max-tokens", "64")  # returns at the history's "> "
+    child.expect_exact("[reply cut]")
+    child.expect("> ")
+    assert "resumed 4 messages" in _screen(child) and "> What is 2+2?" in _screen(child)
+    _say(child, "Thank you!")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, _screen(child)
+
+    turns = load_transcript(path).conversation.turns
+    assert [message.content for message in turns[0::2]] == ["What is 2+2?", LONG_REQUEST, "Thank you!"]
+    assert turns[1].content == first_reply and not turns[1].is_cut
+    assert turns[3].is_cut and shown in turns[3].content
+    assert turns[5].content.strip() and not turns[5].is_cut
+    killed = [record for record in read_records(path) if record.get("stop_reason") == "killed"]
+    assert len(killed) == 1  # the resume closed the dead reply once, in the file too
+
+
+def test_piped_stdin_prints_only_the_reply(chat_home):
+    result = subprocess.run(
+        [str(POCKETSPEC), "chat", "--target", "smollm2-135m-instruct", "--draft", "ngram", "--max-tokens", "16"],
+        input="hi\n", capture_output=True, text=True, env=_env(chat_home), timeout=TIMEOUT_SECONDS)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert "/help" not in result.stdout and "tok/s" not in result.stdout
+    assert "tok/s" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt", "not_a_transcript", "unknown_model"])
+def test_bad_input_is_one_line_and_exit_2(chat_home, tmp_path, case):
+    args = ["chat", *SMOLLM2]
+    if case == "missing":
+        args += ["--resume", str(tmp_path / "nope.jsonl")]
+    elif case == "corrupt":
+        path = tmp_path / "corrupt.jsonl"
+        path.write_text('{"type": "header", "version": 1}\nnot json at all\n{"type": "reset"}\n')
+        args += ["--resume", str(path)]
+    elif case == "not_a_transcript":
+        path = tmp_path / "other.jsonl"
+        path.write_text('{"type": "assistant", "content": "a reply to nothing"}\n')
+        args += ["--resume", str(path)]
+    else:
+        args = ["chat", "--target", "no-such-model", "--draft", "ngram"]
+    result = subprocess.run([str(POCKETSPEC), *args], input="hi", capture_output=True, text=True,
+                            env=_env(chat_home), timeout=TIMEOUT_SECONDS)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
