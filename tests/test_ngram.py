@@ -38,3 +38,8 @@ def test_rewritten_context_rebuilds_the_index():
     drafter = NgramDrafter(min_n=2, max_n=2)
     drafter.lookup([1, 2, 3, 1, 2], 2)
     assert drafter.lookup([4, 5, 6, 4, 5], 2) == [6, 4]
+
+
+def test_a_short_period_repetition_is_continued_periodically():
+    drafter = NgramDrafter(min_n=2, max_n=3)
+    assert drafter.lookup([9, 1, 2, 3, 1, 2, 3, 1, 2], 7) == [3, 1, 2, 3, 1, 2, 3]

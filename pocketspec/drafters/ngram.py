@@ -46,7 +46,13 @@ class NgramDrafter:
         for n in range(min(self.max_n, len(context)), self.min_n - 1, -1):
             start = self._continuation_at.get(tuple(context[-n:]))
             if start is not None:
-                return list(self._tokens[start:start + max_tokens])
+                proposal = list(self._tokens[start:start + max_tokens])
+                # A match that ends close to the end is a repetition with period len - start:
+                # continue it periodically instead of stopping at the end of the context.
+                period = len(self._tokens) - start
+                while len(proposal) < max_tokens:
+                    proposal.append(proposal[len(proposal) - period])
+                return proposal
         return []
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
