@@ -71,10 +71,11 @@ def summarize(records: list[dict]) -> list[list]:
 @click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True)
 @click.option("--threads", type=click.IntRange(min=0), default=0)
 @click.option("--repack/--no-repack", default=True, show_default=True)
+@click.option("--exact-verify/--fast-verify", default=True, show_default=True)
 @click.option("--llama-bench", "llama_bench", default=None, help="Path to llama.cpp's llama-bench, for the reference tok/s.")
 @click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=REPO / "benchmarks" / "results")
 @click.option("--name", default="bench_spec", show_default=True)
-def bench(pair, per_category, categories, max_tokens, threads, repack, llama_bench, out_dir, name):
+def bench(pair, per_category, categories, max_tokens, threads, repack, exact_verify, llama_bench, out_dir, name):
     """Benchmark plain vs speculative decoding per Spec-Bench category (temperature 0)."""
     from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
     from pocketspec.engine import SpeculativeEngine
@@ -84,7 +85,8 @@ def bench(pair, per_category, categories, max_tokens, threads, repack, llama_ben
     target = LlamaCppBackend(choice.target_path, settings)
     draft = LlamaCppBackend(choice.draft_path, draft_settings_for(settings))
     plain_engine = SpeculativeEngine(target, speculation=SpeculationSettings(drafter="none"))
-    spec_engine = SpeculativeEngine(target, draft_backend=draft, speculation=SpeculationSettings(drafter="auto"))
+    spec_engine = SpeculativeEngine(target, draft_backend=draft,
+                                    speculation=SpeculationSettings(drafter="auto", exact_verify=exact_verify))
     template = template_for(target.tokenizer)
     records = []
     try:
@@ -108,10 +110,13 @@ def bench(pair, per_category, categories, max_tokens, threads, repack, llama_ben
         draft.close()
     rows = summarize(records)
     notes = [f"pair {choice.target_path.name} + {choice.draft_path.name}, temperature 0, {max_tokens} new tokens, "
-             f"{per_category} prompts per category, threads={settings.resolved_num_threads}, repack={repack}",
+             f"{per_category} prompts per category, threads={settings.resolved_num_threads}, repack={repack}, "
+             f"exact_verify={exact_verify}",
              "tok/s are decode rates (prefill excluded); speedup = speculative / plain, measured prompt by prompt in one run",
-             f"γ capped at {spec_engine.controller.max_gamma} by the exact-verify-width probe"]
+             f"γ at most {spec_engine.controller.max_gamma}"
+             + (" (the exact-verify-width probe's cap)" if exact_verify else " (--fast-verify: no exactness cap)")]
     payload = {"settings": {"max_tokens": max_tokens, "per_category": per_category, "repack": repack,
+                            "exact_verify": exact_verify,
                             "max_gamma": spec_engine.controller.max_gamma}, "records": records}
     if llama_bench:
         reference = run_llama_bench(llama_bench, choice.target_path, settings.resolved_num_threads)

@@ -66,7 +66,7 @@ def _answer_piped(chat: Chat, session, message: str, show_stats: bool) -> None:
 @runtime_options
 @click.option("--stats/--no-stats", "show_stats", default=True, help="A stats line after each reply (/stats toggles it).")
 def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, top_p, top_k, seed,
-         gamma, memory_budget, max_context, kv_type, threads, repack, show_stats):
+         gamma, memory_budget, max_context, kv_type, threads, repack, exact_verify, show_stats):
     """Chat with a model; with stdin piped in, answer it as one message and exit.
 
     Every turn is appended to a JSONL transcript under POCKETSPEC_HOME/chats/.
@@ -83,7 +83,7 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
     with open_engine(
         target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads,
-        repack=repack, max_new_tokens=max_tokens, announce=True, pull_if_missing=True,
+        repack=repack, exact_verify=exact_verify, max_new_tokens=max_tokens, announce=True, pull_if_missing=True,
     ) as session:
         choice = session.choice
         models = (_model_name(choice.target_path, "none"), _model_name(choice.draft_path, choice.drafter))

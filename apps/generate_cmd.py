@@ -37,12 +37,12 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template (from GGUF metadata).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, stats.")
 def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, top_p, top_k, seed,
-             gamma, memory_budget, max_context, kv_type, threads, repack, chat, as_json):
+             gamma, memory_budget, max_context, kv_type, threads, repack, exact_verify, chat, as_json):
     """Generate a continuation of one prompt."""
     text = _read_prompt(prompt, prompt_file)
     with open_engine(
         target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-        gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads, repack=repack,
+        gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads, repack=repack, exact_verify=exact_verify,
         max_new_tokens=max_tokens, announce=not as_json,
     ) as session:
         tokenizer = session.engine.target.tokenizer

@@ -42,6 +42,9 @@ def parse_gamma(value: str) -> int | None:
 
 
 def runtime_options(function):
+    function = click.option("--exact-verify/--fast-verify", default=SPECULATION.exact_verify, show_default=True,
+                            help="Cap drafts so verify batches round exactly like one-token decoding (lossless), "
+                                 "or allow wider ones (faster; a token may differ where the top two logits tie).")(function)
     function = click.option("--repack/--no-repack", default=MODEL.repack_weights, show_default=True,
                             help="llama.cpp repacked CPU weights: faster one-token decoding, narrower exact verify batches.")(function)
     function = click.option("--threads", type=click.IntRange(min=0), default=MODEL.num_threads, help="CPU threads (0: all this process may use).")(function)

@@ -41,7 +41,7 @@ class Session:
 @contextlib.contextmanager
 def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, seed=0, gamma="auto",
                 memory_budget=None, max_context=None, kv_type=None, threads=0, max_new_tokens=128,
-                repack=True, announce=True, pull_if_missing=False):
+                repack=True, exact_verify=True, announce=True, pull_if_missing=False):
     baseline_rss_bytes = psutil.Process().memory_info().rss
     choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
     fixed_gamma = parse_gamma(gamma)
@@ -52,7 +52,7 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
         repack_weights=repack,
         max_logits_rows=(fixed_gamma if fixed_gamma is not None else SPECULATION.max_gamma) + 1,
     )
-    speculation = replace(SPECULATION, gamma=fixed_gamma)
+    speculation = replace(SPECULATION, gamma=fixed_gamma, exact_verify=exact_verify)
     session_plan = None
     budget_bytes = None
     draft_max_context = None

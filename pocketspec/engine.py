@@ -75,7 +75,10 @@ class SpeculativeEngine:
         if self.ngram is None and self.model is None:
             return 0
         wanted = speculation.max_gamma if speculation.gamma is None else speculation.gamma
-        return self.target.exact_verify_width(min(wanted + 1, self.target.max_logits_rows)) - 1
+        max_width = min(wanted + 1, self.target.max_logits_rows)
+        if not speculation.exact_verify:
+            return max_width - 1
+        return self.target.exact_verify_width(max_width) - 1
 
     def _pick(self, logits: np.ndarray) -> int:
         if self.sampling.is_greedy:

@@ -32,6 +32,10 @@ class SpeculationSettings:
     max_gamma: int = 8
     ngram_min: int = 2
     ngram_max: int = 4
+    # True: cap γ + 1 at the widest verify batch whose logits equal one-token decoding
+    # bit for bit. False trades that for wider drafts: a greedy token can then differ
+    # where the target's top two logits are within kernel rounding of each other.
+    exact_verify: bool = True
 
 
 def default_num_threads() -> int:

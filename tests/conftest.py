@@ -34,7 +34,7 @@ def qwen_draft_path() -> Path:
 
 @contextlib.contextmanager
 def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, temperature=0.0, seed=0,
-                 max_context=1024, top_k=0, top_p=1.0, max_gamma=8, draft_max_context=None):
+                 max_context=1024, top_k=0, top_p=1.0, max_gamma=8, draft_max_context=None, exact_verify=True):
     from pocketspec.loader import ModelChoice, close_engine, draft_settings_for, load_engine
     from pocketspec.settings import ModelSettings, SamplingSettings, SpeculationSettings
 
@@ -47,7 +47,7 @@ def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, te
         target_settings=target_settings,
         draft_settings=draft_settings_for(target_settings, draft_max_context),
         sampling=SamplingSettings(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p),
-        speculation=SpeculationSettings(drafter=drafter, gamma=gamma, max_gamma=max_gamma),
+        speculation=SpeculationSettings(drafter=drafter, gamma=gamma, max_gamma=max_gamma, exact_verify=exact_verify),
     )
     try:
         yield engine
