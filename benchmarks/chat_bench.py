@@ -61,8 +61,27 @@ def worker(config: dict) -> dict:
                     "acceptance_rate": stats.acceptance_rate, "mean_accepted_per_step": stats.mean_accepted_per_step,
                     "num_dropped": turn.num_dropped, "stop_reason": turn.stop_reason,
                 })
+                if turn_index == 2:
+                    rows[-1]["cold_prefill_seconds"] = _cold_prefill_seconds(session.engine, stats.num_prompt_tokens)
         return {"rows": rows, "peak_memory_bytes": session.peak_memory_bytes(), "budget_bytes": session.budget_bytes,
                 "notes": session.notes}
+
+
+def _cold_prefill_seconds(engine, num_prompt_tokens: int) -> float:
+    """The control for KV reuse: the same turn-2 prompt prefilled from an empty cache."""
+    target = engine.target
+    prompt = list(target.cached_tokens[:num_prompt_tokens])
+    target.rollback(0)
+    started = time.perf_counter()
+    target.prefill(prompt)
+    return time.perf_counter() - started
+
+
+def _slope_per_100_tokens(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ys against xs, in ms per 100 tokens of xs."""
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    return 1e5 * sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread else 0.0
 
 
 def run_worker(config: dict) -> dict:
@@ -101,13 +120,20 @@ def summarize(results: dict[str, dict], config: dict) -> tuple[dict, list[list],
                       _mean(turn["speculative"]["acceptance_rate"] for turn in chosen),
                       _mean(turn["speculative"]["num_reused_tokens"] for turn in chosen),
                       sum(turn["same_output"] for turn in chosen)])
+    second = [turn["speculative"] for turn in turns if turn["turn"] == 2 and turn["speculative"]["time_to_first_token"]]
+    turn_one_lengths = [row["num_reused_tokens"] for row in second]
+    reuse_slope = _slope_per_100_tokens(turn_one_lengths, [row["time_to_first_token"] for row in second])
+    cold_slope = _slope_per_100_tokens(turn_one_lengths, [row["cold_prefill_seconds"] for row in second])
     budget = config["memory_budget"] or "none"
     notes = [f"pair {config['pair']}, temperature 0, up to {config['max_tokens']} new tokens per turn, "
-             f"{len(turns) // 2} conversations, memory budget {budget}"]
+             f"{len(turns) // 2} conversations, memory budget {budget}",
+             f"turn-2 time to first token vs turn-1 length (speculative): {reuse_slope:+.1f} ms per 100 tokens "
+             f"with KV reuse; the same prompts prefilled from an empty cache: {cold_slope:+.1f} ms per 100 tokens"]
     for mode, result in results.items():
         notes.append(f"{mode}: peak memory {format_bytes(result['peak_memory_bytes'])}"
                      + (f" of a {format_bytes(result['budget_bytes'])} budget" if result["budget_bytes"] else ""))
     payload = {"config": config, "turns": turns,
+               "ttft_slope_ms_per_100_tokens": {"with_reuse": reuse_slope, "cold_prefill": cold_slope},
                "peak_memory_bytes": {mode: result["peak_memory_bytes"] for mode, result in results.items()},
                "budget_bytes": results["speculative"]["budget_bytes"],
                "plan_notes": {mode: result["notes"] for mode, result in results.items()}}
