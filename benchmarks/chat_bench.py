@@ -56,7 +56,9 @@ def worker(config: dict) -> dict:
                     "question_id": conversation["question_id"], "category": conversation["category"],
                     "turn": turn_index, "tokens": turn.tokens, "num_tokens": stats.num_tokens,
                     "num_prompt_tokens": stats.num_prompt_tokens, "num_reused_tokens": stats.num_reused_tokens,
-                    "seconds": stats.seconds, "tokens_per_second": stats.tokens_per_second,
+                    "seconds": stats.seconds,
+                    # decode rate: the prefill shows up in the time to first token instead
+                    "tokens_per_second": (stats.num_tokens - 1) / max(stats.seconds - stats.prefill_seconds, 1e-9),
                     "time_to_first_token": (first_text_at[0] - started) if first_text_at else None,
                     "acceptance_rate": stats.acceptance_rate, "mean_accepted_per_step": stats.mean_accepted_per_step,
                     "num_dropped": turn.num_dropped, "stop_reason": turn.stop_reason,
