@@ -71,7 +71,7 @@ def summarize(records: list[dict]) -> list[list]:
 @click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True)
 @click.option("--threads", type=click.IntRange(min=0), default=0)
 @click.option("--repack/--no-repack", default=True, show_default=True)
-@click.option("--exact-verify/--fast-verify", default=True, show_default=True)
+@click.option("--exact-verify/--fast-verify", default=SpeculationSettings.exact_verify, show_default=True)
 @click.option("--llama-bench", "llama_bench", default=None, help="Path to llama.cpp's llama-bench, for the reference tok/s.")
 @click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=REPO / "benchmarks" / "results")
 @click.option("--name", default="bench_spec", show_default=True)
@@ -114,7 +114,7 @@ def bench(pair, per_category, categories, max_tokens, threads, repack, exact_ver
              f"exact_verify={exact_verify}",
              "tok/s are decode rates (prefill excluded); speedup = speculative / plain, measured prompt by prompt in one run",
              f"γ at most {spec_engine.controller.max_gamma}"
-             + (" (the exact-verify-width probe's cap)" if exact_verify else " (--fast-verify: no exactness cap)")]
+             + (" (the exact-verify-width probe's cap)" if exact_verify else " (--fast-verify)")]
     payload = {"settings": {"max_tokens": max_tokens, "per_category": per_category, "repack": repack,
                             "exact_verify": exact_verify,
                             "max_gamma": spec_engine.controller.max_gamma}, "records": records}

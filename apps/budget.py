@@ -50,8 +50,10 @@ def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSe
     budget_bytes = parse_budget(memory_budget)
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
+    # `--draft none` asks for plain decoding: plan no draft buffers at all (γ = 0)
+    max_gamma = 0 if choice.drafter == "none" else (speculation.gamma or speculation.max_gamma)
     workload = Workload(max_context=target_settings.max_context, max_new_tokens=max_new_tokens,
-                        max_gamma=speculation.gamma or speculation.max_gamma, temperature=temperature)
+                        max_gamma=max_gamma, temperature=temperature)
     # plan for where the backend really runs: the CPU unless layers are offloaded
     device = detect_device(prefer_gpu=target_settings.gpu_layers != 0)
     notes = []

@@ -43,8 +43,9 @@ def parse_gamma(value: str) -> int | None:
 
 def runtime_options(function):
     function = click.option("--exact-verify/--fast-verify", default=SPECULATION.exact_verify, show_default=True,
-                            help="Cap drafts so verify batches round exactly like one-token decoding (lossless), "
-                                 "or allow wider ones (faster; a token may differ where the top two logits tie).")(function)
+                            help="Only verify batches proven to round bit for bit like one-token decoding "
+                                 "(on a CPU that means plain decoding), or draft freely: a greedy token may then "
+                                 "differ where the target's two best logits are within kernel rounding.")(function)
     function = click.option("--repack/--no-repack", default=MODEL.repack_weights, show_default=True,
                             help="llama.cpp repacked CPU weights: faster one-token decoding, narrower exact verify batches.")(function)
     function = click.option("--threads", type=click.IntRange(min=0), default=MODEL.num_threads, help="CPU threads (0: all this process may use).")(function)

@@ -41,7 +41,8 @@ class Session:
 @contextlib.contextmanager
 def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, seed=0, gamma="auto",
                 memory_budget=None, max_context=None, kv_type=None, threads=0, max_new_tokens=128,
-                repack=True, exact_verify=True, announce=True, pull_if_missing=False):
+                repack=MODEL.repack_weights, exact_verify=SPECULATION.exact_verify, announce=True,
+                pull_if_missing=False):
     baseline_rss_bytes = psutil.Process().memory_info().rss
     choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
     fixed_gamma = parse_gamma(gamma)

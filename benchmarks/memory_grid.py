@@ -113,6 +113,8 @@ def grid(quick: bool) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", type=int, nargs="+", help="Rerun these configuration numbers (0-based) and "
+                        "merge them into the existing results.")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -121,18 +123,22 @@ def main() -> None:
     from apps.report import write_results
     from memplanner.sizes import format_bytes
 
-    records = []
-    for config in grid(args.quick):
+    configs = grid(args.quick)
+    results_path = ROOT / "benchmarks" / "results" / "memory_grid.json"
+    records = json.loads(results_path.read_text())["records"] if args.only else [None] * len(configs)
+    for index, config in enumerate(configs):
+        if args.only and index not in args.only:
+            continue
         output = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)], capture_output=True,
                                 text=True, cwd=ROOT)
         if output.returncode != 0:
-            records.append({**config, "error": output.stderr.strip().splitlines()[-1:]})
+            records[index] = {**config, "error": output.stderr.strip().splitlines()[-1:]}
             print(f"{config} failed: {output.stderr.strip()[-300:]}", file=sys.stderr)
             continue
         record = {**config, **json.loads(output.stdout.strip().splitlines()[-1])}
         record["error_fraction"] = (record["predicted_peak_bytes"] - record["measured_peak_bytes"]) / record["measured_peak_bytes"]
         record["within_budget"] = record["measured_peak_bytes"] <= record["budget_bytes"]
-        records.append(record)
+        records[index] = record
         print(f"{config['target'][:12]} {config['draft'][:12]:>12} ctx {config['context']:>5} budget {config['budget_label']:>10}: "
               f"predicted {format_bytes(record['predicted_peak_bytes'])} measured {format_bytes(record['measured_peak_bytes'])} "
               f"({record['error_fraction']:+.1%}) {record['drafter']} γ{record['max_gamma']} {record['kv_type']}", file=sys.stderr)

@@ -57,8 +57,8 @@ class SpeculativeEngine:
         fixed_gamma = speculation.gamma
         if fixed_gamma is not None and fixed_gamma > max_gamma:
             self.notes.append(
-                f"--gamma {fixed_gamma} lowered to {max_gamma}: wider verify batches round differently "
-                "from one-token decoding on this backend, which would change the output"
+                f"--gamma {fixed_gamma} lowered to {max_gamma}: with --exact-verify, only verify batches that "
+                "round exactly like one-token decoding on this backend are used"
             )
             fixed_gamma = max_gamma
         self.controller = GammaController(max_gamma, fixed_gamma=fixed_gamma)
@@ -78,7 +78,11 @@ class SpeculativeEngine:
         max_width = min(wanted + 1, self.target.max_logits_rows)
         if not speculation.exact_verify:
             return max_width - 1
-        return self.target.exact_verify_width(max_width) - 1
+        exact_width = self.target.exact_verify_width(max_width)
+        if exact_width == 1:
+            self.notes.append("--exact-verify: no verify batch rounds exactly like one-token decoding on this "
+                              "backend, so decoding is plain; --fast-verify drafts")
+        return exact_width - 1
 
     def _pick(self, logits: np.ndarray) -> int:
         if self.sampling.is_greedy:

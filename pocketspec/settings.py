@@ -32,10 +32,12 @@ class SpeculationSettings:
     max_gamma: int = 8
     ngram_min: int = 2
     ngram_max: int = 4
-    # True: cap γ + 1 at the widest verify batch whose logits equal one-token decoding
-    # bit for bit. False trades that for wider drafts: a greedy token can then differ
-    # where the target's top two logits are within kernel rounding of each other.
-    exact_verify: bool = True
+    # llama.cpp's batched kernels round differently from its one-token kernels (on CPU,
+    # every width past 256 cached tokens), so a verified greedy token can differ from plain
+    # decoding where the target's two best logits are within that rounding. True caps
+    # γ + 1 at the widest batch proven bit-identical at short and long contexts, which on
+    # llama.cpp's CPU backend means plain decoding.
+    exact_verify: bool = False
 
 
 def default_num_threads() -> int:

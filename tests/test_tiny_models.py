@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from scipy.stats import chi2_contingency
 
-from conftest import built_engine
+from conftest import assert_matches_plain, built_engine
 from tiny_models import write_tiny_pair
 
 PROMPT_TEXT = "the cat is def return"
@@ -29,6 +29,7 @@ def test_model_draft_greedy_equals_plain(tiny_pair, gamma):
         expected = plain.generate(_prompt(plain), 64).tokens
     with built_engine(target, draft_path=draft, drafter="model", gamma=gamma) as engine:
         result = engine.generate(_prompt(engine), 64)
+    # Q4_1 weights at a context under 256 tokens: batched and one-token kernels agree bit for bit
     assert result.tokens == expected
     if gamma is not None:
         assert result.stats.num_drafted > 0 and 0 < result.stats.num_accepted < result.stats.num_drafted
@@ -44,7 +45,8 @@ def test_draft_with_a_sliding_window_shorter_than_the_context(tiny_pair):
         result = engine.generate(_prompt(engine), 300)
         draft_backend = engine.model.backend
         assert engine.model._num_dropped > 0 and draft_backend.num_cached <= draft_backend.max_context < 512
-    assert result.tokens == expected
+        # past 256 cached tokens the target's kernels may round differently: near ties only
+        assert_matches_plain(engine.target, _prompt(engine), result.tokens, expected)
     # every step drafts with the model but the last, which has room for no draft
     assert result.stats.steps_by_drafter.get("model", 0) >= result.stats.num_steps - 1
 

@@ -2,9 +2,10 @@
 
 llama.cpp's CPU kernels switch algorithms with the batch width (llama-cpp-python
 0.3.36 here: repacked Q4_K weights use a gemm path from 4 rows on; without
-repacking, another path from 8 rows on) and those round differently. A verify
-wider than the exact width could change a greedy token, so the engine caps
-γ + 1 at it. The probe runs once per model and settings and is cached on disk.
+repacking, another path from 8 rows on) and, past 256 cached tokens, one-token
+attention rounds differently from any batch. With --exact-verify the engine caps
+γ + 1 at the width probed exact at the start and deep into the context. The probe
+runs once per model and settings and is cached on disk.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import numpy as np
 from pocketspec.catalog import pocketspec_home
 
 PROBE_FIRST_TOKEN = 1000
+# llama.cpp's CPU attention for one token changes algorithm past 256 cached tokens
+# (observed with 0.3.36); probing past that catches it.
+LONG_CONTEXT_PROBE = 320
 
 
 def _cache_file() -> Path:
@@ -31,22 +35,32 @@ def _cache_key(backend, max_width: int) -> str:
 
     parts = [str(backend.model_path.resolve()), str(stat.st_size), str(stat.st_mtime_ns), llama_cpp.__version__,
              llama_cpp.llama_print_system_info().decode(), repr(backend.settings.repack_weights),
-             str(backend.settings.gpu_layers), str(backend.settings.kv_type), str(max_width)]
+             str(backend.settings.gpu_layers), str(backend.settings.kv_type), str(max_width), str(LONG_CONTEXT_PROBE)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
-def probe_exact_width(backend, max_width: int) -> int:
-    """Largest w <= max_width such that every batch of width <= w matches one-token logits exactly."""
+def _exact_width_after(backend, num_cached: int, max_width: int) -> int:
+    """Largest w <= max_width whose batches, appended after num_cached tokens, match one-token logits."""
+    tokens = [(PROBE_FIRST_TOKEN + index) % backend.vocab_size for index in range(num_cached + max_width)]
     backend.rollback(0)
-    probe_tokens = [(PROBE_FIRST_TOKEN + index) % backend.vocab_size for index in range(max_width)]
-    single_rows = [backend.forward([token], [0])[0].copy() for token in probe_tokens]
+    if num_cached:
+        backend.prefill(tokens[:num_cached])
+    single_rows = [backend.forward([token], [0])[0].copy() for token in tokens[num_cached:]]
     exact_width = 1
     for width in range(2, max_width + 1):
-        backend.rollback(0)
-        batched = backend.forward(probe_tokens[:width], range(width))
+        backend.rollback(num_cached)
+        batched = backend.forward(tokens[num_cached:num_cached + width], range(width))
         if not np.array_equal(batched, np.stack(single_rows[:width])):
             break
         exact_width = width
+    return exact_width
+
+
+def probe_exact_width(backend, max_width: int) -> int:
+    """Widest batch that matches one-token logits both at the start and deep into the context."""
+    exact_width = _exact_width_after(backend, 0, max_width)
+    if exact_width > 1 and backend.max_context > LONG_CONTEXT_PROBE + max_width:
+        exact_width = min(exact_width, _exact_width_after(backend, LONG_CONTEXT_PROBE, max_width))
     backend.rollback(0)
     return exact_width
 
