@@ -124,3 +124,12 @@ def test_stops_at_end_of_generation(smollm2_path):
     with built_engine(smollm2_path, drafter="ngram") as engine:
         result = engine.generate(_chat_tokens(engine, "Say only the word yes."), 64)
     assert result.stop_reason == "end_of_generation" and 0 < len(result.tokens) < 64
+
+
+def test_memory_report_names_weights_and_the_buffers_llama_cpp_allocated(smollm2_path):
+    with built_engine(smollm2_path, drafter="none", max_context=512) as engine:
+        report = engine.target.memory_report()
+    assert report["weights"] > 50_000_000
+    assert any("KV" in name for name in report) and any("compute" in name for name in report)
+    kv_bytes = sum(size for name, size in report.items() if "KV" in name)
+    assert 10_000_000 < kv_bytes < 20_000_000  # 30 layers x 512 cells x 3 heads x 64 x (K+V) x f16 = 11.25 MiB

@@ -163,11 +163,9 @@ class LlamaCppBackend:
         return exact_width(self, max_width)
 
     def memory_report(self) -> dict[str, int]:
+        """Model bytes plus every buffer llama.cpp logged for this context (e.g. 'CPU KV buffer')."""
         report = {"weights": int(llama_cpp.llama_model_size(self._model.model))}
-        for kind, num_bytes in self._buffer_bytes.items():
-            report[kind.split()[-1].lower() if kind.split()[-1] in ("KV", "compute", "output") else kind] = (
-                report.get(kind.split()[-1].lower(), 0) + num_bytes
-            )
+        report.update({f"{kind} buffer": num_bytes for kind, num_bytes in self._buffer_bytes.items()})
         return report
 
     def close(self) -> None:
