@@ -43,7 +43,7 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
     with open_engine(
         target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads, repack=repack, exact_verify=exact_verify,
-        max_new_tokens=max_tokens, announce=not as_json,
+        max_new_tokens=max_tokens, announce=True,  # notes go to stderr; --json keeps stdout to one object
     ) as session:
         tokenizer = session.engine.target.tokenizer
         if chat:
