@@ -159,6 +159,9 @@ class Repl:
         # No `import readline`: it blocks SIGINT while it redraws the line, the signal then lands
         # outside its select() and Ctrl-C is ignored until the next key (CPython 3.11). Plain
         # input() on a tty keeps the kernel's line editing and always sees Ctrl-C.
+        # A parent that started us with SIGINT ignored (a background job of a script) would
+        # leave Ctrl-C dead in an interactive chat: take the default handler back.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         while True:
             try:
                 line = input("> ").strip()

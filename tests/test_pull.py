@@ -145,8 +145,11 @@ def test_interrupted_download_keeps_nothing(home, tmp_path):
         silent_index.listen()
         index_url = f"http://127.0.0.1:{silent_index.getsockname()[1]}/simple"
         code = f"from pocketspec.pull import pull; pull({MODEL_NAME!r}, progress=False, index_url={index_url!r})"
+        # A background job of a non-interactive shell (as CI may run us) inherits SIGINT
+        # ignored, and Python then installs no KeyboardInterrupt handler: restore the default.
         process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, env=os.environ.copy())
+                                   stderr=subprocess.PIPE, env=os.environ.copy(),
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.monotonic() + 30
         while not any(name.startswith(".pull-") for name in _leftovers(home)):
             assert time.monotonic() < deadline and process.poll() is None, "pull never started"
