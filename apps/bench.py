@@ -31,11 +31,6 @@ def load_prompts(per_category: int, categories: tuple[str, ...]) -> list[dict]:
     return [row for rows in chosen.values() for row in rows]
 
 
-def decode_tokens_per_second(stats) -> float:
-    decode_seconds = stats.seconds - stats.prefill_seconds
-    return (stats.num_tokens - 1) / decode_seconds if decode_seconds > 0 else 0.0
-
-
 def run_llama_bench(binary: str, model_path: Path, num_threads: int) -> float:
     """tg128 tok/s from llama.cpp's own llama-bench, built from the same source and flags."""
     output = subprocess.run([binary, "-m", str(model_path), "-p", "0", "-n", "128", "-t", str(num_threads),
@@ -97,9 +92,7 @@ def bench(pair, per_category, categories, max_tokens, threads, repack, exact_ver
                 target.rollback(0)
                 draft.rollback(0)
                 result = engine.generate(prompt, max_tokens)
-                stats = result.stats.as_dict()
-                stats["decode_seconds"] = result.stats.seconds - result.stats.prefill_seconds
-                results[mode] = (result.tokens, stats)
+                results[mode] = (result.tokens, result.stats.as_dict())
             identical = results["plain"][0] == results["spec"][0]
             records.append({"question_id": row["question_id"], "category": row["category"], "identical": identical,
                             "plain": results["plain"][1], "spec": results["spec"][1]})

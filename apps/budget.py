@@ -67,8 +67,6 @@ def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSe
     settings = plan_.settings
     notes += [describe(plan_)] + [f"memory plan: {step}" for step in plan_.degradations]
     runtime_drafter = {"model": "auto", "ngram": "ngram", "none": "none"}[settings.drafter]
-    if choice.drafter == "none":
-        runtime_drafter = "none"
     draft_path = choice.draft_path if runtime_drafter == "auto" else None
     choice = ModelChoice(choice.target_path, draft_path, runtime_drafter)
     if kv_type is not None and kv_type != settings.target_kv_type:

@@ -58,7 +58,7 @@ def worker(config: dict) -> dict:
                     "num_prompt_tokens": stats.num_prompt_tokens, "num_reused_tokens": stats.num_reused_tokens,
                     "seconds": stats.seconds,
                     # decode rate: the prefill shows up in the time to first token instead
-                    "tokens_per_second": (stats.num_tokens - 1) / max(stats.seconds - stats.prefill_seconds, 1e-9),
+                    "tokens_per_second": stats.decode_tokens_per_second,
                     "time_to_first_token": (first_text_at[0] - started) if first_text_at else None,
                     "acceptance_rate": stats.acceptance_rate, "mean_accepted_per_step": stats.mean_accepted_per_step,
                     "num_dropped": turn.num_dropped, "stop_reason": turn.stop_reason,

@@ -71,7 +71,7 @@ def worker(config: dict) -> dict:
         "drafter": settings.drafter, "max_gamma": settings.max_gamma, "kv_type": settings.target_kv_type,
         "draft_window": settings.draft_kv_window, "n_ubatch": settings.n_ubatch,
         "degradations": applied.plan.degradations,
-        "decode_tokens_per_second": (result.stats.num_tokens - 1) / max(result.stats.seconds - result.stats.prefill_seconds, 1e-9),
+        "decode_tokens_per_second": result.stats.decode_tokens_per_second,
         "num_prompt_tokens": len(prompt), "wall_seconds": seconds,
     }
 

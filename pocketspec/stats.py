@@ -30,6 +30,15 @@ class GenerationStats:
         return self.num_tokens / self.seconds if self.seconds > 0 else 0.0
 
     @property
+    def decode_seconds(self) -> float:
+        return max(self.seconds - self.prefill_seconds, 0.0)
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens after the first (which the prefill yields) per second of decoding."""
+        return (self.num_tokens - 1) / self.decode_seconds if self.num_tokens > 1 and self.decode_seconds > 0 else 0.0
+
+    @property
     def acceptance_rate(self) -> float:
         return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
 
@@ -46,6 +55,8 @@ class GenerationStats:
             "seconds": round(self.seconds, 4),
             "prefill_seconds": round(self.prefill_seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 3),
+            "decode_seconds": round(self.decode_seconds, 4),
+            "decode_tokens_per_second": round(self.decode_tokens_per_second, 3),
             "num_steps": self.num_steps,
             "num_drafted": self.num_drafted,
             "num_accepted": self.num_accepted,
