@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 POCKETSPEC_ACCEL ?= cpu
 export POCKETSPEC_ACCEL
+# The CPU build of torch from the local wheel; set TORCH_SPEC to a CUDA/ROCm build on a GPU box.
+TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: chat test setup llama models-test models-default bench bench-chat bench-memory clean-venv
 
@@ -26,7 +28,8 @@ llama: $(BIN)/pip
 
 $(VENV)/.pocketspec-installed: pyproject.toml native/build_llama_cpp.sh | $(BIN)/pip
 	native/build_llama_cpp.sh $(BIN)/pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q '$(TORCH_SPEC)'
+	$(BIN)/pip install -q -e '.[test,torch,bench]'
 	touch $@
 
 # The models the tests load: SmolLM2 for every run, and the qwen-coder pair.
