@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memplanner.device import detect_device
-from memplanner.planner import Plan, Workload, plan
+from memplanner.planner import REPACK_EITHER, Plan, Workload, plan
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes, parse_size
 from pocketspec.errors import UserError
@@ -40,13 +40,16 @@ def describe(plan_: Plan) -> str:
              f"target KV {settings.target_kv_type} × {settings.target_n_ctx}", f"n_ubatch {settings.n_ubatch}"]
     if settings.drafter == "model":
         parts.append(f"draft KV window {settings.draft_kv_window}")
+    if not settings.repack_weights:
+        parts.append("weights not repacked")
     return (f"memory plan: predicted peak {format_bytes(plan_.predicted_peak_bytes)} of "
             f"{format_bytes(plan_.budget_bytes)} ({', '.join(parts)})")
 
 
 def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSettings,
                speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
-               kv_type: str | None, alpha: float | None = None) -> AppliedPlan:
+               kv_type: str | None, alpha: float | None = None,
+               repack: tuple[bool, ...] = REPACK_EITHER) -> AppliedPlan:
     budget_bytes = parse_budget(memory_budget)
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
@@ -61,7 +64,7 @@ def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSe
         notes.append(f"memory plan: --memory-budget {format_bytes(budget_bytes)} is more than the "
                      f"{format_bytes(device.free_bytes)} free now; planning for what is free")
         budget_bytes = device.free_bytes
-    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=alpha)
+    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=alpha, repack=repack)
     if not plan_.feasible:
         raise UserError(plan_.reason)
     settings = plan_.settings
@@ -79,6 +82,7 @@ def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSe
         n_batch=settings.n_batch,
         n_ubatch=settings.n_ubatch,
         max_logits_rows=max(1, settings.logits_rows),
+        repack_weights=settings.repack_weights,
     )
     fixed_gamma = None if speculation.gamma is None else min(speculation.gamma, settings.max_gamma)
     speculation = replace(speculation, drafter=runtime_drafter, max_gamma=settings.max_gamma, gamma=fixed_gamma)

@@ -41,13 +41,23 @@ def parse_gamma(value: str) -> int | None:
     return gamma
 
 
+def repack_option(function):
+    return click.option("--repack/--no-repack", default=None,
+                        help="Repack llama.cpp's CPU weights: faster decoding, a second copy of most weights in "
+                             "memory [default: repack, unless --memory-budget needs that memory].")(function)
+
+
+def repack_allowed(repack: bool | None) -> tuple[bool, ...]:
+    """The weight layouts a plan may choose: the user's, or either when --repack/--no-repack is not given."""
+    return (MODEL.repack_weights, not MODEL.repack_weights) if repack is None else (repack,)
+
+
 def runtime_options(function):
     function = click.option("--exact-verify/--fast-verify", default=SPECULATION.exact_verify, show_default=True,
                             help="Only verify batches proven to round bit for bit like one-token decoding "
                                  "(on a CPU that means plain decoding), or draft freely: a greedy token may then "
                                  "differ where the target's two best logits are within kernel rounding.")(function)
-    function = click.option("--repack/--no-repack", default=MODEL.repack_weights, show_default=True,
-                            help="llama.cpp repacked CPU weights: faster one-token decoding, narrower exact verify batches.")(function)
+    function = repack_option(function)
     function = click.option("--threads", type=click.IntRange(min=0), default=MODEL.num_threads, help="CPU threads (0: all this process may use).")(function)
     function = click.option("--kv-type", type=click.Choice(["f16", "q8_0", "q4_0"]), default=None, help="KV cache type (default: the plan's choice, else f16).")(function)
     function = click.option("--max-context", type=click.IntRange(min=64, max=131072), default=None, help=f"Target context in tokens [default: {MODEL.max_context}].")(function)

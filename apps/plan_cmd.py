@@ -6,7 +6,8 @@ import json
 
 import click
 
-from apps.options import GENERATION, MODEL, SAMPLING, SPECULATION, model_choice_options
+from apps.options import (GENERATION, MODEL, SAMPLING, SPECULATION, model_choice_options, repack_allowed,
+                          repack_option)
 from memplanner.device import detect_device
 from memplanner.planner import Plan, Workload, plan
 from memplanner.shapes import shape_from_gguf
@@ -24,7 +25,8 @@ def _settings_line(plan_: Plan) -> str:
     if s.drafter == "model":
         parts.append(f"draft KV window {s.draft_kv_window} tokens ({s.draft_n_ctx} cells)")
     parts += [f"n_batch {s.n_batch}", f"n_ubatch {s.n_ubatch}", f"logits rows {s.logits_rows}",
-              f"flash attention {s.flash_attn}", f"device {s.target_device}"]
+              f"flash attention {s.flash_attn}", f"weights {'repacked' if s.repack_weights else 'not repacked'}",
+              f"device {s.target_device}"]
     return ", ".join(parts)
 
 
@@ -58,9 +60,10 @@ def _print_plan(plan_: Plan, title: str) -> None:
 @click.option("--max-gamma", type=click.IntRange(min=1, max=32), default=SPECULATION.max_gamma, show_default=True)
 @click.option("--alpha", type=click.FloatRange(min=0.0, max=1.0), default=None,
               help="Expected per-token acceptance of the draft model [default: 0.8].")
+@repack_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan_command(target, draft, pair, memory_budget, max_context, max_tokens, temperature, max_gamma, alpha,
-                 as_json):
+                 repack, as_json):
     """Show which settings fit a memory budget, every memory term, and the predicted speed."""
     try:
         budget_bytes = parse_size(memory_budget) if memory_budget is not None else None
@@ -77,7 +80,8 @@ def plan_command(target, draft, pair, memory_budget, max_context, max_tokens, te
         budget_bytes = device.free_bytes
     # `--draft none` asks for plain decoding: no gamma to plan
     workload = Workload(max_context, max_tokens, 1, 0 if choice.drafter == "none" else max_gamma, temperature)
-    result = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=alpha)
+    result = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=alpha,
+                  repack=repack_allowed(repack))
     if not result.feasible:
         raise UserError(f"{result.reason}; raise --memory-budget or lower --max-context")
     if as_json:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 import click
 import psutil
 
-from apps.options import MODEL, SPECULATION, parse_gamma
+from apps.options import MODEL, SPECULATION, parse_gamma, repack_allowed
 from pocketspec.loader import ModelChoice, choose_models, close_engine, draft_settings_for, load_engine
 from pocketspec.settings import ModelSettings, SamplingSettings
 from pocketspec.stats import GenerationStats, peak_rss_bytes
@@ -41,7 +41,7 @@ class Session:
 @contextlib.contextmanager
 def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, seed=0, gamma="auto",
                 memory_budget=None, max_context=None, kv_type=None, threads=0, max_new_tokens=128,
-                repack=MODEL.repack_weights, exact_verify=SPECULATION.exact_verify, announce=True,
+                repack=None, exact_verify=SPECULATION.exact_verify, announce=True,
                 pull_if_missing=False):
     baseline_rss_bytes = psutil.Process().memory_info().rss
     choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
@@ -50,7 +50,7 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
         num_threads=threads,
         max_context=max_context or MODEL.max_context,
         kv_type=kv_type or MODEL.kv_type,
-        repack_weights=repack,
+        repack_weights=MODEL.repack_weights if repack is None else repack,
         max_logits_rows=(fixed_gamma if fixed_gamma is not None else SPECULATION.max_gamma) + 1,
     )
     speculation = replace(SPECULATION, gamma=fixed_gamma, exact_verify=exact_verify)
@@ -61,7 +61,8 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
     if memory_budget is not None:
         from apps.budget import apply_plan
 
-        applied = apply_plan(choice, memory_budget, target_settings, speculation, max_new_tokens, temperature, kv_type)
+        applied = apply_plan(choice, memory_budget, target_settings, speculation, max_new_tokens, temperature, kv_type,
+                             repack=repack_allowed(repack))
         choice, target_settings, speculation, draft_max_context = (
             applied.choice, applied.target_settings, applied.speculation, applied.draft_max_context)
         session_plan, budget_bytes, notes = applied.plan, applied.budget_bytes, applied.notes

@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/calibrate_memory.py            # measure, then fit
     .venv/bin/python benchmarks/calibrate_memory.py --fit-only benchmarks/results/memory_calibration.json
 
-Each model is measured in a fresh worker process, so its RSS starts from a bare
-interpreter. A worker loads the model once, creates many contexts over a grid of
+Each model is measured in a fresh worker process, so its RSS starts from the same
+baseline as the CLI's (its Python modules imported, no backend library, no model). A worker loads the model once, creates many contexts over a grid of
 n_ctx / n_ubatch / n_outputs_max / flash-attention settings and reads the buffer sizes
 llama.cpp logs at context creation ("KV buffer size", "compute buffer size", "output
 buffer size"). It then holds one context, decodes into it and records RSS and its
@@ -123,7 +123,12 @@ def worker(name: str) -> dict:
     """Runs in a fresh process: every measurement for one model."""
     record: dict = {"model": name, "file_bytes": (MODELS_DIR / f"{name}.gguf").stat().st_size}
     record["rss_interpreter"] = rss_bytes()
-    import numpy  # noqa: F401  (the runtime's own imports count as overhead)
+    # The baseline `generate --json` measures from: the CLI's own modules (numpy, gguf, click,
+    # jinja2) are loaded, the backend library and models are not. Overhead is what comes after.
+    sys.path.insert(0, str(ROOT))
+    import apps.cli  # noqa: F401
+
+    record["rss_baseline"] = rss_bytes()
     import llama_cpp
 
     logs = LogCapture(llama_cpp)

@@ -83,7 +83,8 @@ def fit_and_write(observations, models_dir) -> None:
         over = [const[flash] - value for value in values]
         print(f"compute, flash_attn={flash}: {len(values)} contexts, const {const[flash] / MIB:.2f} MiB, "
               f"over-prediction median {statistics.median(over) / MIB:.2f} MiB, max {max(over) / MIB:.2f} MiB")
-    runtime = [record["rss_runtime"]["rss"] for record in observations["models"] if "rss_runtime" in record]
+    runtime = [record["rss_runtime"]["rss"] - record["rss_baseline"]["rss"]
+               for record in observations["models"] if "rss_baseline" in record]
     metadata_x, metadata_y = [], []
     for record in observations["models"]:
         if "rss_loaded" not in record:
@@ -99,7 +100,7 @@ def fit_and_write(observations, models_dir) -> None:
               f"RSS over file+repack {(extra - repack) / MIB:.2f} MiB")
     per_vocab, base = np.linalg.lstsq(np.array(metadata_x), np.array(metadata_y), rcond=None)[0]
     CONSTANTS.write_text(TEMPLATE.format(
-        date="2026-11-21", device=DEVICE, 
+        date=observations["date"], device=DEVICE,
         runtime=int(max(runtime)), per_vocab=int(round(per_vocab)), base=int(max(base, 0)),
         const_fa=const[True], const_nofa=const[False], **coefficients,
     ))
@@ -119,7 +120,8 @@ MEASURED_ON = "{device}"
 # llama.cpp rounds n_ctx up to a multiple of 256 (observed: 300 -> 512, 4105 -> 4352 cells).
 LLAMA_CPP_N_CTX_PAD = 256
 
-# RSS of Python + numpy + llama_cpp after llama_backend_init, before any model (max over 3 runs).
+# RSS that importing llama_cpp and llama_backend_init add to the CLI's baseline (its Python
+# modules loaded, no model): the quantity `generate --json` reports starts there (max over 3 runs).
 RUNTIME_OVERHEAD_BYTES = {{"cpu": {runtime}}}
 # Not measured: a CUDA context and cuBLAS workspace are commonly 300-500 MiB of device memory.
 ESTIMATED_CUDA_OVERHEAD_BYTES = 512 * 1024 * 1024

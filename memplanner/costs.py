@@ -28,6 +28,10 @@ CPU_REFERENCES = (
     ReferenceCost("qwen2.5-coder-0.5b-instruct Q5_0", 485_452_288,
                   {1: 0.042, 2: 0.047, 3: 0.057, 5: 0.081, 9: 0.130, 17: 0.184}),
 )
+# Without llama.cpp's repacked CPU weights a forward pass is slower in proportion to the
+# share of weight bytes that would have been repacked: measured 2026-11-21 on the 1.5B target
+# (56 % of its bytes repackable), one-token decoding took 1.25x as long unrepacked.
+UNREPACKED_SLOWDOWN_PER_SHARE = 0.45
 NGRAM_DRAFT_SECONDS = 0.0002  # one n-gram lookup in Python per drafted token: ~0 next to a forward pass
 DEFAULT_ALPHA = {"model": 0.8, "ngram": 0.3, "none": 0.0}  # per-token acceptance, qwen-coder pair
 
@@ -50,10 +54,14 @@ def nearest_reference(shape: ModelShape, references=CPU_REFERENCES) -> Reference
     return min(references, key=lambda ref: abs(math.log(shape.weight_bytes / ref.weight_bytes)))
 
 
-def forward_seconds(shape: ModelShape, width: int, references=CPU_REFERENCES) -> float:
-    """Seconds for one forward pass of `width` tokens, scaled from the nearest reference model."""
+def forward_seconds(shape: ModelShape, width: int, references=CPU_REFERENCES, repacked: bool = True) -> float:
+    """Seconds for one forward pass of `width` tokens, scaled from the nearest reference model
+    (whose timings were taken with repacked weights)."""
     reference = nearest_reference(shape, references)
-    return interpolate(reference.seconds_by_width, width) * shape.weight_bytes / reference.weight_bytes
+    seconds = interpolate(reference.seconds_by_width, width) * shape.weight_bytes / reference.weight_bytes
+    if not repacked and shape.weight_bytes:
+        seconds *= 1.0 + UNREPACKED_SLOWDOWN_PER_SHARE * shape.repacked_bytes / shape.weight_bytes
+    return seconds
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -64,19 +72,19 @@ def expected_tokens_per_step(alpha: float, gamma: int) -> float:
 
 
 def tokens_per_second(target: ModelShape, draft: ModelShape | None, drafter: str, gamma: int,
-                      alpha: float | None = None, references=CPU_REFERENCES) -> float:
+                      alpha: float | None = None, references=CPU_REFERENCES, repacked: bool = True) -> float:
     """Predicted decoding speed: E / (gamma * draft_cost_1 + target_cost(gamma + 1))."""
-    target_step = forward_seconds(target, 1, references)
+    target_step = forward_seconds(target, 1, references, repacked)
     if drafter == "none" or gamma == 0:
         return 1.0 / target_step
     if drafter == "model":
         if draft is None:
             raise ValueError("drafter 'model' needs a draft model shape")
-        draft_step = forward_seconds(draft, 1, references)
+        draft_step = forward_seconds(draft, 1, references, repacked)
     elif drafter == "ngram":
         draft_step = NGRAM_DRAFT_SECONDS
     else:
         raise ValueError(f"unknown drafter {drafter!r}: use model, ngram or none")
     alpha = DEFAULT_ALPHA[drafter] if alpha is None else alpha
-    step_seconds = gamma * draft_step + forward_seconds(target, gamma + 1, references)
+    step_seconds = gamma * draft_step + forward_seconds(target, gamma + 1, references, repacked)
     return expected_tokens_per_step(alpha, gamma) / step_seconds

@@ -4,12 +4,14 @@ A candidate is scored by predicted tokens/s first; among equally fast ones the p
 prefers, in order, f16 KV over quantized KV, a longer draft window, a larger n_ubatch, and
 then less memory. So as a budget shrinks the planner gives up, in this order: n_ubatch
 (only prompt speed), the draft window, f16 KV, then speed itself (shorter gamma, n-gram
-drafting, plain decoding) as far as the step-cost model says.
+drafting, plain decoding) as far as the step-cost model says. Not repacking the weights for
+llama.cpp's CPU kernels saves their copy (597 MiB on the 1.5B target) at a predicted
+slowdown, so it too is chosen only where the faster plans do not fit.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memplanner import terms
 from memplanner.costs import CPU_REFERENCES, tokens_per_second
@@ -46,6 +48,7 @@ class PlanSettings:
     target_device: str
     draft_device: str
     flash_attn: str = "auto"  # llama.cpp resolves auto to enabled on CPU (observed)
+    repack_weights: bool = True  # llama.cpp CPU repack copies, for target and draft alike
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class Candidate:
 
     @property
     def preference(self) -> tuple:
-        """Larger is better: speed, f16 KV, drafter upside, draft window, n_ubatch, γ, then less memory.
+        """Larger is better: speed, f16 KV, drafter upside, draft window, n_ubatch, γ, repack, then less memory.
 
         At equal predicted speed the n-gram drafter beats plain decoding: the runtime's
         controller falls back to γ = 0 by itself, so drafting can only gain, for a few KiB.
@@ -65,7 +68,7 @@ class Candidate:
         """
         s = self.settings
         return (round(self.tokens_per_second, 9), -KV_PREFERENCE.index(s.target_kv_type), DRAFTER_UPSIDE[s.drafter],
-                s.draft_kv_window, s.n_ubatch, s.max_gamma, -self.peak_bytes)
+                s.draft_kv_window, s.n_ubatch, s.max_gamma, s.repack_weights, -self.peak_bytes)
 
 
 def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape | None,
@@ -75,8 +78,9 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
     device = s.target_device
     found = {
         "runtime_overhead": terms.runtime_overhead_bytes(device),
+        "working_set": terms.GENERATION_WORKING_SET_BYTES,
         "target_weights": terms.mapped_weights_bytes(target, device),
-        "target_repacked_weights": terms.repacked_weights_bytes(target, device),
+        "target_repacked_weights": terms.repacked_weights_bytes(target, device) if s.repack_weights else 0,
         "target_metadata": terms.model_metadata_bytes(target),
         "target_kv_cache": terms.kv_cache_bytes(target, s.target_n_ctx, s.target_kv_type, num_seqs=batch),
         "target_logits": terms.output_buffer_bytes(target, s.logits_rows * batch),
@@ -89,7 +93,7 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
         draft_device = s.draft_device
         found.update({
             "draft_weights": terms.mapped_weights_bytes(draft, draft_device),
-            "draft_repacked_weights": terms.repacked_weights_bytes(draft, draft_device),
+            "draft_repacked_weights": terms.repacked_weights_bytes(draft, draft_device) if s.repack_weights else 0,
             "draft_metadata": terms.model_metadata_bytes(draft),
             "draft_kv_cache": terms.kv_cache_bytes(draft, s.draft_n_ctx, "f16", num_seqs=batch),
             "draft_logits": terms.output_buffer_bytes(draft, batch),
@@ -100,9 +104,22 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
     return {name: int(value) for name, value in found.items() if value}
 
 
+def repack_choices(target: ModelShape, draft: ModelShape | None, device_kind: str,
+                   allowed: tuple[bool, ...] = (True, False)) -> tuple[bool, ...]:
+    """Repacking is a choice only on CPU for models that have repackable weights."""
+    has_repackable = target.repacked_bytes or (draft is not None and draft.repacked_bytes)
+    return allowed if device_kind == "cpu" and has_repackable else allowed[:1]
+
+
 def candidate_settings(target: ModelShape, draft: ModelShape | None, workload: Workload,
-                       device_kind: str = "cpu"):
-    """Every configuration considered: drafter x gamma x target KV type x draft window x n_ubatch."""
+                       device_kind: str = "cpu", repack: tuple[bool, ...] = (True, False)):
+    """Every configuration considered: repack x drafter x gamma x target KV type x draft window x n_ubatch."""
+    for repack_weights in repack_choices(target, draft, device_kind, repack):
+        for settings in _candidate_settings(target, draft, workload, device_kind):
+            yield replace(settings, repack_weights=repack_weights)
+
+
+def _candidate_settings(target: ModelShape, draft: ModelShape | None, workload: Workload, device_kind: str):
     common = dict(batch_size=workload.batch_size, target_device=device_kind, draft_device=device_kind)
     plain_ctx = terms.padded_context(workload.max_context)
     for n_ubatch in UBATCH_CHOICES:
@@ -129,6 +146,6 @@ def evaluate(settings: PlanSettings, target: ModelShape, draft: ModelShape | Non
     # max_gamma is a ceiling: the runtime picks γ per step from 0 (plain decoding) up to
     # it, so a candidate is predicted at its best γ within the ceiling.
     speed = max(tokens_per_second(target, draft, settings.drafter if gamma else "none", gamma,
-                                  alpha.get(settings.drafter), references)
+                                  alpha.get(settings.drafter), references, settings.repack_weights)
                 for gamma in range(settings.max_gamma + 1))
     return Candidate(settings, found, sum(found.values()), speed)

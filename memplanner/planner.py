@@ -3,8 +3,8 @@
 plan() keeps every candidate (memplanner/options.py) whose predicted peak fits the budget
 and takes the fastest by the step-cost model (memplanner/costs.py). The feasible set only
 grows with the budget, so more budget never gives a slower plan. A budget below
-min_budget_any (plain decoding, f16 KV, smallest n_ubatch: exactly what plain llama.cpp
-needs) is refused before anything loads; quantized KV is used to keep speculation inside a
+min_budget_any (plain decoding, f16 KV, smallest n_ubatch, weights not repacked: exactly
+what plain llama.cpp needs) is refused before anything loads; quantized KV is used to keep speculation inside a
 budget, never to run below that minimum.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from memplanner.costs import DEFAULT_ALPHA
 from memplanner.device import DeviceInfo
 from memplanner.options import (UBATCH_CHOICES, Candidate, PlanSettings, Workload, candidate_settings,
-                                evaluate)
+                                evaluate, repack_choices)
 from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes
 from memplanner import terms
@@ -25,6 +25,7 @@ __all__ = ["Plan", "PlanSettings", "Workload", "plan", "min_budget_any", "min_bu
            "naive_generation_terms", "naive_generation_bytes", "generation_bytes"]
 
 UNLIMITED = 1 << 62
+REPACK_EITHER = (True, False)  # the plan may repack llama.cpp's CPU weights or not
 _MODEL_TERMS = ("runtime_overhead", "weights", "repacked_weights", "metadata")  # not generation memory
 
 
@@ -59,10 +60,10 @@ def _alpha_table(alpha: float | dict[str, float] | None) -> tuple:
 
 @functools.lru_cache(maxsize=32)
 def _candidates(target: ModelShape, draft: ModelShape | None, workload: Workload, device_kind: str,
-                alpha_items: tuple) -> tuple[Candidate, ...]:
+                alpha_items: tuple, repack: tuple[bool, ...]) -> tuple[Candidate, ...]:
     alpha = dict(alpha_items)
     return tuple(evaluate(s, target, draft, workload, alpha)
-                 for s in candidate_settings(target, draft, workload, device_kind))
+                 for s in candidate_settings(target, draft, workload, device_kind, repack))
 
 
 def _best(candidates, budget_bytes: int) -> Candidate | None:
@@ -74,30 +75,33 @@ def _device_kind(device: DeviceInfo | str | None) -> str:
     return device if isinstance(device, str) else (device.kind if device else "cpu")
 
 
-def _plain_minimum(target: ModelShape, workload: Workload, device_kind: str) -> Candidate:
+def _plain_minimum(target: ModelShape, workload: Workload, device_kind: str,
+                   repack: tuple[bool, ...] = REPACK_EITHER) -> Candidate:
     settings = PlanSettings("none", 0, terms.padded_context(workload.max_context), "f16", 0, 0,
                             min(UBATCH_CHOICES), min(UBATCH_CHOICES), 1, workload.batch_size,
-                            device_kind, device_kind)
+                            device_kind, device_kind,
+                            repack_weights=min(repack_choices(target, None, device_kind, repack)))
     return evaluate(settings, target, None, workload, dict(DEFAULT_ALPHA))
 
 
-def min_budget_any(target: ModelShape, workload: Workload, device: DeviceInfo | str | None = None) -> int:
+def min_budget_any(target: ModelShape, workload: Workload, device: DeviceInfo | str | None = None,
+                   repack: tuple[bool, ...] = REPACK_EITHER) -> int:
     """Least memory that runs the target with plain decoding at the requested context, f16 KV."""
-    return _plain_minimum(target, workload, _device_kind(device)).peak_bytes
+    return _plain_minimum(target, workload, _device_kind(device), repack).peak_bytes
 
 
 def min_budget_keep(target: ModelShape, draft: ModelShape | None, workload: Workload, fraction: float = 0.95,
-                    device: DeviceInfo | str | None = None, alpha=None) -> int:
+                    device: DeviceInfo | str | None = None, alpha=None, repack: tuple[bool, ...] = REPACK_EITHER) -> int:
     """Least budget whose plan predicts >= fraction x the unconstrained plan's tokens/s.
 
     plan() takes the fastest candidate that fits, so this is exactly the smallest peak among
     candidates that fast (no search needed; tests check it against a bisection).
     """
     kind = _device_kind(device)
-    candidates = _candidates(target, draft, workload, kind, _alpha_table(alpha))
+    candidates = _candidates(target, draft, workload, kind, _alpha_table(alpha), repack)
     fastest = _best(candidates, UNLIMITED).tokens_per_second
     fast_enough = min(c.peak_bytes for c in candidates if c.tokens_per_second >= fraction * fastest)
-    return max(fast_enough, min_budget_any(target, workload, kind))
+    return max(fast_enough, min_budget_any(target, workload, kind, repack))
 
 
 def _label(term: str) -> str:
@@ -120,6 +124,8 @@ def _degradations(chosen_candidate: Candidate, best_candidate: Candidate) -> lis
     # a lower γ ceiling that the runtime would not have used anyway is no loss
     if chosen.drafter == best.drafter and 0 < chosen.max_gamma < best.max_gamma and is_slower:
         found.append(f"max draft length gamma {best.max_gamma} -> {chosen.max_gamma}")
+    if best.repack_weights and not chosen.repack_weights:
+        found.append("weights not repacked for the CPU kernels: saves their copy, decoding is slower")
     if chosen.drafter != best.drafter:
         if chosen.drafter == "ngram":
             found.append("n-gram drafting instead of the draft model: its weights and KV cache are not loaded")
@@ -129,12 +135,16 @@ def _degradations(chosen_candidate: Candidate, best_candidate: Candidate) -> lis
 
 
 def plan(budget_bytes: int, target: ModelShape, draft: ModelShape | None, workload: Workload,
-         device: DeviceInfo | str | None = None, alpha: float | dict[str, float] | None = None) -> Plan:
-    """The fastest configuration whose predicted peak fits budget_bytes, or a refusal."""
+         device: DeviceInfo | str | None = None, alpha: float | dict[str, float] | None = None,
+         repack: tuple[bool, ...] = REPACK_EITHER) -> Plan:
+    """The fastest configuration whose predicted peak fits budget_bytes, or a refusal.
+
+    `repack` lists the weight layouts allowed: (True,) or (False,) when the user fixed one.
+    """
     kind = _device_kind(device)
-    candidates = _candidates(target, draft, workload, kind, _alpha_table(alpha))
-    minimum = _plain_minimum(target, workload, kind)
-    keep = min_budget_keep(target, draft, workload, device=kind, alpha=alpha)
+    candidates = _candidates(target, draft, workload, kind, _alpha_table(alpha), repack)
+    minimum = _plain_minimum(target, workload, kind, repack)
+    keep = min_budget_keep(target, draft, workload, device=kind, alpha=alpha, repack=repack)
     if budget_bytes < minimum.peak_bytes:
         name, size = max(minimum.terms.items(), key=lambda item: item[1])
         return Plan(False, budget_bytes, minimum.terms, None, minimum.peak_bytes, 0.0, [],

@@ -36,3 +36,21 @@ def test_a_tight_budget_degrades_and_is_announced():
     output, notes = _generate_json("--draft", "ngram", "--memory-budget", str(minimum), "--max-context", "4096")
     assert "memory plan:" in notes
     assert output["stats"]["peak_memory_bytes"] <= minimum
+
+
+def test_a_budget_below_the_repacked_minimum_runs_with_weights_not_repacked():
+    from memplanner.planner import Workload, min_budget_any
+    from memplanner.shapes import shape_from_gguf
+    from pocketspec.catalog import model_path
+
+    shape, workload = shape_from_gguf(model_path("qwen2.5-coder-1.5b-instruct")), Workload(max_context=512)
+    unrepacked, repacked = (min_budget_any(shape, workload, repack=(choice,)) for choice in (False, True))
+    budget = (unrepacked + repacked) // 2
+    result = run_cli("generate", "--target", "qwen2.5-coder-1.5b-instruct", "--draft", "none", "--prompt", "def add(",
+                     "--max-tokens", "8", "--max-context", "512", "--memory-budget", str(budget), "--json")
+    assert result.returncode == 0, result.stderr
+    assert "weights not repacked" in result.stderr
+    assert 0 < json.loads(result.stdout)["stats"]["peak_memory_bytes"] <= budget
+    forced = run_cli("generate", "--target", "qwen2.5-coder-1.5b-instruct", "--draft", "none", "--prompt", "def add(",
+                     "--max-tokens", "8", "--max-context", "512", "--memory-budget", str(budget), "--repack")
+    assert forced.returncode == 2 and "is below the minimum" in forced.stderr

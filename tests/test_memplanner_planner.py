@@ -49,18 +49,39 @@ def test_more_budget_never_gives_a_slower_plan(alpha):
         previous = result.predicted_tokens_per_second
 
 
-def test_degradation_order_as_the_budget_shrinks():
+@pytest.mark.parametrize("repack", [(True,), (False,)])
+def test_degradation_order_as_the_budget_shrinks(repack):
+    """For one weight layout; not repacking then repeats the order from the top (next test)."""
     order = ["n_ubatch", "draft KV window", "quantized", "max draft length", "n-gram", "plain decoding"]
     first_seen = {}
-    low, high = min_budget_any(TARGET, WORKLOAD), 3 * GIB
+    low, high = min_budget_any(TARGET, WORKLOAD, repack=repack), 3 * GIB
     for index, budget in enumerate(reversed(budgets(low, high, steps=400))):
-        for sentence in plan(budget, TARGET, DRAFT, WORKLOAD, alpha=GOOD_DRAFT).degradations:
+        for sentence in plan(budget, TARGET, DRAFT, WORKLOAD, alpha=GOOD_DRAFT, repack=repack).degradations:
             for step in order:
                 if step in sentence:
                     first_seen.setdefault(step, index)
     seen = sorted(first_seen, key=first_seen.get)
     assert seen == [step for step in order if step in first_seen]
     assert {"n_ubatch", "draft KV window", "quantized", "n-gram"} <= set(seen)
+
+
+def test_weights_stay_repacked_until_no_repacked_plan_fits():
+    repacked_minimum = min_budget_any(TARGET, WORKLOAD, repack=(True,))
+    unrepacked_minimum = min_budget_any(TARGET, WORKLOAD, repack=(False,))
+    assert repacked_minimum - unrepacked_minimum == TARGET.repacked_bytes
+    assert min_budget_any(TARGET, WORKLOAD) == unrepacked_minimum
+    for budget in budgets(unrepacked_minimum, 3 * GIB, steps=200):
+        chosen = plan(budget, TARGET, DRAFT, WORKLOAD, alpha=GOOD_DRAFT)
+        repacked = plan(budget, TARGET, DRAFT, WORKLOAD, alpha=GOOD_DRAFT, repack=(True,))
+        if not chosen.settings.repack_weights:
+            announced = [step for step in chosen.degradations if step.startswith("weights not repacked")]
+            assert len(announced) == 1
+            assert not repacked.feasible or repacked.predicted_tokens_per_second < chosen.predicted_tokens_per_second
+        elif repacked.feasible:
+            assert chosen.settings == repacked.settings and chosen.terms == repacked.terms
+    below = plan(unrepacked_minimum, TARGET, DRAFT, WORKLOAD)
+    assert below.feasible and not below.settings.repack_weights
+    assert "target_repacked_weights" not in below.terms
 
 
 def test_plain_decoding_is_the_last_step():
