@@ -12,11 +12,12 @@ from memplanner.device import detect_device
 from memplanner.planner import Plan, Workload, plan
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes, parse_size
+from memplanner.split import SplitPlan, parse_device_budgets, plan_split
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models
 
 
-def _settings_line(plan_: Plan) -> str:
+def _settings_line(plan_: Plan | SplitPlan) -> str:
     s = plan_.settings
     parts = [f"drafter {s.drafter}"]
     if s.drafter != "none":
@@ -25,8 +26,10 @@ def _settings_line(plan_: Plan) -> str:
     if s.drafter == "model":
         parts.append(f"draft KV window {s.draft_kv_window} tokens ({s.draft_n_ctx} cells)")
     parts += [f"n_batch {s.n_batch}", f"n_ubatch {s.n_ubatch}", f"logits rows {s.logits_rows}",
-              f"flash attention {s.flash_attn}", f"weights {'repacked' if s.repack_weights else 'not repacked'}",
-              f"device {s.target_device}"]
+              f"flash attention {s.flash_attn}"]
+    if s.target_device == "cpu":
+        parts.append(f"weights {'repacked' if s.repack_weights else 'not repacked'}")
+    parts.append(f"device {s.target_device}")
     return ", ".join(parts)
 
 
@@ -49,10 +52,49 @@ def _print_plan(plan_: Plan, title: str) -> None:
         click.echo(f"note: {plan_.reason}")
 
 
+def _print_split(plan_: SplitPlan, title: str) -> None:
+    click.echo(title)
+    for share in plan_.shares:
+        layers = (f"target blocks {share.first_layer}-{share.first_layer + share.num_layers - 1}"
+                  if share.num_layers else "no target blocks")
+        click.echo(f"{share.device}: {layers}{', the draft model' if share.holds_draft else ''}; predicted peak "
+                   f"{format_bytes(share.peak_bytes)} of {format_bytes(share.budget_bytes)}")
+        for name, size in share.terms.items():
+            click.echo(f"  {name.ljust(24)}{size:>14}  {format_bytes(size)}")
+    if plan_.host_terms:
+        click.echo("host memory: " + ", ".join(f"{name} {format_bytes(size)}" for name, size in plan_.host_terms.items()))
+    click.echo(f"settings: {_settings_line(plan_)}")
+    click.echo("tensor split: " + ", ".join(f"{share:.3f}" for share in plan_.tensor_split))
+    click.echo("degradations: " + ("none" if not plan_.degradations else ""))
+    for step in plan_.degradations:
+        click.echo(f"  - {step}")
+    click.echo(f"predicted speed: {plan_.predicted_tokens_per_second:.1f} tok/s (a layer split runs the blocks "
+               "one device after another, so batch-1 speed is the single-device speed)")
+
+
+def _plan_devices(devices, memory_budget, target_shape, draft_shape, workload, alpha, repack, as_json, pair_name,
+                  max_context) -> None:
+    try:
+        budgets = parse_device_budgets(devices, memory_budget or "")
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    result = plan_split(budgets, target_shape, draft_shape, workload, alpha=alpha, repack=repack)
+    if not result.feasible:
+        raise UserError(result.reason)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), sort_keys=True))
+        return
+    _print_split(result, f"plan for {pair_name}, max context {max_context}, split over "
+                         f"{', '.join(budget.name for budget in budgets)}")
+
+
 @click.command(name="plan")
 @model_choice_options
 @click.option("--memory-budget", default=None,
-              help="Budget for everything, e.g. 512MiB, 3GiB, 3.5G (G = GiB) [default: memory available now].")
+              help="Budget for everything, e.g. 512MiB, 3GiB, 3.5G (G = GiB) [default: memory available now]; "
+                   "with --devices one per device (6GiB,4GiB), or cuda:0=6GiB,cuda:1=4GiB.")
+@click.option("--devices", default=None,
+              help="Split the target's layers over these devices, e.g. cuda:0,cuda:1 (they need not be here).")
 @click.option("--max-context", type=click.IntRange(min=64, max=1 << 20), default=MODEL.max_context,
               show_default=True, help="Prompt + generated tokens.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=GENERATION.max_new_tokens, show_default=True)
@@ -62,11 +104,14 @@ def _print_plan(plan_: Plan, title: str) -> None:
               help="Expected per-token acceptance of the draft model [default: 0.8].")
 @repack_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def plan_command(target, draft, pair, memory_budget, max_context, max_tokens, temperature, max_gamma, alpha,
-                 repack, as_json):
+def plan_command(target, draft, pair, memory_budget, devices, max_context, max_tokens, temperature, max_gamma,
+                 alpha, repack, as_json):
     """Show which settings fit a memory budget, every memory term, and the predicted speed."""
+    is_split = devices is not None or (memory_budget is not None and ("," in memory_budget or "=" in memory_budget))
+    if is_split and memory_budget is None:
+        raise UserError("--devices needs --memory-budget: one size per device, e.g. 6GiB,4GiB")
     try:
-        budget_bytes = parse_size(memory_budget) if memory_budget is not None else None
+        budget_bytes = parse_size(memory_budget) if memory_budget is not None and not is_split else None
     except ValueError as error:
         raise UserError(f"--memory-budget: {error}") from None
     choice = choose_models(target=target, draft=draft, pair=pair)
@@ -75,11 +120,16 @@ def plan_command(target, draft, pair, memory_budget, max_context, max_tokens, te
     if max_context > target_shape.context_length_trained > 0:
         raise UserError(f"--max-context {max_context} exceeds {target_shape.name}'s trained context "
                         f"{target_shape.context_length_trained}; lower it")
+    # `--draft none` asks for plain decoding: no gamma to plan
+    workload = Workload(max_context, max_tokens, 1, 0 if choice.drafter == "none" else max_gamma, temperature)
+    pair_name = target_shape.name + (f" + {draft_shape.name}" if draft_shape else f" ({'n-gram drafting' if choice.drafter == 'ngram' else 'plain decoding'})")
+    if is_split:
+        _plan_devices(devices, memory_budget, target_shape, draft_shape, workload, alpha, repack_allowed(repack),
+                      as_json, pair_name, max_context)
+        return
     device = detect_device()
     if budget_bytes is None:
         budget_bytes = device.free_bytes
-    # `--draft none` asks for plain decoding: no gamma to plan
-    workload = Workload(max_context, max_tokens, 1, 0 if choice.drafter == "none" else max_gamma, temperature)
     result = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=alpha,
                   repack=repack_allowed(repack))
     if not result.feasible:
@@ -87,7 +137,6 @@ def plan_command(target, draft, pair, memory_budget, max_context, max_tokens, te
     if as_json:
         click.echo(json.dumps(result.to_dict(), sort_keys=True))
         return
-    pair_name = target_shape.name + (f" + {draft_shape.name}" if draft_shape else f" ({'n-gram drafting' if choice.drafter == 'ngram' else 'plain decoding'})")
     _print_plan(result, f"plan for {pair_name}, max context {max_context}, budget "
                         f"{format_bytes(budget_bytes)} on {device.name}")
 

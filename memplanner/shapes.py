@@ -30,6 +30,15 @@ class ModelShape:
     context_length_trained: int
     intermediate_size: int = 0  # feed-forward width; 0 when unknown
     repacked_bytes: int = 0  # weights llama.cpp's CPU backend copies into a repack buffer
+    embedding_bytes: int = 0  # token embeddings (input); the output head too when tied
+    output_bytes: int = 0  # final norm + untied output head
+    block_bytes: tuple[int, ...] = ()  # weights of each transformer block, when known (GGUF mixes types)
+
+    def layer_weight_bytes(self, first: int, count: int) -> int:
+        """Weights of blocks first .. first + count - 1 (an even share when sizes are unknown)."""
+        if self.block_bytes:
+            return sum(self.block_bytes[first:first + count])
+        return (self.weight_bytes - self.embedding_bytes - self.output_bytes) * count // max(1, self.num_layers)
 
     @property
     def kv_elements_per_token(self) -> int:
@@ -68,6 +77,10 @@ def shape_from_gguf(path: str | Path) -> ModelShape:
         intermediate_size=key("feed_forward_length", 0),
         repacked_bytes=sum(t.num_bytes for t in header.tensors
                            if t.type_name in REPACKED_TYPES and t.name != "token_embd.weight"),
+        embedding_bytes=sum(t.num_bytes for t in header.tensors if t.name == "token_embd.weight"),
+        output_bytes=sum(t.num_bytes for t in header.tensors if t.name in ("output.weight", "output_norm.weight")),
+        block_bytes=tuple(sum(t.num_bytes for t in header.tensors if t.name.startswith(f"blk.{index}."))
+                          for index in range(key("block_count"))),
     )
 
 
@@ -99,6 +112,8 @@ def shape_from_hf_config(config: dict | str | Path, dtype: str = "bf16") -> Mode
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
     num_heads = config["num_attention_heads"]
     weight_bytes = hf_parameter_count(config) * DTYPE_BYTES[dtype]
+    embedding_elements = config["vocab_size"] * config["hidden_size"]
+    is_tied = config.get("tie_word_embeddings", False)
     return ModelShape(
         name=config.get("_name_or_path") or config.get("model_type", "hf-model"),
         arch=config.get("model_type", "llama"),
@@ -112,4 +127,6 @@ def shape_from_hf_config(config: dict | str | Path, dtype: str = "bf16") -> Mode
         file_bytes=weight_bytes,
         context_length_trained=config.get("max_position_embeddings", 0),
         intermediate_size=config["intermediate_size"],
+        embedding_bytes=embedding_elements * DTYPE_BYTES[dtype],
+        output_bytes=(config["hidden_size"] + (0 if is_tied else embedding_elements)) * DTYPE_BYTES[dtype],
     )

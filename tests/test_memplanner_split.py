@@ -1,0 +1,106 @@
+"""memplanner.split: per-device budgets, the layer split, draft placement, refusals and `plan --devices`."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from apps.cli import main
+from memplanner.planner import Workload, plan
+from memplanner.shapes import ModelShape
+from memplanner.split import DeviceBudget, parse_device_budgets, plan_split
+
+GIB, MIB = 2**30, 2**20
+BLOCKS = tuple([29_990_912, 26_341_376] * 14)  # Q4_K_M gives half the blocks a Q6_K feed-forward
+TARGET = ModelShape("qwen2.5-coder-1.5b", "qwen2", 28, 1536, 12, 2, 128, 151936, 1_111_370_240,
+                    1_117_320_768, 32768, 8960, 625_508_352, 131_272_704, 191_445_504, BLOCKS)
+DRAFT = ModelShape("qwen2.5-coder-0.5b", "qwen2", 24, 896, 14, 2, 64, 151936, 485_452_288,
+                   491_400_064, 32768, 4864, 29_417_472, 93_592_576, 144_646_656)
+WORKLOAD = Workload(max_context=4096)
+GOOD_DRAFT = 0.95
+
+
+def test_budget_forms_and_their_errors():
+    assert parse_device_budgets("cuda:0,cuda:1", "6GiB,4GiB") == [DeviceBudget("cuda:0", 6 * GIB),
+                                                                 DeviceBudget("cuda:1", 4 * GIB)]
+    assert parse_device_budgets(None, "cuda:0=6GiB, rocm:1=512MiB") == [DeviceBudget("cuda:0", 6 * GIB),
+                                                                       DeviceBudget("rocm:1", 512 * MIB)]
+    assert [d.budget_bytes for d in parse_device_budgets("cuda:0,cuda:1", "3G")] == [3 * GIB, 3 * GIB]
+    assert parse_device_budgets("cpu:0,cpu:1", "1GiB")[1].kind == "cpu"
+    assert parse_device_budgets(None, "rocm:0=1GiB")[0].kind == "cuda"
+    for devices, budgets, message in [("cuda:0,cuda:1", "1GiB,2GiB,3GiB", "2 devices"),
+                                      ("tpu:0", "1GiB", "not one of"), ("cuda:0", "0", "must be positive"),
+                                      ("cuda:0,cuda:0", "1GiB", "listed twice"), (None, "cuda:0=1GiB,2GiB", "mixes"),
+                                      ("cuda:1", "cuda:0=1GiB", "differ"), ("cuda:0", "lots", "cannot read")]:
+        with pytest.raises(ValueError, match=message):
+            parse_device_budgets(devices, budgets)
+
+
+def test_one_cpu_device_is_the_single_device_plan():
+    for budget in (int(1.3 * GIB), 2 * GIB, 3 * GIB):
+        single = plan(budget, TARGET, DRAFT, WORKLOAD, alpha=GOOD_DRAFT)
+        split = plan_split([DeviceBudget("cpu", budget)], TARGET, DRAFT, WORKLOAD, alpha=GOOD_DRAFT)
+        assert split.settings == single.settings
+        assert split.shares[0].peak_bytes == single.predicted_peak_bytes
+
+
+def test_blocks_cover_the_model_once_and_every_device_stays_in_budget():
+    devices = parse_device_budgets("cuda:0,cuda:1,cuda:2", "1GiB,1.2GiB,1GiB")
+    result = plan_split(devices, TARGET, DRAFT, WORKLOAD)
+    assert result.feasible
+    first = 0
+    for share in result.shares:
+        assert share.first_layer == first and share.peak_bytes <= share.budget_bytes
+        first += share.num_layers
+    assert first == TARGET.num_layers
+    assert sum(share.terms["target_blocks"] for share in result.shares) == sum(BLOCKS)
+    assert "embeddings" in result.shares[0].terms and "output_head" in result.shares[-1].terms
+    assert sum(result.tensor_split) == pytest.approx(1.0)
+    # the middle device holds neither embeddings nor head, so it takes the most blocks
+    assert result.shares[1].num_layers == max(share.num_layers for share in result.shares)
+
+
+def test_layers_follow_the_room_each_budget_leaves():
+    even = plan_split(parse_device_budgets("cuda:0,cuda:1", "2GiB"), TARGET, None, WORKLOAD)
+    assert abs(even.shares[0].num_layers - even.shares[1].num_layers) <= 4
+    uneven = plan_split(parse_device_budgets("cuda:0,cuda:1", "3GiB,1.2GiB"), TARGET, None, WORKLOAD)
+    assert uneven.shares[0].num_layers > uneven.shares[1].num_layers > 0
+
+
+def test_the_draft_goes_where_it_fits_best_or_gives_way_to_ngram():
+    roomy_second = plan_split(parse_device_budgets("cuda:0,cuda:1", "1.3GiB,2.5GiB"), TARGET, DRAFT, WORKLOAD,
+                              alpha=GOOD_DRAFT)
+    assert roomy_second.settings.drafter == "model" and roomy_second.draft_device == "cuda:1"
+    assert "draft_weights" in roomy_second.shares[1].terms and "draft_weights" not in roomy_second.shares[0].terms
+    tight = plan_split(parse_device_budgets("cuda:0,cuda:1", "1.05GiB"), TARGET, DRAFT, WORKLOAD, alpha=GOOD_DRAFT)
+    assert tight.feasible and tight.settings.drafter != "model" and tight.draft_device is None
+    assert any("instead of the draft model" in step for step in tight.degradations)
+
+
+def test_more_budget_on_one_device_never_gives_a_slower_plan():
+    previous = 0.0
+    for extra in range(0, 2048, 64):
+        devices = [DeviceBudget("cuda:0", 1100 * MIB + extra * MIB), DeviceBudget("cuda:1", 1100 * MIB)]
+        result = plan_split(devices, TARGET, DRAFT, WORKLOAD, alpha=GOOD_DRAFT)
+        assert result.feasible and result.predicted_tokens_per_second >= previous - 1e-12
+        previous = result.predicted_tokens_per_second
+
+
+def test_a_target_that_cannot_fit_is_refused_in_one_line():
+    result = plan_split(parse_device_budgets("cuda:0,cuda:1", "700MiB"), TARGET, DRAFT, WORKLOAD)
+    assert not result.feasible and "\n" not in result.reason
+    assert result.reason.startswith("qwen2.5-coder-1.5b does not fit across cuda:0 700.00 MiB, cuda:1 700.00 MiB")
+
+
+def test_cli_plans_devices_this_machine_does_not_have(smollm2_path):
+    runner = CliRunner()
+    shown = runner.invoke(main, ["plan", "--target", str(smollm2_path), "--draft", "ngram", "--devices",
+                                 "cuda:0,cuda:1", "--memory-budget", "700MiB,600MiB"])
+    assert shown.exit_code == 0, shown.output
+    assert "cuda:0: target blocks 0-" in shown.output and "tensor split:" in shown.output
+    as_json = json.loads(runner.invoke(main, ["plan", "--target", str(smollm2_path), "--memory-budget",
+                                              "cuda:0=700MiB,cuda:1=600MiB", "--json"]).output)
+    assert as_json["feasible"] and set(as_json["predicted_peak_bytes"]) == {"cuda:0", "cuda:1"}
+    refused = runner.invoke(main, ["plan", "--target", str(smollm2_path), "--devices", "cuda:0,cuda:1",
+                                   "--memory-budget", "100MiB"])
+    assert refused.exit_code == 2 and "does not fit across" in refused.output
