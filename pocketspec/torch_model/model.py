@@ -145,5 +145,5 @@ class Transformer(nn.Module):
         for layer, block in enumerate(self.layers[:num_layers]):
             x = block(x, cos, sin, cache, layer, start)
         if logits_rows.numel() == 0:
-            return x.new_empty((tokens.shape[0], 0, self.config.vocab_size))
+            return x.new_empty((tokens.shape[0], 0, self.config.vocab_size), dtype=torch.float32)
         return self.head(x[:, logits_rows]).float()
