@@ -84,3 +84,15 @@ def assert_matches_plain(backend, prompt: list[int], got: list[int], expected: l
     best_two = np.sort(logits)[-2:]
     gap = float(best_two[1] - best_two[0])
     assert gap < KERNEL_ROUNDING_LOGITS, f"diverged at {position} where the top-2 gap is {gap:.3f}"
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny torch models spend their time in per-op overhead; a second intra-op thread only
+    spins against other processes on a shared CPU (10x slower under load, measured)."""
+    import torch
+
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(num_threads)

@@ -13,6 +13,8 @@ from pocketspec.settings import ModelSettings
 from pocketspec.torch_model.gguf_weights import unpermute_qk
 from tiny_models import write_tiny_pair
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 TOKENS = [1] + [(17 * index + 5) % 300 + 3 for index in range(95)]
 
 

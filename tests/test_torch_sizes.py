@@ -11,6 +11,8 @@ from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.settings import ModelSettings
 from tiny_models import _vocabulary, _weights, write_tiny_model
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 SHAPE = dict(dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=128)
 
 

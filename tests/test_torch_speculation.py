@@ -11,6 +11,8 @@ from scipy.stats import chi2_contingency
 from conftest import built_engine
 from tiny_models import write_tiny_pair
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 PROMPT_TEXT = "the cat is def return"
 TORCH = dict(backend="torch", weights="fp32")
 
