@@ -21,6 +21,7 @@ FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.flo
 class Int8Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype):
         super().__init__()
+        self.in_features, self.out_features = in_features, out_features
         self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(out_features, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
@@ -43,6 +44,7 @@ class Int4Linear(nn.Module):
         if in_features % group_size or group_size % 2:
             raise ValueError(f"int4 needs in_features ({in_features}) divisible by an even group size ({group_size})")
         self.group_size = group_size
+        self.in_features, self.out_features = in_features, out_features
         num_groups = in_features // group_size
         self.register_buffer("weight", torch.empty(out_features, in_features // 2, dtype=torch.uint8))
         self.register_buffer("scales", torch.empty(out_features, num_groups, dtype=dtype))
