@@ -49,6 +49,9 @@ def _load_tokenizer(path: Path):
     from pocketspec.backends.llama_cpp_backend import _init_llama
     from pocketspec.tokenizer import Tokenizer
 
+    if path.is_dir():
+        raise UserError(f"{path} is a Hugging Face folder: --backend torch reads its tokenizer from a GGUF, "
+                        "so give the model's GGUF (load_model() reads HF folders from Python)")
     _init_llama()
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True

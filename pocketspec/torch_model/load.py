@@ -37,14 +37,15 @@ def open_weights(path: Path | str):
     return GGUFWeights(path)
 
 
-def _place(model: nn.Module, name: str, array: np.ndarray, dtype: torch.dtype, device: torch.device) -> None:
+def _place(model: nn.Module, name: str, array: np.ndarray | torch.Tensor, dtype: torch.dtype,
+           device: torch.device) -> None:
     module_path, _, attribute = name.rpartition(".")
     module = model.get_submodule(module_path)
-    if not array.flags.writeable:
+    if isinstance(array, np.ndarray) and not array.flags.writeable:
         array = array.copy()  # a float32 tensor read straight from the memory map
-    tensor = torch.from_numpy(array)
+    tensor = torch.from_numpy(array) if isinstance(array, np.ndarray) else array
     if isinstance(module, (Int8Linear, Int4Linear)) and attribute == "weight":
-        module.load(tensor.to(device))
+        module.load(tensor.to(device=device, dtype=torch.float32))
         return
     expected = getattr(module, attribute).shape
     if tuple(expected) != tuple(tensor.shape):
