@@ -61,7 +61,16 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
     budget_bytes = None
     draft_max_context = None
     notes: list[str] = []
-    if memory_budget is not None:
+    if memory_budget is not None and target_settings.backend == "torch":
+        from apps.budget import parse_budget
+        from apps.torch_budget import check_torch_budget
+
+        budget_bytes = parse_budget(memory_budget)
+        notes = check_torch_budget(choice, budget_bytes, target_settings, speculation)
+        if announce:
+            for note in notes:
+                click.echo(note, err=True)
+    elif memory_budget is not None:
         from apps.budget import apply_plan
 
         applied = apply_plan(choice, memory_budget, target_settings, speculation, max_new_tokens, temperature, kv_type)

@@ -8,7 +8,8 @@ continuation three ways, reusing the prefilled KV cache: plain, n-gram (γ fixed
 self-sparse (the target drafting for itself over 4 sinks + a recent window, γ fixed).
 It records decode tok/s, acceptance, whether the tokens equal plain decoding, the mean
 time of one draft forward (flat across contexts if the sparse window works) next to one
-target forward, the bytes each part allocates and the process's peak RSS.
+target forward, the bytes each part allocates and the process's peak RSS. Run it with --threads 1 on a
+shared CPU: a second intra-op thread spinning against other processes made one forward 4x slower.
 Results: benchmarks/results/torch_cpu_bench.{json,md}.
 """
 
@@ -42,18 +43,16 @@ def _document(tokenizer, num_tokens: int) -> str:
     return tokenizer.decode(tokens[:num_tokens])
 
 
-def _timed(backend, log: list[float]):
-    """Wrap backend.forward so each one-token call's seconds land in `log`."""
-    forward = backend.forward
-
-    def timed_forward(tokens, logits_rows):
+def _token_ms(backend, num_kept: int, num_repeats: int = 8) -> float:
+    """Median milliseconds of one one-token forward after `num_kept` cached tokens."""
+    seconds = []
+    for _ in range(num_repeats):
+        backend.rollback(num_kept)
         started = time.perf_counter()
-        logits = forward(tokens, logits_rows)
-        if len(tokens) == 1:
-            log.append(time.perf_counter() - started)
-        return logits
-
-    backend.forward = timed_forward
+        backend.forward([backend.cached_tokens[-1]], [0])
+        seconds.append(time.perf_counter() - started)
+    backend.rollback(num_kept)
+    return round(1000 * sorted(seconds)[num_repeats // 2], 3)
 
 
 def worker(config: dict) -> dict:
@@ -82,17 +81,11 @@ def worker(config: dict) -> dict:
     speculation = SpeculationSettings(self_draft_window=config["window"], self_draft_kv_type=config["draft_kv"])
     for mode in ("plain", "ngram", "self-sparse"):
         target.rollback(num_prefilled)
-        target_seconds: list[float] = []
-        draft_seconds: list[float] = []
         draft = open_self_draft(target, "self-sparse", settings, speculation) if mode == "self-sparse" else None
-        if draft is not None:
-            _timed(draft, draft_seconds)
         engine_speculation = SpeculationSettings(drafter={"plain": "none", "ngram": "ngram"}.get(mode, "model"),
                                                  gamma=None if mode == "plain" else config["gamma"])
         engine = SpeculativeEngine(target, draft_backend=draft, speculation=engine_speculation)
-        _timed(target, target_seconds)
         result = engine.generate(prompt, config["max_tokens"])
-        del target.forward  # drop the timing wrapper
         plain_tokens = result.tokens if mode == "plain" else plain_tokens
         memory = target.memory_report()
         rows.append({
@@ -101,8 +94,9 @@ def worker(config: dict) -> dict:
             "acceptance_rate": round(result.stats.acceptance_rate, 4),
             "mean_accepted_per_step": round(result.stats.mean_accepted_per_step, 3),
             "equals_plain": result.tokens == plain_tokens,
-            "target_forward_ms": round(1000 * sum(target_seconds) / max(1, len(target_seconds)), 3),
-            "draft_forward_ms": round(1000 * sum(draft_seconds) / len(draft_seconds), 3) if draft_seconds else None,
+            # one-token forwards: the target over the whole context, the draft over its full window
+            "target_forward_ms": _token_ms(target, target.num_cached - 1),
+            "draft_forward_ms": _token_ms(draft, draft.num_cached - 1) if draft is not None else None,
             "weight_bytes": memory["weights"], "target_kv_bytes": memory["kv_cache"],
             "draft_kv_bytes": draft.memory_report()["kv_cache"] if draft is not None else 0,
             "peak_rss_bytes": peak_rss_bytes(), "prefill_seconds": round(prefill_seconds, 2),

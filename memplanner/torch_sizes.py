@@ -74,3 +74,21 @@ def torch_kv_bytes(shape: ModelShape, kv_dtype: str, max_context: int, *, num_la
     per_position = shape.head_dim * KV_DTYPE_BYTES[kv_dtype] + (INT8_KV_SCALE_BYTES if kv_dtype == "int8" else 0)
     num_layers = shape.num_layers if num_layers is None else num_layers
     return 2 * num_layers * max_batch * shape.num_kv_heads * max_context * per_position
+
+
+def torch_memory_terms(shape: ModelShape, *, weights_format: str, kv_dtype: str, max_context: int, is_tied: bool,
+                       has_qkv_bias: bool | None = None, on_gpu: bool = False, self_draft: str | None = None,
+                       draft_kv_dtype: str | None = None, draft_window: int = 0, draft_layers: int = 0) -> dict[str, int]:
+    """Bytes of every tensor the torch backend allocates for this target and its self-draft, by term.
+
+    self-sparse adds a KV cache of `draft_window` positions; self-skip one of `draft_layers`
+    layers over the whole context; neither adds weights.
+    """
+    terms = {"weights": torch_weight_bytes(shape, weights_format, is_tied=is_tied, has_qkv_bias=has_qkv_bias,
+                                           on_gpu=on_gpu),
+             "target KV": torch_kv_bytes(shape, kv_dtype, max_context)}
+    if self_draft == "self-sparse":
+        terms["self-sparse KV"] = torch_kv_bytes(shape, draft_kv_dtype or kv_dtype, min(draft_window, max_context))
+    elif self_draft == "self-skip":
+        terms["self-skip KV"] = torch_kv_bytes(shape, kv_dtype, max_context, num_layers=draft_layers)
+    return terms

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pocketspec.backends.torch_open import SELF_DRAFTS, open_backend, open_self_draft
+from pocketspec.backends.torch_open import SELF_DRAFTS, check_self_draft, open_backend, open_self_draft
 from pocketspec.catalog import resolve_model, resolve_pair
 from pocketspec.errors import UserError
 from pocketspec.gguf_check import check_gguf, check_same_vocab
@@ -65,6 +65,8 @@ def load_engine(
         speculation = replace(speculation, drafter=choice.drafter)
     if speculation.drafter == "model" and choice.draft_path is None and not is_self_draft:
         raise UserError("--drafter model needs a draft model: pass --draft NAME or --pair NAME")
+    if is_self_draft:
+        check_self_draft(choice.drafter, target_settings, speculation)
     target_backend = open_backend(choice.target_path, target_settings)
     draft_backend = None
     try:

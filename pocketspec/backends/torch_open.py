@@ -36,15 +36,21 @@ def min_self_draft_window(max_gamma: int) -> int:
     return SINK_TOKENS + SLIDE_SLACK + max_gamma + 2
 
 
-def open_self_draft(target, kind: str, target_settings: ModelSettings, speculation: SpeculationSettings):
-    """A draft backend that is `target` itself, with only its own small KV cache."""
+def check_self_draft(kind: str, target_settings: ModelSettings, speculation: SpeculationSettings) -> None:
+    """Refuse a self-draft the settings cannot give, before any model loads."""
     if target_settings.backend != "torch":
         raise UserError(f"--draft {kind} drafts with the target's own weights and needs --backend torch")
+    window = speculation.self_draft_window
+    if kind == "self-sparse" and window < min_self_draft_window(speculation.max_gamma):
+        raise UserError(f"the self-sparse window {window} is too small: give at least "
+                        f"{min_self_draft_window(speculation.max_gamma)} positions")
+
+
+def open_self_draft(target, kind: str, target_settings: ModelSettings, speculation: SpeculationSettings):
+    """A draft backend that is `target` itself, with only its own small KV cache."""
+    check_self_draft(kind, target_settings, speculation)
     if kind == "self-sparse":
         window = speculation.self_draft_window
-        if window < min_self_draft_window(speculation.max_gamma):
-            raise UserError(f"the self-sparse window {window} is too small: give at least "
-                            f"{min_self_draft_window(speculation.max_gamma)} positions")
         settings = replace(target_settings, max_context=min(window, target_settings.max_context), max_logits_rows=1)
         return target.self_draft(settings, kv_dtype=speculation.self_draft_kv_type)
     num_layers = target.model.config.num_layers
