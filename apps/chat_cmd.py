@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from apps.chat_repl import Chat, Repl, note, stats_line, stop_note
+from apps.backend_options import backend_options
 from apps.options import model_choice_options, runtime_options, sampling_options
 from apps.session import open_engine
 from pocketspec.catalog import models_dir
@@ -64,9 +65,10 @@ def _answer_piped(chat: Chat, session, message: str, show_stats: bool) -> None:
               help="Longest reply, in tokens.")
 @sampling_options
 @runtime_options
+@backend_options
 @click.option("--stats/--no-stats", "show_stats", default=True, help="A stats line after each reply (/stats toggles it).")
 def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, top_p, top_k, seed,
-         gamma, memory_budget, max_context, kv_type, threads, repack, exact_verify, show_stats):
+         gamma, memory_budget, max_context, kv_type, threads, repack, exact_verify, show_stats, **backend_args):
     """Chat with a model; with stdin piped in, answer it as one message and exit.
 
     Every turn is appended to a JSONL transcript under POCKETSPEC_HOME/chats/.
@@ -83,7 +85,7 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
     with open_engine(
         target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads,
-        repack=repack, exact_verify=exact_verify, max_new_tokens=max_tokens, announce=True, pull_if_missing=True,
+        repack=repack, exact_verify=exact_verify, max_new_tokens=max_tokens, announce=True, pull_if_missing=True, **backend_args,
     ) as session:
         choice = session.choice
         models = (_model_name(choice.target_path, "none"), _model_name(choice.draft_path, choice.drafter))

@@ -96,6 +96,18 @@ def _gpu_report() -> dict:
     return report
 
 
+def _torch_report() -> dict | None:
+    """torch's version and GPU build (CUDA or ROCm, which also reports its GPUs as cuda)."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    try:
+        from pocketspec.torch_model.device import torch_report
+
+        return torch_report()
+    except Exception as error:  # a broken torch install can raise anything on import
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
 def _models_report() -> dict:
     catalog = load_catalog()
     return {name: {"downloaded": model_path(name).exists(), "path": str(model_path(name))}
@@ -111,6 +123,7 @@ def collect_report() -> dict:
         "llama_cpp": _llama_report(),
         "cpu": _cpu_report(),
         "gpu": _gpu_report(),
+        "torch": _torch_report(),
         "memory": {"total_bytes": memory.total, "available_bytes": memory.available},
         "models": _models_report(),
     }
@@ -140,6 +153,15 @@ def _print_human(report: dict) -> None:
             f"rocm: {gpu['rocm_smi']}" if gpu["rocm_smi"] else None,
             f"torch.cuda: {gpu['torch_cuda']}" if gpu["torch_cuda"] else None]
     click.echo(f"gpus              {'; '.join(g for g in gpus if g) or 'none found'}")
+    torch_info = report["torch"]
+    if torch_info is None:
+        click.echo("torch             not installed (--backend torch unavailable)")
+    elif "build" in torch_info:
+        gpus = ", ".join(torch_info["devices"]) or "no GPU visible"
+        note = "; ROCm GPUs appear as --device cuda" if torch_info["build"].startswith("rocm") else ""
+        click.echo(f"torch             {torch_info['version']} ({torch_info['build']} build; {gpus}{note})")
+    else:
+        click.echo(f"torch             not importable: {torch_info['error']}")
     memory = report["memory"]
     click.echo(f"memory            {_gib(memory['available_bytes'])} available of {_gib(memory['total_bytes'])}")
     click.echo(f"POCKETSPEC_HOME   {report['pocketspec_home']}")

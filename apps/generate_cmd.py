@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from apps.backend_options import backend_options
 from apps.options import GENERATION, model_choice_options, runtime_options, sampling_options
 from apps.session import open_engine
 from pocketspec.chat_template import encode_chat, template_for
@@ -34,16 +35,17 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 @click.option("--max-tokens", type=click.IntRange(min=1), default=GENERATION.max_new_tokens, show_default=True)
 @sampling_options
 @runtime_options
+@backend_options
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template (from GGUF metadata).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, stats.")
 def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, top_p, top_k, seed,
-             gamma, memory_budget, max_context, kv_type, threads, repack, exact_verify, chat, as_json):
+             gamma, memory_budget, max_context, kv_type, threads, repack, exact_verify, chat, as_json, **backend_args):
     """Generate a continuation of one prompt."""
     text = _read_prompt(prompt, prompt_file)
     with open_engine(
         target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads, repack=repack, exact_verify=exact_verify,
-        max_new_tokens=max_tokens, announce=True,  # notes go to stderr; --json keeps stdout to one object
+        max_new_tokens=max_tokens, announce=True, **backend_args,  # notes go to stderr; --json keeps stdout to one object
     ) as session:
         tokenizer = session.engine.target.tokenizer
         if chat:

@@ -16,7 +16,8 @@ GENERATION = GenerationSettings()
 def model_choice_options(function):
     """--target/--draft/--pair: catalog names or GGUF paths; the draft may be `ngram` or `none`."""
     function = click.option("--pair", default=None, help="Catalog pair preset, e.g. qwen-coder (the default).")(function)
-    function = click.option("--draft", default=None, help="Draft: catalog name, GGUF path, `ngram` or `none`.")(function)
+    function = click.option("--draft", default=None, help="Draft: catalog name, GGUF path, `ngram`, `none`, "
+                            "or (--backend torch) `self-sparse` or `self-skip`.")(function)
     function = click.option("--target", default=None, help="Target: catalog name or GGUF path.")(function)
     return function
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 import click
 import psutil
 
+from apps.backend_options import apply_backend_options
 from apps.options import MODEL, SPECULATION, parse_gamma, repack_allowed
 from pocketspec.loader import ModelChoice, choose_models, close_engine, draft_settings_for, load_engine
 from pocketspec.settings import ModelSettings, SamplingSettings
@@ -42,7 +43,8 @@ class Session:
 def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, seed=0, gamma="auto",
                 memory_budget=None, max_context=None, kv_type=None, threads=0, max_new_tokens=128,
                 repack=None, exact_verify=SPECULATION.exact_verify, announce=True,
-                pull_if_missing=False):
+                pull_if_missing=False, **backend_options):
+    """backend_options: the flags of apps.backend_options (--backend, --device, --weights, ...)."""
     baseline_rss_bytes = psutil.Process().memory_info().rss
     choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
     fixed_gamma = parse_gamma(gamma)
@@ -54,11 +56,21 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
         max_logits_rows=(fixed_gamma if fixed_gamma is not None else SPECULATION.max_gamma) + 1,
     )
     speculation = replace(SPECULATION, gamma=fixed_gamma, exact_verify=exact_verify)
+    target_settings, speculation = apply_backend_options(target_settings, speculation, backend_options)
     session_plan = None
     budget_bytes = None
     draft_max_context = None
     notes: list[str] = []
-    if memory_budget is not None:
+    if memory_budget is not None and target_settings.backend == "torch":
+        from apps.budget import parse_budget
+        from apps.torch_budget import check_torch_budget
+
+        budget_bytes = parse_budget(memory_budget)
+        notes = check_torch_budget(choice, budget_bytes, target_settings, speculation)
+        if announce:
+            for note in notes:
+                click.echo(note, err=True)
+    elif memory_budget is not None:
         from apps.budget import apply_plan
 
         applied = apply_plan(choice, memory_budget, target_settings, speculation, max_new_tokens, temperature, kv_type,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from pocketspec.backends.torch_open import SELF_DRAFTS, check_self_draft, open_backend, open_self_draft
 from pocketspec.catalog import resolve_model, resolve_pair
 from pocketspec.errors import UserError
 from pocketspec.gguf_check import check_gguf, check_same_vocab
@@ -19,7 +20,7 @@ class ModelChoice:
 
     target_path: Path
     draft_path: Path | None
-    drafter: str  # auto | ngram | none  (auto: the controller mixes n-gram and draft model)
+    drafter: str  # auto | ngram | none | self-sparse | self-skip  (auto: the controller mixes n-gram and draft model)
 
 
 def choose_models(
@@ -32,7 +33,7 @@ def choose_models(
     target_path = resolve_model(target, pull_if_missing=pull_if_missing)
     target_info = check_gguf(target_path)
     draft = draft or "ngram"
-    if draft in DRAFTLESS:
+    if draft in DRAFTLESS or draft in SELF_DRAFTS:
         return ModelChoice(target_path, None, draft)
     draft_path = resolve_model(draft, pull_if_missing=pull_if_missing)
     check_same_vocab(target_info, check_gguf(draft_path))
@@ -57,18 +58,22 @@ def load_engine(
     speculation: SpeculationSettings = SpeculationSettings(),
 ):
     """Load the backends and build the engine; the caller closes it with close_engine."""
-    from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
     from pocketspec.engine import SpeculativeEngine
 
-    if speculation.drafter == "auto" and choice.drafter != "auto":
+    is_self_draft = choice.drafter in SELF_DRAFTS
+    if speculation.drafter == "auto" and choice.drafter not in ("auto", *SELF_DRAFTS):
         speculation = replace(speculation, drafter=choice.drafter)
-    if speculation.drafter == "model" and choice.draft_path is None:
+    if speculation.drafter == "model" and choice.draft_path is None and not is_self_draft:
         raise UserError("--drafter model needs a draft model: pass --draft NAME or --pair NAME")
-    target_backend = LlamaCppBackend(choice.target_path, target_settings)
+    if is_self_draft:
+        check_self_draft(choice.drafter, target_settings, speculation)
+    target_backend = open_backend(choice.target_path, target_settings)
     draft_backend = None
     try:
-        if choice.draft_path is not None and speculation.drafter in ("auto", "model"):
-            draft_backend = LlamaCppBackend(choice.draft_path, draft_settings or target_settings)
+        if is_self_draft and speculation.drafter in ("auto", "model"):
+            draft_backend = open_self_draft(target_backend, choice.drafter, target_settings, speculation)
+        elif choice.draft_path is not None and speculation.drafter in ("auto", "model"):
+            draft_backend = open_backend(choice.draft_path, draft_settings or target_settings)
         return SpeculativeEngine(target_backend, draft_backend=draft_backend, sampling=sampling, speculation=speculation)
     except BaseException:
         if draft_backend is not None:

@@ -38,6 +38,10 @@ class SpeculationSettings:
     # γ + 1 at the widest batch proven bit-identical at short and long contexts, which on
     # llama.cpp's CPU backend means plain decoding.
     exact_verify: bool = False
+    # --draft self-sparse / self-skip (torch backend): the target drafts for itself
+    self_draft_window: int = 256  # self-sparse: KV positions the draft keeps (4 sinks + recent tokens)
+    self_draft_kv_type: str = "auto"  # self-sparse KV: auto (the target's dtype) | int8 | fp32 | bf16 | fp16
+    self_skip_layers: int = 0  # self-skip: first layers the draft runs (0: half of them)
 
 
 def default_num_threads() -> int:
@@ -59,6 +63,11 @@ class ModelSettings:
     # llama.cpp's repacked weights decode one token faster on x86 CPUs, but its batched
     # kernel then rounds differently from 4 rows on, which caps exact verify width at 3.
     repack_weights: bool = True
+    backend: str = "llama.cpp"  # llama.cpp | torch
+    device: str = "cpu"  # torch: cpu | cuda | cuda:N | rocm
+    weights: str = "auto"  # torch: auto (fp32 on CPU, bf16 on GPU) | fp32 | bf16 | fp16 | int8 | int4
+    torch_kv_type: str = "auto"  # torch: auto (the weights' compute dtype) | fp32 | bf16 | fp16 | int8
+    compile: bool = False  # torch: torch.compile the forward (GPU)
 
     @property
     def resolved_num_threads(self) -> int:

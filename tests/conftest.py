@@ -34,20 +34,23 @@ def qwen_draft_path() -> Path:
 
 @contextlib.contextmanager
 def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, temperature=0.0, seed=0,
-                 max_context=1024, top_k=0, top_p=1.0, max_gamma=8, draft_max_context=None, exact_verify=False):
+                 max_context=1024, top_k=0, top_p=1.0, max_gamma=8, draft_max_context=None, exact_verify=False,
+                 backend="llama.cpp", weights="auto", self_draft=None, self_draft_settings=None):
+    """self_draft: `self-sparse` or `self-skip` (torch); self_draft_settings: SpeculationSettings fields for it."""
     from pocketspec.loader import ModelChoice, close_engine, draft_settings_for, load_engine
     from pocketspec.settings import ModelSettings, SamplingSettings, SpeculationSettings
 
     max_width = (gamma if gamma is not None else max_gamma) + 1
-    target_settings = ModelSettings(max_context=max_context, max_logits_rows=max_width)
+    target_settings = ModelSettings(max_context=max_context, max_logits_rows=max_width, backend=backend, weights=weights)
     choice = ModelChoice(Path(target_path), Path(draft_path) if draft_path else None,
-                         "auto" if draft_path else ("none" if drafter == "none" else "ngram"))
+                         self_draft or ("auto" if draft_path else ("none" if drafter == "none" else "ngram")))
     engine = load_engine(
         choice,
         target_settings=target_settings,
         draft_settings=draft_settings_for(target_settings, draft_max_context),
         sampling=SamplingSettings(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p),
-        speculation=SpeculationSettings(drafter=drafter, gamma=gamma, max_gamma=max_gamma, exact_verify=exact_verify),
+        speculation=SpeculationSettings(drafter=drafter, gamma=gamma, max_gamma=max_gamma, exact_verify=exact_verify,
+                                        **(self_draft_settings or {})),
     )
     try:
         yield engine
@@ -81,3 +84,15 @@ def assert_matches_plain(backend, prompt: list[int], got: list[int], expected: l
     best_two = np.sort(logits)[-2:]
     gap = float(best_two[1] - best_two[0])
     assert gap < KERNEL_ROUNDING_LOGITS, f"diverged at {position} where the top-2 gap is {gap:.3f}"
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny torch models spend their time in per-op overhead; a second intra-op thread only
+    spins against other processes on a shared CPU (10x slower under load, measured)."""
+    import torch
+
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(num_threads)

@@ -25,7 +25,7 @@ def _vocabulary() -> tuple[list[str], list[float], list[int]]:
 
 
 def _weights(rng: np.random.Generator, vocab_size: int, dim: int, num_layers: int, num_heads: int,
-             num_kv_heads: int, ffn_dim: int) -> dict[str, np.ndarray]:
+             num_kv_heads: int, ffn_dim: int, has_qkv_bias: bool = False) -> dict[str, np.ndarray]:
     head_dim = dim // num_heads
 
     def matrix(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
@@ -47,13 +47,18 @@ def _weights(rng: np.random.Generator, vocab_size: int, dim: int, num_layers: in
             prefix + "ffn_up.weight": matrix(ffn_dim, dim),
             prefix + "ffn_down.weight": matrix(dim, ffn_dim),
         })
+        if has_qkv_bias:
+            for name, size in (("attn_q", dim), ("attn_k", num_kv_heads * head_dim), ("attn_v", num_kv_heads * head_dim)):
+                tensors[prefix + name + ".bias"] = rng.standard_normal(size).astype(np.float32) * 0.5
     return tensors
 
 
 def write_tiny_model(path: Path, tensors: dict[str, np.ndarray], *, dim: int, num_layers: int, num_heads: int,
-                     num_kv_heads: int, ffn_dim: int, context_length: int = 1024) -> Path:
+                     num_kv_heads: int, ffn_dim: int, context_length: int = 1024, arch: str = "llama",
+                     quant: gguf.GGMLQuantizationType | None = QUANT, rope_base: float = 10000.0) -> Path:
+    """quant=None writes every tensor as F32 (no quantization noise, for torch-vs-llama.cpp checks)."""
     tokens, scores, types = _vocabulary()
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(path.stem)
     writer.add_context_length(context_length)
     writer.add_embedding_length(dim)
@@ -63,6 +68,7 @@ def write_tiny_model(path: Path, tensors: dict[str, np.ndarray], *, dim: int, nu
     writer.add_head_count_kv(num_kv_heads)
     writer.add_rope_dimension_count(dim // num_heads)
     writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(rope_base)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
@@ -72,9 +78,9 @@ def write_tiny_model(path: Path, tensors: dict[str, np.ndarray], *, dim: int, nu
     writer.add_unk_token_id(0)
     writer.add_add_bos_token(True)
     for name, array in tensors.items():
-        if array.ndim == 2:
+        if array.ndim == 2 and quant is not None:
             # Q4_1 like SmolLM2: llama.cpp's batched and one-token kernels agree on it bit for bit
-            writer.add_tensor(name, gguf.quants.quantize(array, QUANT), raw_dtype=QUANT)
+            writer.add_tensor(name, gguf.quants.quantize(array, quant), raw_dtype=quant)
         else:
             writer.add_tensor(name, array)
     writer.write_header_to_file()
@@ -84,15 +90,20 @@ def write_tiny_model(path: Path, tensors: dict[str, np.ndarray], *, dim: int, nu
     return path
 
 
-def write_tiny_pair(folder: Path, seed: int = 0, draft_noise: float = 0.3) -> tuple[Path, Path]:
-    """A random target and a draft made of the same weights plus noise (same vocabulary)."""
-    shape = dict(dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=128)
+def write_tiny_pair(folder: Path, seed: int = 0, draft_noise: float = 0.3, *, arch: str = "llama",
+                    quant: gguf.GGMLQuantizationType | None = QUANT, num_layers: int = 2) -> tuple[Path, Path]:
+    """A random target and a draft made of the same weights plus noise (same vocabulary).
+
+    arch="qwen2" adds q/k/v biases; quant=None keeps every tensor in F32.
+    """
+    shape = dict(dim=64, num_layers=num_layers, num_heads=4, num_kv_heads=2, ffn_dim=128)
     rng = np.random.default_rng(seed)
     vocab_size = len(_vocabulary()[0])
     target_tensors = _weights(rng, vocab_size, shape["dim"], shape["num_layers"], shape["num_heads"],
-                              shape["num_kv_heads"], shape["ffn_dim"])
+                              shape["num_kv_heads"], shape["ffn_dim"], has_qkv_bias=arch == "qwen2")
     draft_tensors = {name: (array + draft_noise * array.std() * rng.standard_normal(array.shape)).astype(np.float32)
                      if array.ndim == 2 else array for name, array in target_tensors.items()}
-    target = write_tiny_model(folder / "tiny-target.gguf", target_tensors, **shape)
-    draft = write_tiny_model(folder / "tiny-draft.gguf", draft_tensors, **shape)
+    suffix = "" if (arch, quant) == ("llama", QUANT) else f"-{arch}-{'f32' if quant is None else quant.name.lower()}"
+    target = write_tiny_model(folder / f"tiny-target{suffix}.gguf", target_tensors, arch=arch, quant=quant, **shape)
+    draft = write_tiny_model(folder / f"tiny-draft{suffix}.gguf", draft_tensors, arch=arch, quant=quant, **shape)
     return target, draft

@@ -1,0 +1,55 @@
+"""Click options that pick the backend (`--backend torch --device cuda:1 --weights int8`) and size
+the torch self-drafts; defaults come from pocketspec.settings, like every other flag."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import click
+
+from pocketspec.errors import UserError
+from pocketspec.settings import ModelSettings, SpeculationSettings
+
+MODEL = ModelSettings()
+SPECULATION = SpeculationSettings()
+TORCH_WEIGHTS = ("auto", "fp32", "bf16", "fp16", "int8", "int4")
+TORCH_KV_TYPES = ("auto", "fp32", "bf16", "fp16", "int8")
+_MODEL_FIELDS = {field.name for field in fields(ModelSettings)}
+
+
+def backend_options(function):
+    options = [
+        click.option("--backend", type=click.Choice(["llama.cpp", "torch"]), default=MODEL.backend, show_default=True,
+                     help="Inference backend: llama.cpp (GGUF, CPU/GPU builds) or torch (PyTorch; CPU, CUDA, ROCm)."),
+        click.option("--device", default=MODEL.device, show_default=True, help="torch device: cpu, cuda, cuda:N or rocm."),
+        click.option("--weights", type=click.Choice(TORCH_WEIGHTS), default=MODEL.weights, show_default=True,
+                     help="torch weight format (auto: fp32 on CPU, bf16 on GPU); int8/int4 quantize on load."),
+        click.option("--torch-kv-type", type=click.Choice(TORCH_KV_TYPES), default=MODEL.torch_kv_type,
+                     show_default=True, help="torch KV cache dtype (auto: the weights' compute dtype)."),
+        click.option("--compile/--no-compile", "compile", default=MODEL.compile, show_default=True,
+                     help="torch.compile the torch model's forward (for GPUs)."),
+        click.option("--self-draft-window", type=click.IntRange(min=16), default=SPECULATION.self_draft_window,
+                     show_default=True, help="--draft self-sparse: KV positions the draft keeps (4 sinks + recent)."),
+        click.option("--self-draft-kv-type", type=click.Choice(TORCH_KV_TYPES), default=SPECULATION.self_draft_kv_type,
+                     show_default=True, help="--draft self-sparse: the draft's KV dtype."),
+        click.option("--self-skip-layers", type=click.IntRange(min=0), default=SPECULATION.self_skip_layers,
+                     show_default=True, help="--draft self-skip: first layers the draft runs (0: half)."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def apply_backend_options(target_settings: ModelSettings, speculation: SpeculationSettings,
+                          options: dict) -> tuple[ModelSettings, SpeculationSettings]:
+    """Put each option into the settings dataclass that is its home."""
+    model_options = {name: value for name, value in options.items() if name in _MODEL_FIELDS}
+    speculation_options = {name: value for name, value in options.items() if name not in _MODEL_FIELDS}
+    target_settings = replace(target_settings, **model_options)
+    if target_settings.backend == "llama.cpp":
+        changed = [name for name in ("device", "weights", "torch_kv_type", "compile")
+                   if getattr(target_settings, name) != getattr(MODEL, name)]
+        if changed:
+            flag = "--" + changed[0].replace("_", "-")
+            raise UserError(f"{flag} applies to --backend torch; add --backend torch or leave {flag} out")
+    return target_settings, replace(speculation, **speculation_options)

@@ -1,0 +1,158 @@
+"""The torch backend on a CPU: plain vs n-gram vs self-sparse drafting on SmolLM2 at growing contexts.
+
+    .venv/bin/python benchmarks/torch_cpu_bench.py [--contexts 512 2048 8192] [--max-tokens 64]
+
+Per context, one worker process loads SmolLM2-135M (fp32 weights and KV), prefills a
+Spec-Bench summarization prompt of about that many tokens once, then decodes the same
+continuation three ways, reusing the prefilled KV cache: plain, n-gram (γ fixed) and
+self-sparse (the target drafting for itself over 4 sinks + a recent window, γ fixed).
+It records decode tok/s, acceptance, whether the tokens equal plain decoding, the mean
+time of one draft forward (flat across contexts if the sparse window works) next to one
+target forward, the bytes each part allocates and the process's peak RSS. Run it with --threads 1 on a
+shared CPU: a second intra-op thread spinning against other processes made one forward 4x slower.
+Results: benchmarks/results/torch_cpu_bench.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DATA_PATH = ROOT / "benchmarks" / "data" / "spec_bench.jsonl"
+RESULTS = ROOT / "benchmarks" / "results"
+MODEL = "smollm2-135m-instruct"
+
+
+def _document(tokenizer, num_tokens: int) -> str:
+    """Summarization documents joined until they hold num_tokens tokens, cut there."""
+    rows = [json.loads(line) for line in DATA_PATH.read_text().splitlines() if line.strip()]
+    texts = [row["turns"][0] for row in rows if row["category"] == "summarization"]
+    tokens: list[int] = []
+    for text in texts:
+        tokens += tokenizer.encode(text + "\n\n", add_bos=False)
+        if len(tokens) >= num_tokens:
+            break
+    return tokenizer.decode(tokens[:num_tokens])
+
+
+def _token_ms(backend, num_kept: int, num_repeats: int = 8) -> float:
+    """Median milliseconds of one one-token forward after `num_kept` cached tokens."""
+    seconds = []
+    for _ in range(num_repeats):
+        backend.rollback(num_kept)
+        started = time.perf_counter()
+        backend.forward([backend.cached_tokens[-1]], [0])
+        seconds.append(time.perf_counter() - started)
+    backend.rollback(num_kept)
+    return round(1000 * sorted(seconds)[num_repeats // 2], 3)
+
+
+def worker(config: dict) -> dict:
+    from pocketspec.backends.torch_backend import TorchBackend
+    from pocketspec.backends.torch_open import open_self_draft
+    from pocketspec.catalog import model_path
+    from pocketspec.chat_template import encode_chat, template_for
+    from pocketspec.engine import SpeculativeEngine
+    from pocketspec.settings import ModelSettings, SpeculationSettings
+    from pocketspec.stats import peak_rss_bytes
+
+    context = config["context"]
+    settings = ModelSettings(backend="torch", weights="fp32", max_context=context + 2 * config["max_tokens"],
+                             num_threads=config["threads"], max_logits_rows=config["gamma"] + 1)
+    target = TorchBackend.open(model_path(MODEL), settings)
+    tokenizer = target.tokenizer
+    question = "Summarize the text above in three sentences.\n\n"
+    document = _document(tokenizer, context - 64)
+    prompt = encode_chat(tokenizer, template_for(tokenizer), [{"role": "user", "content": document + "\n\n" + question}])
+    started = time.perf_counter()
+    target.prefill(prompt[:-1])
+    prefill_seconds = time.perf_counter() - started
+    num_prefilled = target.num_cached
+    rows = []
+    plain_tokens = None
+    speculation = SpeculationSettings(self_draft_window=config["window"], self_draft_kv_type=config["draft_kv"])
+    for mode in ("plain", "ngram", "self-sparse"):
+        target.rollback(num_prefilled)
+        draft = open_self_draft(target, "self-sparse", settings, speculation) if mode == "self-sparse" else None
+        engine_speculation = SpeculationSettings(drafter={"plain": "none", "ngram": "ngram"}.get(mode, "model"),
+                                                 gamma=None if mode == "plain" else config["gamma"])
+        engine = SpeculativeEngine(target, draft_backend=draft, speculation=engine_speculation)
+        result = engine.generate(prompt, config["max_tokens"])
+        plain_tokens = result.tokens if mode == "plain" else plain_tokens
+        memory = target.memory_report()
+        rows.append({
+            "mode": mode, "context": context, "num_prompt_tokens": len(prompt),
+            "num_tokens": result.stats.num_tokens, "decode_tokens_per_second": round(result.stats.tokens_per_second, 3),
+            "acceptance_rate": round(result.stats.acceptance_rate, 4),
+            "mean_accepted_per_step": round(result.stats.mean_accepted_per_step, 3),
+            "equals_plain": result.tokens == plain_tokens,
+            # one-token forwards: the target over the whole context, the draft over its full window
+            "target_forward_ms": _token_ms(target, target.num_cached - 1),
+            "draft_forward_ms": _token_ms(draft, draft.num_cached - 1) if draft is not None else None,
+            "weight_bytes": memory["weights"], "target_kv_bytes": memory["kv_cache"],
+            "draft_kv_bytes": draft.memory_report()["kv_cache"] if draft is not None else 0,
+            "peak_rss_bytes": peak_rss_bytes(), "prefill_seconds": round(prefill_seconds, 2),
+        })
+    return {"rows": rows}
+
+
+def _markdown(results: dict) -> str:
+    lines = [f"# Torch backend on CPU: {MODEL}, fp32", "",
+             f"{results['machine']}; torch {results['torch']}; {results['max_tokens']} new tokens per run, "
+             f"γ = {results['gamma']} for n-gram and self-sparse (window {results['window']}, draft KV "
+             f"{results['draft_kv']}). Peak RSS is the worker's, cumulative over its three runs.", "",
+             "| context | mode | tok/s | acceptance | accepted/step | = plain | target fwd ms | draft fwd ms "
+             "| weights MiB | target KV MiB | draft KV MiB | peak RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    mib = 2 ** 20
+    for row in results["rows"]:
+        lines.append(
+            f"| {row['num_prompt_tokens']} | {row['mode']} | {row['decode_tokens_per_second']:.2f} | "
+            f"{row['acceptance_rate']:.0%} | {row['mean_accepted_per_step']:.2f} | {row['equals_plain']} | "
+            f"{row['target_forward_ms']:.1f} | {row['draft_forward_ms'] if row['draft_forward_ms'] is not None else '-'} | "
+            f"{row['weight_bytes'] / mib:.1f} | {row['target_kv_bytes'] / mib:.1f} | {row['draft_kv_bytes'] / mib:.2f} | "
+            f"{row['peak_rss_bytes'] / mib:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--draft-kv", default="auto")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+    import torch
+
+    results = {"machine": f"{platform.machine()} CPU, {len(__import__('os').sched_getaffinity(0))} cores",
+               "torch": torch.__version__, "max_tokens": args.max_tokens, "gamma": args.gamma,
+               "window": args.window, "draft_kv": args.draft_kv, "rows": []}
+    for context in args.contexts:
+        config = {"context": context, "max_tokens": args.max_tokens, "gamma": args.gamma, "window": args.window,
+                  "draft_kv": args.draft_kv, "threads": args.threads}
+        output = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)], check=True,
+                                capture_output=True, text=True).stdout
+        results["rows"] += json.loads(output.splitlines()[-1])["rows"]
+        print(_markdown(results).splitlines()[-1], flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "torch_cpu_bench.json").write_text(json.dumps(results, indent=1))
+    (RESULTS / "torch_cpu_bench.md").write_text(_markdown(results))
+    print(_markdown(results))
+
+
+if __name__ == "__main__":
+    main()

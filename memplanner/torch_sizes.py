@@ -1,0 +1,94 @@
+"""Exact bytes the torch backend allocates: weights in each format and KV caches in each dtype.
+
+Pure arithmetic on a ModelShape. Float formats store every tensor in their dtype.
+int8 and int4 quantize only the linear layers (the output head too when untied);
+embeddings, norms and biases stay in the compute dtype, which is fp32 on a CPU and bf16
+on a GPU for the integer formats. int8 keeps one scale per output row; int4 packs two
+values a byte and keeps a scale and an offset per group of INT4_GROUP_SIZE inputs.
+The rope frequency table (head_dim / 2 float32) is the one buffer beside the weights.
+"""
+
+from __future__ import annotations
+
+from memplanner.gguf_header import read_gguf_header
+from memplanner.shapes import ModelShape
+
+FLOAT_FORMAT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+WEIGHT_FORMATS = ("fp32", "bf16", "fp16", "int8", "int4")
+KV_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
+INT8_KV_SCALE_BYTES = 4  # one float32 scale per (head, position), for keys and values each
+INT4_GROUP_SIZE = 32
+BIASED_QKV_ARCHS = ("qwen2",)
+
+
+def gguf_layout(path) -> tuple[bool, bool]:
+    """(is_tied, has_qkv_bias) of a GGUF model, from its tensor table."""
+    names = {tensor.name for tensor in read_gguf_header(path).tensors}
+    return "output.weight" not in names, "blk.0.attn_q.bias" in names
+
+
+def compute_dtype_bytes(weights_format: str, on_gpu: bool = False) -> int:
+    if weights_format in FLOAT_FORMAT_BYTES:
+        return FLOAT_FORMAT_BYTES[weights_format]
+    return 2 if on_gpu else 4
+
+
+def linear_bytes(num_in: int, num_out: int, weights_format: str, compute_bytes: int,
+                 group_size: int = INT4_GROUP_SIZE) -> int:
+    """One [num_out, num_in] weight matrix (no bias) in `weights_format`."""
+    if weights_format == "int8":
+        return num_out * num_in + num_out * compute_bytes
+    if weights_format == "int4":
+        return num_out * num_in // 2 + 2 * num_out * (num_in // group_size) * compute_bytes
+    return num_out * num_in * FLOAT_FORMAT_BYTES[weights_format]
+
+
+def torch_weight_bytes(shape: ModelShape, weights_format: str, *, is_tied: bool, has_qkv_bias: bool | None = None,
+                       on_gpu: bool = False, group_size: int = INT4_GROUP_SIZE) -> int:
+    if weights_format not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weights format {weights_format!r}; use one of {', '.join(WEIGHT_FORMATS)}")
+    if has_qkv_bias is None:
+        has_qkv_bias = shape.arch in BIASED_QKV_ARCHS
+    compute_bytes = compute_dtype_bytes(weights_format, on_gpu)
+    dim, ffn_dim = shape.hidden_size, shape.intermediate_size
+    q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+
+    def linear(num_in: int, num_out: int) -> int:
+        return linear_bytes(num_in, num_out, weights_format, compute_bytes, group_size)
+
+    per_layer = (linear(dim, q_size) + 2 * linear(dim, kv_size) + linear(q_size, dim)
+                 + 2 * linear(dim, ffn_dim) + linear(ffn_dim, dim) + 2 * dim * compute_bytes)
+    if has_qkv_bias:
+        per_layer += (q_size + 2 * kv_size) * compute_bytes
+    total = shape.num_layers * per_layer + shape.vocab_size * dim * compute_bytes + dim * compute_bytes
+    if not is_tied:
+        total += linear(dim, shape.vocab_size)
+    return total + shape.head_dim // 2 * 4  # rope frequencies
+
+
+def torch_kv_bytes(shape: ModelShape, kv_dtype: str, max_context: int, *, num_layers: int | None = None,
+                   max_batch: int = 1) -> int:
+    """A static cache: K and V for every layer, batch and position, plus int8's scales."""
+    if kv_dtype not in KV_DTYPE_BYTES:
+        raise ValueError(f"unknown KV dtype {kv_dtype!r}; use one of {', '.join(KV_DTYPE_BYTES)}")
+    per_position = shape.head_dim * KV_DTYPE_BYTES[kv_dtype] + (INT8_KV_SCALE_BYTES if kv_dtype == "int8" else 0)
+    num_layers = shape.num_layers if num_layers is None else num_layers
+    return 2 * num_layers * max_batch * shape.num_kv_heads * max_context * per_position
+
+
+def torch_memory_terms(shape: ModelShape, *, weights_format: str, kv_dtype: str, max_context: int, is_tied: bool,
+                       has_qkv_bias: bool | None = None, on_gpu: bool = False, self_draft: str | None = None,
+                       draft_kv_dtype: str | None = None, draft_window: int = 0, draft_layers: int = 0) -> dict[str, int]:
+    """Bytes of every tensor the torch backend allocates for this target and its self-draft, by term.
+
+    self-sparse adds a KV cache of `draft_window` positions; self-skip one of `draft_layers`
+    layers over the whole context; neither adds weights.
+    """
+    terms = {"weights": torch_weight_bytes(shape, weights_format, is_tied=is_tied, has_qkv_bias=has_qkv_bias,
+                                           on_gpu=on_gpu),
+             "target KV": torch_kv_bytes(shape, kv_dtype, max_context)}
+    if self_draft == "self-sparse":
+        terms["self-sparse KV"] = torch_kv_bytes(shape, draft_kv_dtype or kv_dtype, min(draft_window, max_context))
+    elif self_draft == "self-skip":
+        terms["self-skip KV"] = torch_kv_bytes(shape, kv_dtype, max_context, num_layers=draft_layers)
+    return terms

@@ -1,0 +1,179 @@
+"""The PyTorch backend: the compact model of pocketspec/torch_model with a static KV cache.
+
+Rollback moves a position; nothing is reallocated during generation. A self-draft
+view (`self_draft`) shares the target's weight modules and owns only a small KV
+cache of its own: sinks plus a recent window (self-sparse), optionally int8, or the
+first layers only (self-skip). The tokenizer is llama.cpp's, read vocab-only from the GGUF.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from pocketspec.backends.llama_cpp_backend import ContextFullError
+from pocketspec.errors import UserError
+from pocketspec.settings import ModelSettings
+from pocketspec.torch_model.device import resolve_device
+from pocketspec.torch_model.kv_cache import KV_DTYPES, StaticKVCache
+from pocketspec.torch_model.load import compute_dtype, load_model
+from pocketspec.torch_model.model import Transformer
+
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def resolve_weights_format(weights: str, device: torch.device) -> str:
+    """`auto` is fp32 on a CPU (exact greedy verification) and bf16 on a GPU."""
+    if weights != "auto":
+        return weights
+    return "fp32" if device.type == "cpu" else "bf16"
+
+
+def resolve_kv_dtype(kv_dtype: str, model: Transformer) -> str:
+    """`auto` stores keys and values in the model's compute dtype."""
+    if kv_dtype == "auto":
+        return DTYPE_NAMES[model.tok_embeddings.weight.dtype]
+    if kv_dtype not in KV_DTYPES:
+        raise UserError(f"unknown torch KV dtype {kv_dtype!r}: use auto or one of {', '.join(KV_DTYPES)}")
+    return kv_dtype
+
+
+def _load_tokenizer(path: Path):
+    """llama.cpp's tokenizer for this GGUF, without loading its weights."""
+    import llama_cpp
+    from llama_cpp._internals import LlamaModel
+
+    from pocketspec.backends.llama_cpp_backend import _init_llama
+    from pocketspec.tokenizer import Tokenizer
+
+    if path.is_dir():
+        raise UserError(f"{path} is a Hugging Face folder: --backend torch reads its tokenizer from a GGUF, "
+                        "so give the model's GGUF (load_model() reads HF folders from Python)")
+    _init_llama()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    try:
+        vocab_model = LlamaModel(path_model=str(path), params=params, verbose=False)
+    except ValueError as error:
+        raise UserError(f"llama.cpp could not read the vocabulary of {path}: {error}") from None
+    return vocab_model, Tokenizer(vocab_model)
+
+
+class TorchBackend:
+    def __init__(self, model: Transformer, settings: ModelSettings, *, tokenizer, model_path: Path,
+                 num_layers: int | None = None, kv_dtype: str | None = None, owns_model: bool = True,
+                 vocab_model=None):
+        self.model = model
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.model_path = model_path
+        self.device = model.tok_embeddings.weight.device
+        self.vocab_size = model.config.vocab_size
+        self.num_layers = num_layers or model.config.num_layers
+        self.kv_dtype = resolve_kv_dtype(kv_dtype or settings.torch_kv_type, model)
+        self.n_batch = min(settings.n_batch, settings.max_context)
+        self.cache = StaticKVCache(num_layers=self.num_layers, num_kv_heads=model.config.num_kv_heads,
+                                   head_dim=model.config.head_dim, max_context=settings.max_context,
+                                   kv_dtype=self.kv_dtype, device=self.device)
+        self._owns_model = owns_model
+        self._vocab_model = vocab_model
+        self._cached: list[int] = []
+        self._exact_widths: dict[int, int] = {}
+
+    @classmethod
+    def open(cls, model_path: Path | str, settings: ModelSettings = ModelSettings()) -> "TorchBackend":
+        device = resolve_device(settings.device)
+        if device.type == "cpu" and settings.num_threads:
+            torch.set_num_threads(settings.num_threads)
+        model_path = Path(model_path)
+        vocab_model, tokenizer = _load_tokenizer(model_path)
+        model = load_model(model_path, resolve_weights_format(settings.weights, device), device)
+        if settings.compile:
+            model.forward = torch.compile(model.forward, dynamic=True)
+        return cls(model, settings, tokenizer=tokenizer, model_path=model_path, vocab_model=vocab_model)
+
+    def self_draft(self, settings: ModelSettings, *, num_layers: int | None = None,
+                   kv_dtype: str | None = None) -> "TorchBackend":
+        """A draft that is this model itself, with its own KV cache sized by `settings.max_context`."""
+        return TorchBackend(self.model, settings, tokenizer=self.tokenizer, model_path=self.model_path,
+                            num_layers=num_layers, kv_dtype=kv_dtype, owns_model=False)
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return self._cached
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    @property
+    def max_context(self) -> int:
+        return self.cache.max_context
+
+    @property
+    def max_logits_rows(self) -> int:
+        return self.settings.max_logits_rows
+
+    @torch.inference_mode()
+    def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
+        """Logits [len(logits_rows), vocab] as float32."""
+        num_tokens = len(tokens)
+        if num_tokens > self.n_batch:
+            raise ValueError(f"{num_tokens} tokens exceed n_batch {self.n_batch}; use prefill")
+        if len(logits_rows) > self.max_logits_rows:
+            raise ValueError(f"{len(logits_rows)} logits rows exceed max_logits_rows {self.max_logits_rows}")
+        start = len(self._cached)
+        if start + num_tokens > self.max_context:
+            raise ContextFullError(f"{start} + {num_tokens} tokens exceed the {self.max_context}-token context")
+        token_tensor = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        rows = torch.tensor(list(logits_rows), dtype=torch.long, device=self.device)
+        logits = self.model(token_tensor, start, self.cache, rows, num_layers=self.num_layers)
+        self._cached.extend(tokens)
+        return logits[0].cpu().numpy()
+
+    def prefill(self, tokens: Sequence[int], should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        for chunk_start in range(0, len(tokens) - 1, self.n_batch):
+            self.forward(tokens[chunk_start:min(chunk_start + self.n_batch, len(tokens) - 1)], [])
+            if should_stop is not None and should_stop():
+                return None
+        return self.forward(tokens[-1:], [0])[0]
+
+    def rollback(self, num_kept: int) -> None:
+        del self._cached[num_kept:]
+
+    @torch.inference_mode()
+    def shift_out(self, start: int, count: int) -> None:
+        self.cache.shift(start, count, len(self._cached), self.model.inv_freq)
+        del self._cached[start:start + count]
+
+    def exact_verify_width(self, max_width: int) -> int:
+        """Probed once per width on this backend (batched vs one-token logits, bit for bit)."""
+        from pocketspec.backends.exact_width import probe_exact_width
+
+        if max_width not in self._exact_widths:
+            self._exact_widths[max_width] = probe_exact_width(self, max_width)
+        return self._exact_widths[max_width]
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes of every tensor this backend allocated; a self-draft view reports no weights of its own."""
+        weight_bytes = sum(tensor.numel() * tensor.element_size()
+                           for tensor in [*self.model.parameters(), *self.model.buffers()])
+        return {"weights": weight_bytes if self._owns_model else 0, "kv_cache": self.cache.num_bytes}
+
+    def close(self) -> None:
+        self.cache = None
+        self.model = None
+        if self._vocab_model is not None:
+            self._vocab_model.close()
+            self._vocab_model = None
+
+    def __enter__(self) -> "TorchBackend":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

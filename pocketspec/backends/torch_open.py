@@ -1,0 +1,61 @@
+"""Opening torch backends for the loader: the target, and a self-draft that reuses its weights.
+
+`--draft self-sparse`: the target attends only to 4 sink tokens plus a recent window
+(ModelDrafter slides it with shift_out once the draft context is full), optionally
+with an int8 KV cache. `--draft self-skip`: the target's first layers plus its head.
+Neither copies a weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from pocketspec.drafters.model import SINK_TOKENS, SLIDE_SLACK
+from pocketspec.errors import UserError
+from pocketspec.settings import ModelSettings, SpeculationSettings
+
+SELF_DRAFTS = ("self-sparse", "self-skip")
+
+
+def open_backend(path: Path, settings: ModelSettings):
+    """The backend `settings.backend` names, loaded from `path`."""
+    if settings.backend == "torch":
+        from pocketspec.backends.torch_backend import TorchBackend
+
+        return TorchBackend.open(path, settings)
+    if settings.backend != "llama.cpp":
+        raise UserError(f"unknown backend {settings.backend!r}: use llama.cpp or torch")
+    from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
+
+    return LlamaCppBackend(path, settings)
+
+
+def min_self_draft_window(max_gamma: int) -> int:
+    """The smallest window ModelDrafter can slide: sinks, its slack and one verify's worth of tokens."""
+    return SINK_TOKENS + SLIDE_SLACK + max_gamma + 2
+
+
+def check_self_draft(kind: str, target_settings: ModelSettings, speculation: SpeculationSettings) -> None:
+    """Refuse a self-draft the settings cannot give, before any model loads."""
+    if target_settings.backend != "torch":
+        raise UserError(f"--draft {kind} drafts with the target's own weights and needs --backend torch")
+    window = speculation.self_draft_window
+    if kind == "self-sparse" and window < min_self_draft_window(speculation.max_gamma):
+        raise UserError(f"the self-sparse window {window} is too small: give at least "
+                        f"{min_self_draft_window(speculation.max_gamma)} positions")
+
+
+def open_self_draft(target, kind: str, target_settings: ModelSettings, speculation: SpeculationSettings):
+    """A draft backend that is `target` itself, with only its own small KV cache."""
+    check_self_draft(kind, target_settings, speculation)
+    if kind == "self-sparse":
+        window = speculation.self_draft_window
+        settings = replace(target_settings, max_context=min(window, target_settings.max_context), max_logits_rows=1)
+        return target.self_draft(settings, kv_dtype=speculation.self_draft_kv_type)
+    num_layers = target.model.config.num_layers
+    num_kept = speculation.self_skip_layers or max(1, num_layers // 2)
+    if not 1 <= num_kept < num_layers:
+        raise UserError(f"--draft self-skip keeps 1 to {num_layers - 1} of the target's {num_layers} layers, "
+                        f"got {num_kept}")
+    return target.self_draft(replace(target_settings, max_logits_rows=1), num_layers=num_kept)

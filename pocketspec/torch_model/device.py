@@ -1,0 +1,46 @@
+"""Which torch device `--device cpu|cuda|cuda:N|rocm` means here, and which GPU build torch is.
+
+ROCm builds of torch report their GPUs as `cuda` devices; torch.version.hip tells them apart.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pocketspec.errors import UserError
+
+
+def gpu_build() -> str:
+    """'rocm <version>', 'cuda <version>' or 'cpu-only'."""
+    if getattr(torch.version, "hip", None):
+        return f"rocm {torch.version.hip}"
+    if torch.version.cuda:
+        return f"cuda {torch.version.cuda}"
+    return "cpu-only"
+
+
+def resolve_device(name: str) -> torch.device:
+    kind, _, index = name.partition(":")
+    if kind == "cpu" and not index:
+        return torch.device("cpu")
+    if kind not in ("cuda", "rocm") or (index and not index.isdigit()):
+        raise UserError(f"--device {name!r}: use cpu, cuda, cuda:N or rocm")
+    if kind == "rocm" and not getattr(torch.version, "hip", None):
+        raise UserError(f"--device rocm: this torch is a {gpu_build()} build; install a ROCm build of torch")
+    if not torch.cuda.is_available():
+        raise UserError(f"--device {name}: torch ({gpu_build()} build) sees no GPU; use --device cpu")
+    ordinal = int(index or 0)
+    if ordinal >= torch.cuda.device_count():
+        raise UserError(f"--device {name}: torch sees {torch.cuda.device_count()} GPU(s), numbered from 0")
+    return torch.device("cuda", ordinal)
+
+
+def torch_report() -> dict:
+    """For `pocketspec doctor`: torch's version, its GPU build and the GPUs it sees."""
+    report = {"version": torch.__version__, "build": gpu_build(), "devices": []}
+    try:
+        if torch.cuda.is_available():
+            report["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except RuntimeError as error:  # a driver mismatch surfaces here, not at import
+        report["error"] = str(error)
+    return report

@@ -1,0 +1,89 @@
+"""A static KV cache: one preallocated buffer per layer, indexed by position.
+
+Buffers are [max_batch, num_kv_heads, max_context, head_dim] in the planned dtype and
+never reallocated: rollback is a move of the backend's position, and a sliding window
+(shift) moves keys and values down in place. Keys are stored after RoPE, so a shift
+re-rotates the moved keys by -count positions (rotations compose). The int8 variant
+keeps one float32 scale per (batch, head, position) for keys and values each.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pocketspec.torch_model.model import apply_rope, rope_angles
+
+KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
+
+
+def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 over head_dim: values [..., head_dim] int8 and scales [..., 1] float32."""
+    x_float = x.to(torch.float32)
+    scales = x_float.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127.0
+    return torch.round(x_float / scales).clamp(-127, 127).to(torch.int8), scales
+
+
+class StaticKVCache:
+    def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, max_context: int,
+                 kv_dtype: str, device: torch.device, max_batch: int = 1):
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"unknown KV dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
+        self.max_context = max_context
+        self.kv_dtype = kv_dtype
+        self.is_int8 = kv_dtype == "int8"
+        shape = (max_batch, num_kv_heads, max_context, head_dim)
+        dtype = KV_DTYPES[kv_dtype]
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.key_scales: list[torch.Tensor] = []
+        self.value_scales: list[torch.Tensor] = []
+        if self.is_int8:
+            scale_shape = shape[:-1] + (1,)
+            self.key_scales = [torch.zeros(scale_shape, device=device) for _ in range(num_layers)]
+            self.value_scales = [torch.zeros(scale_shape, device=device) for _ in range(num_layers)]
+
+    @property
+    def num_bytes(self) -> int:
+        tensors = self.keys + self.values + self.key_scales + self.value_scales
+        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k and v [batch, kv_heads, T, head_dim] at positions start .. start + T - 1."""
+        batch, end = k.shape[0], start + k.shape[2]
+        if self.is_int8:
+            self.keys[layer][:batch, :, start:end], self.key_scales[layer][:batch, :, start:end] = _quantize(k)
+            self.values[layer][:batch, :, start:end], self.value_scales[layer][:batch, :, start:end] = _quantize(v)
+        else:
+            self.keys[layer][:batch, :, start:end] = k
+            self.values[layer][:batch, :, start:end] = v
+
+    def read(self, layer: int, end: int, dtype: torch.dtype, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values at positions 0 .. end - 1, [batch, kv_heads, end, head_dim] in `dtype`."""
+        keys, values = self.keys[layer][:batch, :, :end], self.values[layer][:batch, :, :end]
+        if self.is_int8:
+            keys = (keys.to(torch.float32) * self.key_scales[layer][:batch, :, :end]).to(dtype)
+            values = (values.to(torch.float32) * self.value_scales[layer][:batch, :, :end]).to(dtype)
+        return keys.to(dtype), values.to(dtype)
+
+    def shift(self, start: int, count: int, num_cached: int, inv_freq: torch.Tensor) -> None:
+        """Drop positions start .. start + count - 1 and move the later ones down by `count`.
+
+        The moved keys were rotated for their old positions; rotating them by -count
+        gives exactly the keys of their new positions (up to float rounding).
+        """
+        source, target = slice(start + count, num_cached), slice(start, num_cached - count)
+        num_moved = num_cached - start - count
+        if num_moved <= 0:
+            return
+        device = self.keys[0].device
+        cos, sin = rope_angles(torch.full((num_moved,), -count, device=device), inv_freq)
+        for layer in range(len(self.keys)):
+            if self.is_int8:
+                moved = self.keys[layer][:, :, source].to(torch.float32) * self.key_scales[layer][:, :, source]
+                self.keys[layer][:, :, target], self.key_scales[layer][:, :, target] = _quantize(
+                    apply_rope(moved, cos, sin))
+                self.values[layer][:, :, target] = self.values[layer][:, :, source].clone()
+                self.value_scales[layer][:, :, target] = self.value_scales[layer][:, :, source].clone()
+            else:
+                self.keys[layer][:, :, target] = apply_rope(self.keys[layer][:, :, source], cos, sin)
+                self.values[layer][:, :, target] = self.values[layer][:, :, source].clone()

@@ -1,0 +1,149 @@
+"""A compact llama / qwen2 decoder in PyTorch, in the style of gpt-fast.
+
+Pre-norm RMSNorm, rotary embeddings with the model's base (rotate-half layout, as in
+Hugging Face checkpoints), grouped-query attention through scaled_dot_product_attention,
+a SwiGLU feed-forward, and tied or untied embeddings. qwen2 adds biases on q, k and v.
+The KV cache lives outside the model (kv_cache.py); a forward writes the new keys and
+values at their positions and attends over everything before them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str  # llama | qwen2
+    num_layers: int
+    dim: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    vocab_size: int
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    has_qkv_bias: bool = False
+    is_tied: bool = False  # the output head reuses the token embedding
+
+
+def rope_inv_freq(config: ModelConfig, device: torch.device | None = None) -> torch.Tensor:
+    """Rotation frequencies [head_dim / 2] in float32: base ** (-2i / head_dim)."""
+    exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float32, device=device) / config.head_dim
+    return 1.0 / config.rope_base ** exponents
+
+
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [len(positions), head_dim / 2] in float32; positions may be negative (a shift)."""
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    return torch.cos(angles), torch.sin(angles)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [..., T, head_dim] by the angles [T, head_dim / 2]; halves pair up (rotate-half)."""
+    half = x.shape[-1] // 2
+    x_float = x.to(torch.float32)
+    first, second = x_float[..., :half], x_float[..., half:]
+    rotated = torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+    return rotated.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_float = x.to(torch.float32)
+        normed = x_float * torch.rsqrt(x_float.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        bias = config.has_qkv_bias
+        self.wq = nn.Linear(config.dim, config.num_heads * config.head_dim, bias=bias)
+        self.wk = nn.Linear(config.dim, config.num_kv_heads * config.head_dim, bias=bias)
+        self.wv = nn.Linear(config.dim, config.num_kv_heads * config.head_dim, bias=bias)
+        self.wo = nn.Linear(config.num_heads * config.head_dim, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, layer: int,
+                start: int) -> torch.Tensor:
+        batch, num_tokens, _ = x.shape
+        q = self.wq(x).view(batch, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.write(layer, start, k, v)
+        keys, values = cache.read(layer, start + num_tokens, dtype=q.dtype)  # [batch, kv_heads, end, head_dim]
+        # query i sits at position start + i and sees keys 0 .. start + i (a verify pass of γ + 1 rows)
+        query_positions = torch.arange(start, start + num_tokens, device=x.device)[:, None]
+        key_positions = torch.arange(start + num_tokens, device=x.device)[None, :]
+        mask = key_positions <= query_positions  # [num_tokens, end]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        return self.wo(out.transpose(1, 2).reshape(batch, num_tokens, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.w_gate = nn.Linear(config.dim, config.ffn_dim, bias=False)
+        self.w_up = nn.Linear(config.dim, config.ffn_dim, bias=False)
+        self.w_down = nn.Linear(config.ffn_dim, config.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(config.dim, config.norm_eps)
+        self.attention = Attention(config)
+        self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x, cos, sin, cache, layer: int, start: int) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, start)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.output = None if config.is_tied else nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = self.norm(hidden)
+        if self.output is None:
+            return F.linear(hidden, self.tok_embeddings.weight)
+        return self.output(hidden)
+
+    def forward(self, tokens: torch.Tensor, start: int, cache, logits_rows: torch.Tensor,
+                num_layers: int | None = None) -> torch.Tensor:
+        """tokens [batch, T] at positions start .. start + T - 1; logits [batch, len(logits_rows), vocab].
+
+        num_layers < config.num_layers runs only the first layers before the head (a layer-skip draft).
+        """
+        x = self.tok_embeddings(tokens)
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        cos, sin = rope_angles(positions, self.inv_freq)
+        for layer, block in enumerate(self.layers[:num_layers]):
+            x = block(x, cos, sin, cache, layer, start)
+        if logits_rows.numel() == 0:
+            return x.new_empty((tokens.shape[0], 0, self.config.vocab_size), dtype=torch.float32)
+        return self.head(x[:, logits_rows]).float()

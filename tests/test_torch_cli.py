@@ -1,0 +1,65 @@
+"""`--backend torch` from the command line: generation with each drafter, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from test_cli_errors import assert_one_line_error, run_cli
+from tiny_models import write_tiny_pair
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    return str(write_tiny_pair(tmp_path_factory.mktemp("tiny_cli"), quant=None)[0])
+
+
+def _generate(*args: str):
+    return run_cli("generate", "--prompt", "the cat is", "--max-tokens", "24", "--json", "--threads", "1", *args)
+
+
+def test_self_sparse_from_the_cli_equals_plain(tiny_target):
+    plain = _generate("--target", tiny_target, "--draft", "none", "--backend", "torch")
+    sparse = _generate("--target", tiny_target, "--draft", "self-sparse", "--backend", "torch", "--gamma", "3",
+                       "--self-draft-window", "80", "--self-draft-kv-type", "int8", "--memory-budget", "64MiB")
+    assert plain.returncode == 0 and sparse.returncode == 0, sparse.stderr
+    assert json.loads(sparse.stdout)["tokens"] == json.loads(plain.stdout)["tokens"]
+    assert json.loads(sparse.stdout)["stats"]["num_drafted"] > 0
+    assert "memory plan (torch)" in sparse.stderr and "self-sparse KV" in sparse.stderr
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4", "bf16"])
+def test_weight_formats_generate(tiny_target, weights):
+    result = _generate("--target", tiny_target, "--draft", "ngram", "--backend", "torch", "--weights", weights)
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["tokens"]) == 24
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error shown where torch sees no GPU")
+def test_cuda_without_a_gpu_is_a_user_error(tiny_target):
+    result = _generate("--target", tiny_target, "--backend", "torch", "--device", "cuda:1")
+    assert_one_line_error(result, "--device cuda:1", "sees no GPU")
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--draft", "self-sparse"], ["--draft self-sparse", "--backend torch"]),
+    (["--weights", "int8"], ["--weights", "--backend torch"]),
+    (["--backend", "torch", "--device", "tpu"], ["--device 'tpu'"]),
+    (["--backend", "torch", "--draft", "self-sparse", "--self-draft-window", "40"], ["window 40 is too small"]),
+    (["--backend", "torch", "--memory-budget", "100KiB"], ["cannot hold the torch backend's tensors", "weights"]),
+])
+def test_bad_torch_flags_are_one_line_errors(tiny_target, args, fragments):
+    assert_one_line_error(_generate("--target", tiny_target, *args), *fragments)
+
+
+@pytest.mark.gpu
+def test_cuda_generation_equals_its_own_plain_decoding(tiny_target):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU visible to torch")
+    plain = _generate("--target", tiny_target, "--draft", "none", "--backend", "torch", "--device", "cuda")
+    sparse = _generate("--target", tiny_target, "--draft", "self-sparse", "--backend", "torch", "--device", "cuda",
+                       "--weights", "fp32", "--gamma", "3", "--self-draft-window", "80")
+    assert plain.returncode == 0 and sparse.returncode == 0, sparse.stderr
+    assert len(json.loads(sparse.stdout)["tokens"]) == 24

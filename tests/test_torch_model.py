@@ -1,0 +1,107 @@
+"""The torch model on tiny F32 GGUF models: it computes what llama.cpp computes, and its KV cache
+rolls back and slides exactly like a fresh prefill."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
+from pocketspec.backends.torch_backend import TorchBackend
+from pocketspec.settings import ModelSettings
+from pocketspec.torch_model.gguf_weights import unpermute_qk
+from tiny_models import write_tiny_pair
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TOKENS = [1] + [(17 * index + 5) % 300 + 3 for index in range(95)]
+
+
+@pytest.fixture(scope="module")
+def tiny_f32(tmp_path_factory) -> dict[str, object]:
+    folder = tmp_path_factory.mktemp("tiny_f32")
+    (folder / "one").mkdir()
+    models = {arch: write_tiny_pair(folder, arch=arch, quant=None)[0] for arch in ("llama", "qwen2")}
+    # one layer: its keys and values depend only on token and position, so a slid cache
+    # must equal a fresh prefill of the window (deeper layers saw the dropped tokens)
+    models["one_layer"] = write_tiny_pair(folder / "one", arch="llama", quant=None, num_layers=1)[0]
+    return models
+
+
+def _torch_backend(path, max_context=256, **settings) -> TorchBackend:
+    return TorchBackend.open(path, ModelSettings(backend="torch", max_context=max_context, max_logits_rows=96,
+                                                 **settings))
+
+
+def _all_logits(backend, tokens) -> np.ndarray:
+    backend.rollback(0)
+    return np.array(backend.forward(tokens, range(len(tokens))))
+
+
+def test_unpermute_inverts_llama_cpp_permute():
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((2 * 8, 5))
+    # convert_hf_to_gguf.py's LlamaModel.permute
+    permuted = weight.reshape(2, 2, 4, 5).swapaxes(1, 2).reshape(weight.shape)
+    assert np.array_equal(unpermute_qk(permuted, num_heads=2), weight)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_f32_model_matches_llama_cpp(tiny_f32, arch):
+    """llama permutes Q/K in the GGUF and qwen2 adds biases; both must give llama.cpp's logits."""
+    with _torch_backend(tiny_f32[arch]) as torch_backend:
+        assert torch_backend.model.config.has_qkv_bias == (arch == "qwen2")
+        ours = _all_logits(torch_backend, TOKENS)
+    reference = LlamaCppBackend(tiny_f32[arch], ModelSettings(max_context=256, max_logits_rows=96))
+    try:
+        theirs = _all_logits(reference, TOKENS)
+    finally:
+        reference.close()
+    assert np.array_equal(ours.argmax(-1), theirs.argmax(-1))
+    assert np.abs(ours - theirs).max() < 1e-2 * np.abs(theirs).max()
+
+
+def test_one_token_decoding_matches_a_batched_pass(tiny_f32):
+    with _torch_backend(tiny_f32["llama"]) as backend:
+        batched = _all_logits(backend, TOKENS)
+        backend.rollback(0)
+        singles = np.stack([backend.forward([token], [0])[0] for token in TOKENS])
+    assert np.allclose(batched, singles, atol=1e-4)
+
+
+def test_rollback_then_forward_equals_a_fresh_run(tiny_f32):
+    with _torch_backend(tiny_f32["qwen2"]) as backend:
+        backend.prefill(TOKENS[:60])
+        backend.rollback(30)
+        resumed = backend.forward(TOKENS[30:50], range(20)).copy()
+        fresh = _all_logits(backend, TOKENS[:50])[30:]
+        assert backend.num_cached == 50
+    assert np.allclose(resumed, fresh, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype, tolerance", [("fp32", 1e-5), ("int8", 0.05)])
+def test_shift_out_equals_a_fresh_prefill_of_the_window(tiny_f32, kv_dtype, tolerance):
+    """Dropping 40 tokens after 4 sinks re-rotates the kept keys to their new positions."""
+    with _torch_backend(tiny_f32["one_layer"], torch_kv_type=kv_dtype) as backend:
+        backend.prefill(TOKENS[:80] + [TOKENS[80]])
+        backend.rollback(80)
+        backend.shift_out(4, 40)
+        assert backend.cached_tokens == TOKENS[:4] + TOKENS[44:80]
+        slid = backend.forward(TOKENS[80:84], range(4)).copy()
+        window = TOKENS[:4] + TOKENS[44:84]
+        fresh = _all_logits(backend, window)[-4:]
+    assert np.array_equal(slid.argmax(-1), fresh.argmax(-1))
+    assert np.abs(slid - fresh).max() < tolerance * np.abs(fresh).max()
+
+
+def test_the_kv_cache_is_preallocated_and_never_grows(tiny_f32):
+    with _torch_backend(tiny_f32["llama"], torch_kv_type="bf16") as backend:
+        buffers = [tensor.data_ptr() for tensor in backend.cache.keys + backend.cache.values]
+        assert backend.cache.keys[0].dtype == torch.bfloat16 and backend.cache.keys[0].shape[2] == 256
+        backend.prefill(TOKENS)
+        backend.rollback(10)
+        backend.forward(TOKENS[:8], [7])
+        assert [tensor.data_ptr() for tensor in backend.cache.keys + backend.cache.values] == buffers
+        # 2 layers x (K + V) x 2 KV heads x 256 positions x 16 dims x 2 bytes
+        assert backend.memory_report()["kv_cache"] == 2 * 2 * 2 * 256 * 16 * 2

@@ -1,0 +1,107 @@
+"""Through the torch backend on tiny F32 models: greedy speculative decoding equals plain decoding
+token for token for every drafter, and speculative sampling keeps the target distribution."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from scipy.stats import chi2_contingency
+
+from conftest import built_engine
+from tiny_models import write_tiny_pair
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PROMPT_TEXT = "the cat is def return"
+TORCH = dict(backend="torch", weights="fp32")
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    return write_tiny_pair(tmp_path_factory.mktemp("tiny_torch"), quant=None)
+
+
+def _prompt(engine) -> list[int]:
+    return engine.target.tokenizer.encode(PROMPT_TEXT, add_bos=True)
+
+
+def _plain(target, num_tokens: int, max_context: int = 1024) -> list[int]:
+    with built_engine(target, drafter="none", max_context=max_context, **TORCH) as plain:
+        result = plain.generate(_prompt(plain), num_tokens)
+        assert result.stats.num_drafted == 0
+        return result.tokens
+
+
+@pytest.mark.parametrize("gamma", [1, 4, None])
+def test_draft_model_greedy_equals_plain(tiny_pair, gamma):
+    target, draft = tiny_pair
+    expected = _plain(target, 64)
+    with built_engine(target, draft_path=draft, drafter="model", gamma=gamma, **TORCH) as engine:
+        result = engine.generate(_prompt(engine), 64)
+    assert result.tokens == expected
+    if gamma is not None:  # adaptive γ may find drafting not worth it on a model this small
+        assert result.stats.num_drafted > 0 and 0 < result.stats.num_accepted < result.stats.num_drafted
+
+
+def test_ngram_greedy_equals_plain(tiny_pair):
+    target, _ = tiny_pair
+    expected = _plain(target, 200)
+    with built_engine(target, drafter="ngram", gamma=4, **TORCH) as engine:
+        result = engine.generate(_prompt(engine), 200)
+    assert result.tokens == expected
+    assert result.stats.num_accepted > 0  # a random model falls into loops that n-grams predict
+
+
+@pytest.mark.parametrize("kv_type", ["fp32", "int8"])
+def test_self_sparse_greedy_equals_plain_while_its_window_slides(tiny_pair, kv_type):
+    target, _ = tiny_pair
+    expected = _plain(target, 300, max_context=512)
+    with built_engine(target, drafter="model", gamma=4, max_context=512, self_draft="self-sparse",
+                      self_draft_settings=dict(self_draft_window=96, self_draft_kv_type=kv_type), **TORCH) as engine:
+        result = engine.generate(_prompt(engine), 300)
+        draft_backend = engine.model.backend
+        assert draft_backend.model is engine.target.model  # the same modules: no weight copy
+        assert draft_backend.memory_report()["weights"] == 0
+        assert draft_backend.cache.kv_dtype == kv_type and draft_backend.max_context == 96
+        assert engine.model._num_dropped > 0  # the window slid
+    assert result.tokens == expected
+    assert result.stats.num_accepted > 0
+
+
+def test_self_skip_greedy_equals_plain(tiny_pair):
+    target, _ = tiny_pair
+    expected = _plain(target, 64)
+    with built_engine(target, drafter="model", gamma=3, self_draft="self-skip", **TORCH) as engine:
+        result = engine.generate(_prompt(engine), 64)
+        assert engine.model.backend.num_layers == 1 and engine.target.num_layers == 2
+    assert result.tokens == expected
+    assert result.stats.num_drafted > 0
+
+
+def _token_counts(engine, position: int, num_runs: int) -> Counter:
+    prompt = _prompt(engine)
+    counts = Counter()
+    for seed in range(num_runs):
+        engine.reseed(seed)
+        tokens = engine.generate(prompt, position + 4).tokens
+        counts[tokens[position] if len(tokens) > position else -1] += 1
+    return counts
+
+
+@pytest.mark.parametrize("self_draft", [None, "self-sparse"])
+def test_speculative_sampling_keeps_the_target_distribution(tiny_pair, self_draft):
+    """Two-sample chi-square at the third generated token: with a draft vs without, temperature 1."""
+    target, draft = tiny_pair
+    num_runs, position = 1200, 2
+    with built_engine(target, drafter="none", temperature=1.0, **TORCH) as plain:
+        plain_counts = _token_counts(plain, position, num_runs)
+    with built_engine(target, draft_path=None if self_draft else draft, drafter="model", gamma=3, temperature=1.0,
+                      self_draft=self_draft, **TORCH) as engine:
+        spec_counts = _token_counts(engine, position, num_runs)
+        assert engine.controller.acceptance["model"].num_tried > 0
+    common = [token for token in plain_counts if plain_counts[token] + spec_counts[token] >= 20]
+    table = [[plain_counts[token] for token in common] + [num_runs - sum(plain_counts[t] for t in common)],
+             [spec_counts[token] for token in common] + [num_runs - sum(spec_counts[t] for t in common)]]
+    assert len(common) >= 3
+    assert chi2_contingency(table).pvalue > 1e-3
