@@ -96,3 +96,26 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(num_threads)
+
+
+def sampled_token_counts(engine, prompt: list[int], position: int, num_runs: int):
+    """How often each token is generated at `position`, over num_runs seeds (-1: generation ended first)."""
+    from collections import Counter
+
+    counts = Counter()
+    for seed in range(num_runs):
+        engine.reseed(seed)
+        tokens = engine.generate(prompt, position + 4).tokens  # room for a γ = 3 draft after the first token
+        counts[tokens[position] if len(tokens) > position else -1] += 1
+    return counts
+
+
+def same_distribution_pvalue(plain_counts, spec_counts, num_runs: int) -> float:
+    """Two-sample chi-square over tokens seen 20+ times, the rest pooled; asserts there are 3+ such tokens."""
+    from scipy.stats import chi2_contingency
+
+    common = [token for token in plain_counts if plain_counts[token] + spec_counts[token] >= 20]
+    table = [[plain_counts[token] for token in common] + [num_runs - sum(plain_counts[t] for t in common)],
+             [spec_counts[token] for token in common] + [num_runs - sum(spec_counts[t] for t in common)]]
+    assert len(common) >= 3
+    return chi2_contingency(table).pvalue
