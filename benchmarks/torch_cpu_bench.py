@@ -4,13 +4,14 @@
 
 Per context, one worker process loads SmolLM2-135M (fp32 weights and KV), prefills a
 Spec-Bench summarization prompt of about that many tokens once, then decodes the same
-continuation three ways, reusing the prefilled KV cache: plain, n-gram (γ fixed) and
-self-sparse (the target drafting for itself over 4 sinks + a recent window, γ fixed).
+continuation several ways, reusing the prefilled KV cache: plain, n-gram (γ fixed),
+self-sparse (the target drafting for itself over 4 sinks + a recent window) and
+self-skip (its first layers plus the head), γ fixed.
 It records decode tok/s, acceptance, whether the tokens equal plain decoding, the mean
 time of one draft forward (flat across contexts if the sparse window works) next to one
 target forward, the bytes each part allocates and the process's peak RSS. Run it with --threads 1 on a
 shared CPU: a second intra-op thread spinning against other processes made one forward 4x slower.
-Results: benchmarks/results/torch_cpu_bench.{json,md}.
+Results: benchmarks/results/torch_cpu_bench.{json,md} (or --name).
 """
 
 from __future__ import annotations
@@ -78,10 +79,11 @@ def worker(config: dict) -> dict:
     num_prefilled = target.num_cached
     rows = []
     plain_tokens = None
-    speculation = SpeculationSettings(self_draft_window=config["window"], self_draft_kv_type=config["draft_kv"])
-    for mode in ("plain", "ngram", "self-sparse"):
+    speculation = SpeculationSettings(self_draft_window=config["window"], self_draft_kv_type=config["draft_kv"],
+                                      self_skip_layers=config["skip_layers"])
+    for mode in config["modes"]:
         target.rollback(num_prefilled)
-        draft = open_self_draft(target, "self-sparse", settings, speculation) if mode == "self-sparse" else None
+        draft = open_self_draft(target, mode, settings, speculation) if mode.startswith("self-") else None
         engine_speculation = SpeculationSettings(drafter={"plain": "none", "ngram": "ngram"}.get(mode, "model"),
                                                  gamma=None if mode == "plain" else config["gamma"])
         engine = SpeculativeEngine(target, draft_backend=draft, speculation=engine_speculation)
@@ -107,8 +109,9 @@ def worker(config: dict) -> dict:
 def _markdown(results: dict) -> str:
     lines = [f"# Torch backend on CPU: {MODEL}, fp32", "",
              f"{results['machine']}; torch {results['torch']}; {results['max_tokens']} new tokens per run, "
-             f"γ = {results['gamma']} for n-gram and self-sparse (window {results['window']}, draft KV "
-             f"{results['draft_kv']}). Peak RSS is the worker's, cumulative over its three runs.", "",
+             f"γ = {results['gamma']} for the drafters; self-sparse window {results['window']}, draft KV "
+             f"{results['draft_kv']}; self-skip keeps {results.get('skip_layers', '-')} of 30 layers. "
+             "Peak RSS is the worker's, cumulative over its runs.", "",
              "| context | mode | tok/s | acceptance | accepted/step | = plain | target fwd ms | draft fwd ms "
              "| weights MiB | target KV MiB | draft KV MiB | peak RSS MiB |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -131,6 +134,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--draft-kv", default="auto")
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--modes", nargs="+", default=["plain", "ngram", "self-sparse", "self-skip"])
+    parser.add_argument("--skip-layers", type=int, default=20, help="self-skip: layers the draft keeps (of 30)")
+    parser.add_argument("--name", default="torch_cpu_bench", help="results file stem under benchmarks/results")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -140,17 +146,18 @@ def main() -> None:
 
     results = {"machine": f"{platform.machine()} CPU, {len(__import__('os').sched_getaffinity(0))} cores",
                "torch": torch.__version__, "max_tokens": args.max_tokens, "gamma": args.gamma,
-               "window": args.window, "draft_kv": args.draft_kv, "rows": []}
+               "window": args.window, "draft_kv": args.draft_kv, "skip_layers": args.skip_layers, "rows": []}
     for context in args.contexts:
         config = {"context": context, "max_tokens": args.max_tokens, "gamma": args.gamma, "window": args.window,
-                  "draft_kv": args.draft_kv, "threads": args.threads}
+                  "draft_kv": args.draft_kv, "threads": args.threads, "modes": args.modes,
+                  "skip_layers": args.skip_layers}
         output = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)], check=True,
                                 capture_output=True, text=True).stdout
         results["rows"] += json.loads(output.splitlines()[-1])["rows"]
         print(_markdown(results).splitlines()[-1], flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "torch_cpu_bench.json").write_text(json.dumps(results, indent=1))
-    (RESULTS / "torch_cpu_bench.md").write_text(_markdown(results))
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=1))
+    (RESULTS / f"{args.name}.md").write_text(_markdown(results))
     print(_markdown(results))
 
 

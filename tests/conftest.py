@@ -35,13 +35,14 @@ def qwen_draft_path() -> Path:
 @contextlib.contextmanager
 def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, temperature=0.0, seed=0,
                  max_context=1024, top_k=0, top_p=1.0, max_gamma=8, draft_max_context=None, exact_verify=False,
-                 backend="llama.cpp", weights="auto", self_draft=None, self_draft_settings=None):
+                 backend="llama.cpp", weights="auto", device="cpu", self_draft=None, self_draft_settings=None):
     """self_draft: `self-sparse` or `self-skip` (torch); self_draft_settings: SpeculationSettings fields for it."""
     from pocketspec.loader import ModelChoice, close_engine, draft_settings_for, load_engine
     from pocketspec.settings import ModelSettings, SamplingSettings, SpeculationSettings
 
     max_width = (gamma if gamma is not None else max_gamma) + 1
-    target_settings = ModelSettings(max_context=max_context, max_logits_rows=max_width, backend=backend, weights=weights)
+    target_settings = ModelSettings(max_context=max_context, max_logits_rows=max_width, backend=backend, weights=weights,
+                                    device=device)
     choice = ModelChoice(Path(target_path), Path(draft_path) if draft_path else None,
                          self_draft or ("auto" if draft_path else ("none" if drafter == "none" else "ngram")))
     engine = load_engine(
@@ -96,3 +97,26 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(num_threads)
+
+
+def sampled_token_counts(engine, prompt: list[int], position: int, num_runs: int):
+    """How often each token is generated at `position`, over num_runs seeds (-1: generation ended first)."""
+    from collections import Counter
+
+    counts = Counter()
+    for seed in range(num_runs):
+        engine.reseed(seed)
+        tokens = engine.generate(prompt, position + 4).tokens  # room for a γ = 3 draft after the first token
+        counts[tokens[position] if len(tokens) > position else -1] += 1
+    return counts
+
+
+def same_distribution_pvalue(plain_counts, spec_counts, num_runs: int) -> float:
+    """Two-sample chi-square over tokens seen 20+ times, the rest pooled; asserts there are 3+ such tokens."""
+    from scipy.stats import chi2_contingency
+
+    common = [token for token in plain_counts if plain_counts[token] + spec_counts[token] >= 20]
+    table = [[plain_counts[token] for token in common] + [num_runs - sum(plain_counts[t] for t in common)],
+             [spec_counts[token] for token in common] + [num_runs - sum(spec_counts[t] for t in common)]]
+    assert len(common) >= 3
+    return chi2_contingency(table).pvalue

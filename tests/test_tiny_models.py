@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
-from scipy.stats import chi2_contingency
 
-from conftest import assert_matches_plain, built_engine
+from conftest import assert_matches_plain, built_engine, same_distribution_pvalue, sampled_token_counts
 from tiny_models import write_tiny_pair
 
 PROMPT_TEXT = "the cat is def return"
@@ -51,28 +48,14 @@ def test_draft_with_a_sliding_window_shorter_than_the_context(tiny_pair):
     assert result.stats.steps_by_drafter.get("model", 0) >= result.stats.num_steps - 1
 
 
-def _token_counts(engine, position: int, num_runs: int) -> Counter:
-    prompt = _prompt(engine)
-    counts = Counter()
-    for seed in range(num_runs):
-        engine.reseed(seed)
-        tokens = engine.generate(prompt, position + 4).tokens  # room for a γ = 3 draft after the first token
-        counts[tokens[position] if len(tokens) > position else -1] += 1
-    return counts
-
-
 @pytest.mark.parametrize("position", [1, 2])
 def test_speculative_sampling_keeps_the_target_distribution_end_to_end(tiny_pair, position):
     """Two-sample chi-square: tokens sampled with a draft model vs without, same temperature."""
     target, draft = tiny_pair
     num_runs = 1500
     with built_engine(target, drafter="none", temperature=1.0) as plain:
-        plain_counts = _token_counts(plain, position, num_runs)
+        plain_counts = sampled_token_counts(plain, _prompt(plain), position, num_runs)
     with built_engine(target, draft_path=draft, drafter="model", gamma=3, temperature=1.0) as engine:
-        spec_counts = _token_counts(engine, position, num_runs)
+        spec_counts = sampled_token_counts(engine, _prompt(engine), position, num_runs)
         assert engine.controller.acceptance["model"].num_tried > 0
-    common = [token for token in plain_counts if plain_counts[token] + spec_counts[token] >= 20]
-    table = [[plain_counts[token] for token in common] + [num_runs - sum(plain_counts[t] for t in common)],
-             [spec_counts[token] for token in common] + [num_runs - sum(spec_counts[t] for t in common)]]
-    assert len(common) >= 3
-    assert chi2_contingency(table).pvalue > 1e-3
+    assert same_distribution_pvalue(plain_counts, spec_counts, num_runs) > 1e-3

@@ -3,12 +3,9 @@ token for token for every drafter, and speculative sampling keeps the target dis
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
-from scipy.stats import chi2_contingency
 
-from conftest import built_engine
+from conftest import built_engine, same_distribution_pvalue, sampled_token_counts
 from tiny_models import write_tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -79,29 +76,15 @@ def test_self_skip_greedy_equals_plain(tiny_pair):
     assert result.stats.num_drafted > 0
 
 
-def _token_counts(engine, position: int, num_runs: int) -> Counter:
-    prompt = _prompt(engine)
-    counts = Counter()
-    for seed in range(num_runs):
-        engine.reseed(seed)
-        tokens = engine.generate(prompt, position + 4).tokens
-        counts[tokens[position] if len(tokens) > position else -1] += 1
-    return counts
-
-
 @pytest.mark.parametrize("self_draft", [None, "self-sparse"])
 def test_speculative_sampling_keeps_the_target_distribution(tiny_pair, self_draft):
     """Two-sample chi-square at the third generated token: with a draft vs without, temperature 1."""
     target, draft = tiny_pair
     num_runs, position = 1200, 2
     with built_engine(target, drafter="none", temperature=1.0, **TORCH) as plain:
-        plain_counts = _token_counts(plain, position, num_runs)
+        plain_counts = sampled_token_counts(plain, _prompt(plain), position, num_runs)
     with built_engine(target, draft_path=None if self_draft else draft, drafter="model", gamma=3, temperature=1.0,
                       self_draft=self_draft, **TORCH) as engine:
-        spec_counts = _token_counts(engine, position, num_runs)
+        spec_counts = sampled_token_counts(engine, _prompt(engine), position, num_runs)
         assert engine.controller.acceptance["model"].num_tried > 0
-    common = [token for token in plain_counts if plain_counts[token] + spec_counts[token] >= 20]
-    table = [[plain_counts[token] for token in common] + [num_runs - sum(plain_counts[t] for t in common)],
-             [spec_counts[token] for token in common] + [num_runs - sum(spec_counts[t] for t in common)]]
-    assert len(common) >= 3
-    assert chi2_contingency(table).pvalue > 1e-3
+    assert same_distribution_pvalue(plain_counts, spec_counts, num_runs) > 1e-3

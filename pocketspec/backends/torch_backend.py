@@ -19,7 +19,7 @@ from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
 from pocketspec.torch_model.device import resolve_device
 from pocketspec.torch_model.kv_cache import KV_DTYPES, StaticKVCache
-from pocketspec.torch_model.load import compute_dtype, load_model
+from pocketspec.torch_model.load import load_model
 from pocketspec.torch_model.model import Transformer
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}

@@ -1,0 +1,46 @@
+"""The torch backend on a CUDA/ROCm GPU (skipped, and counted, where torch sees none)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import built_engine
+from pocketspec.backends.torch_backend import TorchBackend
+from pocketspec.settings import ModelSettings
+from tiny_models import write_tiny_pair
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA/ROCm GPU")]
+TOKENS = [1] + [(13 * index + 7) % 300 + 3 for index in range(40)]
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    return write_tiny_pair(tmp_path_factory.mktemp("tiny_gpu"), quant=None)[0]
+
+
+def _logits(path, device: str, weights: str) -> np.ndarray:
+    settings = ModelSettings(backend="torch", device=device, weights=weights, max_context=128, max_logits_rows=64)
+    with TorchBackend.open(path, settings) as backend:
+        assert backend.cache.keys[0].device.type == ("cuda" if device != "cpu" else "cpu")
+        return np.array(backend.forward(TOKENS, range(len(TOKENS))))
+
+
+@pytest.mark.parametrize("weights, tolerance", [("fp32", 1e-3), ("bf16", 0.1), ("int8", 0.1), ("int4", 0.5)])
+def test_gpu_logits_match_the_cpu(tiny_target, weights, tolerance):
+    expected = _logits(tiny_target, "cpu", "fp32")
+    got = _logits(tiny_target, "cuda", weights)
+    assert np.abs(got - expected).max() < tolerance * np.abs(expected).max()
+
+
+def test_self_sparse_on_gpu_equals_plain_in_fp32(tiny_target):
+    settings = dict(backend="torch", weights="fp32", device="cuda")
+    with built_engine(tiny_target, drafter="none", max_context=512, **settings) as plain:
+        expected = plain.generate(plain.target.tokenizer.encode("the cat is", add_bos=True), 200).tokens
+    with built_engine(tiny_target, drafter="model", gamma=4, max_context=512, self_draft="self-sparse",
+                      self_draft_settings=dict(self_draft_window=96), **settings) as engine:
+        result = engine.generate(engine.target.tokenizer.encode("the cat is", add_bos=True), 200)
+        assert engine.target.device.type == "cuda" and engine.model._num_dropped > 0
+    assert result.tokens == expected
