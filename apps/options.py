@@ -23,7 +23,9 @@ def model_choice_options(function):
 
 
 def sampling_options(function):
-    function = click.option("--seed", type=int, default=SAMPLING.seed, show_default=True)(function)
+    function = click.option("--seed", type=int, default=SAMPLING.seed, show_default=True,
+                            help="Sampling seed. A fixed --gamma makes a seeded run repeatable; with --gamma auto "
+                                 "the draft lengths follow measured timings, and so do the random draws.")(function)
     function = click.option("--top-k", type=click.IntRange(min=0), default=SAMPLING.top_k, show_default=True, help="0 keeps all tokens.")(function)
     function = click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=SAMPLING.top_p, show_default=True)(function)
     function = click.option("--temperature", type=click.FloatRange(min=0.0), default=SAMPLING.temperature, show_default=True, help="0 is greedy.")(function)

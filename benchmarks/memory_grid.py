@@ -6,7 +6,7 @@ Each configuration runs in a fresh worker process. The worker records its RSS
 before any model loads, plans with memplanner for the budget, loads exactly what
 the plan says, prefills a prompt that fills the context (the plan's worst case),
 generates, and reports its peak RSS above that baseline (taken, as the CLI takes it,
-with the CLI's Python modules loaded) (ru_maxrss, and psutil
+with the CLI's Python modules loaded) (VmHWM, and psutil
 sampled every 5 ms). Results: benchmarks/results/memory_grid.{json,md}.
 """
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import threading
@@ -47,6 +46,7 @@ def worker(config: dict) -> dict:
     from apps.budget import apply_plan
     from pocketspec.loader import choose_models, close_engine, draft_settings_for, load_engine
     from pocketspec.settings import ModelSettings, SpeculationSettings
+    from pocketspec.stats import peak_rss_bytes
 
     choice = choose_models(target=config["target"], draft=config["draft"], pair=None)
     applied = apply_plan(choice, config["budget"], ModelSettings(max_context=config["context"]), SpeculationSettings(),
@@ -69,7 +69,7 @@ def worker(config: dict) -> dict:
     settings = applied.plan.settings
     return {
         "predicted_peak_bytes": applied.plan.predicted_peak_bytes,
-        "measured_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline,
+        "measured_peak_bytes": peak_rss_bytes() - baseline,
         "sampled_peak_bytes": sampled_peak[0] - baseline,
         "budget_bytes": applied.budget_bytes,
         "terms": applied.plan.terms,
@@ -156,7 +156,7 @@ def main() -> None:
     worst = max((abs(r["error_fraction"]) for r in measured), default=float("nan"))
     notes = [f"{len(measured)} of {len(records)} configurations ran; worst |predicted - measured| = {worst:.1%} of measured",
              f"runs over budget: {sum(not r['within_budget'] for r in measured)}",
-             "measured = peak RSS (ru_maxrss) above the worker's RSS before any model loaded; "
+             "measured = peak RSS (VmHWM) above the worker's RSS before any model loaded; "
              f"{NEW_TOKENS} new tokens after a prompt that fills the rest of the context"]
     columns = ["target", "draft", "context", "budget", "drafter", "γ", "KV", "draft window", "n_ubatch",
                "predicted", "measured", "error", "in budget", "decode tok/s"]

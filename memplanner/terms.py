@@ -17,8 +17,8 @@ LLAMA_KV_TYPES = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
 TORCH_KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "int8": 1}
 # Python objects of a generation beside llama.cpp's buffers: token lists, numpy copies of the
 # logits rows, glibc arenas of the decode threads. The memory grid of 2026-11-22 measured up to
-# 3.3 MiB above every other term (SmolLM2, plain decoding of 4096 tokens): an estimate.
-GENERATION_WORKING_SET_BYTES = 4 * 1024 * 1024
+# 4.9 MiB above every other term (qwen2.5-coder-1.5b, weights not repacked): an estimate.
+GENERATION_WORKING_SET_BYTES = 6 * 1024 * 1024
 NGRAM_INDEX_BYTES_PER_TOKEN = 600  # estimate: ~3 Python dict entries (n = 2..4) per context token
 
 

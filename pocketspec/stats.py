@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import resource
+import sys
 from dataclasses import dataclass, field
 
 
 def peak_rss_bytes() -> int:
-    """Highest resident set size of this process so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """Highest resident set size of this process's own address space so far.
+
+    Linux's ru_maxrss survives execve: a process spawned by a large parent (pytest after
+    importing torch, an IDE) starts with the parent's high-water mark. VmHWM belongs to
+    the new address space, so it is read first; ru_maxrss is the fallback elsewhere
+    (KiB on Linux, bytes on macOS).
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max_rss if sys.platform == "darwin" else max_rss * 1024
 
 
 @dataclass
