@@ -25,7 +25,13 @@ class Session:
     notes: list[str] = field(default_factory=list)
 
     def peak_memory_bytes(self) -> int:
-        """Peak resident memory above the process's baseline before any model loaded."""
+        """The allocator's peak on a GPU (torch backend); on a CPU, peak resident memory above the
+        process's baseline before any model loaded."""
+        device = getattr(self.engine.target, "device", None)
+        if getattr(device, "type", "cpu") == "cuda":
+            import torch
+
+            return int(torch.cuda.max_memory_allocated(device))
         return max(0, peak_rss_bytes() - self.baseline_rss_bytes)
 
     def memory_in_use_bytes(self) -> int:
@@ -66,7 +72,7 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
         from apps.torch_budget import check_torch_budget
 
         budget_bytes = parse_budget(memory_budget)
-        notes = check_torch_budget(choice, budget_bytes, target_settings, speculation)
+        notes, target_settings = check_torch_budget(choice, budget_bytes, target_settings, speculation)
         if announce:
             for note in notes:
                 click.echo(note, err=True)

@@ -1,14 +1,19 @@
-"""`--memory-budget` with `--backend torch`: the planner's exact tensor bytes checked against the budget.
+"""`--memory-budget` with `--backend torch`: the predicted peak checked against the budget.
 
 The torch backend allocates its weights and static KV caches once, at load, so their
-sum is known exactly before loading (memplanner/torch_sizes.py). What the budget cannot
-hold is refused with that breakdown; the Python and torch runtime itself is not counted.
+sum is known exactly before loading (memplanner/torch_sizes.py); memplanner/torch_peak.py
+adds the torch library, the tokenizer, activations and the loading moment. When the peak does not
+fit, the prompt is processed in smaller chunks (n_batch) first; what still does not fit
+is refused with the breakdown.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
+from memplanner.torch_peak import torch_peak_terms
 from memplanner.torch_sizes import gguf_layout, torch_memory_terms
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
@@ -26,30 +31,48 @@ def _kv_dtype(kv_dtype: str, weights: str, on_gpu: bool) -> str:
     return _compute_dtype(weights, on_gpu) if kv_dtype == "auto" else kv_dtype
 
 
-def check_torch_budget(choice: ModelChoice, budget_bytes: int, target_settings: ModelSettings,
-                       speculation: SpeculationSettings) -> list[str]:
-    """Notes describing the plan; raises UserError when the tensors alone exceed the budget."""
-    if choice.drafter not in ("self-sparse", "self-skip", "ngram", "none"):
-        raise UserError("--memory-budget with --backend torch plans self-drafts, n-grams or plain decoding; "
-                        "use --draft self-sparse, self-skip, ngram or none")
+N_BATCH_CHOICES = (512, 256, 128, 64)
+
+
+def torch_peak(choice: ModelChoice, target_settings: ModelSettings, speculation: SpeculationSettings) -> dict[str, int]:
+    """Every term of the torch backend's predicted peak for these settings (CPU: RSS; GPU: allocator)."""
     on_gpu = target_settings.device != "cpu"
     weights = _compute_dtype(target_settings.weights, on_gpu) if target_settings.weights == "auto" else target_settings.weights
     kv_dtype = _kv_dtype(target_settings.torch_kv_type, weights, on_gpu)
+    draft_kv_dtype = _kv_dtype(speculation.self_draft_kv_type, weights, on_gpu)
     shape = shape_from_gguf(choice.target_path)
     is_tied, has_qkv_bias = gguf_layout(choice.target_path)
     self_draft = choice.drafter if choice.drafter.startswith("self-") else None
-    terms = torch_memory_terms(
+    tensors = torch_memory_terms(
         shape, weights_format=weights, kv_dtype=kv_dtype, max_context=target_settings.max_context, is_tied=is_tied,
-        has_qkv_bias=has_qkv_bias, on_gpu=on_gpu, self_draft=self_draft,
-        draft_kv_dtype=_kv_dtype(speculation.self_draft_kv_type, weights, on_gpu),
+        has_qkv_bias=has_qkv_bias, on_gpu=on_gpu, self_draft=self_draft, draft_kv_dtype=draft_kv_dtype,
         draft_window=speculation.self_draft_window,
         draft_layers=speculation.self_skip_layers or max(1, shape.num_layers // 2))
-    total = sum(terms.values())
-    parts = ", ".join(f"{name} {format_bytes(size)}" for name, size in terms.items())
-    if total > budget_bytes:
-        raise UserError(f"--memory-budget {format_bytes(budget_bytes)} cannot hold the torch backend's tensors "
-                        f"({parts}: {format_bytes(total)}); try --weights int8 or int4, a smaller --max-context, "
-                        "or --torch-kv-type int8")
-    return [f"memory plan (torch): {parts} = {format_bytes(total)} of {format_bytes(budget_bytes)}, "
-            "plus the Python/torch runtime"]
+    return torch_peak_terms(shape, tensors, weights_format=weights, max_context=target_settings.max_context,
+                            n_batch=target_settings.n_batch, max_logits_rows=target_settings.max_logits_rows,
+                            kv_is_int8="int8" in (kv_dtype, draft_kv_dtype if self_draft else kv_dtype), on_gpu=on_gpu,
+                            is_tied=is_tied)
 
+
+def check_torch_budget(choice: ModelChoice, budget_bytes: int, target_settings: ModelSettings,
+                       speculation: SpeculationSettings) -> tuple[list[str], ModelSettings]:
+    """Notes describing the plan and the settings sized to it; UserError when nothing fits."""
+    if choice.drafter not in ("self-sparse", "self-skip", "ngram", "none"):
+        raise UserError("--memory-budget with --backend torch plans self-drafts, n-grams or plain decoding; "
+                        "use --draft self-sparse, self-skip, ngram or none")
+    notes = []
+    for n_batch in [target_settings.n_batch] + [n for n in N_BATCH_CHOICES if n < target_settings.n_batch]:
+        sized = replace(target_settings, n_batch=n_batch, n_ubatch=min(n_batch, target_settings.n_ubatch))
+        peak_terms = torch_peak(choice, sized, speculation)
+        total = sum(peak_terms.values())
+        parts = ", ".join(f"{name} {format_bytes(size)}" for name, size in peak_terms.items())
+        if total <= budget_bytes:
+            if n_batch != target_settings.n_batch:
+                notes.append(f"memory plan (torch): prompt chunks n_batch {target_settings.n_batch} -> {n_batch}: "
+                             "smaller activations, slower prompt processing")
+            notes.insert(0, f"memory plan (torch): predicted peak {format_bytes(total)} of "
+                            f"{format_bytes(budget_bytes)} ({parts})")
+            return notes, sized
+    raise UserError(f"--memory-budget {format_bytes(budget_bytes)} is below the torch backend's predicted peak "
+                    f"{format_bytes(total)} ({parts}); try --weights int8 or int4, a smaller --max-context, "
+                    "or --torch-kv-type int8")

@@ -33,6 +33,7 @@ class TensorInfo:
     dims: tuple[int, ...]
     type_name: str
     num_bytes: int  # elements * type_size / block_size, as GGUFReader's n_bytes
+    data_offset: int = 0  # where its data starts in the file
 
 
 @dataclass(frozen=True)
@@ -126,9 +127,10 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
             for dim in dims:
                 num_elements *= dim
             num_bytes = num_elements * type_size // block_size
-            tensors.append(TensorInfo(name, dims, quant_type.name, num_bytes))
+            tensors.append(TensorInfo(name, dims, quant_type.name, num_bytes, data_offset))
             data_ends.append(data_offset + num_bytes)
         alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
         data_start = -(-cursor.offset // alignment) * alignment
+        tensors = [TensorInfo(t.name, t.dims, t.type_name, t.num_bytes, data_start + t.data_offset) for t in tensors]
         return GGUFHeader(path, metadata, array_lengths, array_spans, tuple(tensors), len(buffer),
                           data_start + max(data_ends))

@@ -105,3 +105,18 @@ def test_the_kv_cache_is_preallocated_and_never_grows(tiny_f32):
         assert [tensor.data_ptr() for tensor in backend.cache.keys + backend.cache.values] == buffers
         # 2 layers x (K + V) x 2 KV heads x 256 positions x 16 dims x 2 bytes
         assert backend.memory_report()["kv_cache"] == 2 * 2 * 2 * 256 * 16 * 2
+
+
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8", "int4"])
+def test_loading_in_row_chunks_equals_loading_whole_tensors(tmp_path, monkeypatch, weights):
+    from pocketspec.torch_model import gguf_weights
+    from pocketspec.torch_model.load import load_model
+
+    path = write_tiny_pair(tmp_path, seed=3)[0]  # quantized: each chunk dequantizes its own blocks
+    whole = load_model(path, weights, torch.device("cpu"))
+    monkeypatch.setattr(gguf_weights, "DEQUANTIZE_CHUNK_BYTES", 4 * 64 * 3)  # three rows of 64 at a time
+    chunked = load_model(path, weights, torch.device("cpu"))
+    expected, got = whole.state_dict(), chunked.state_dict()
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), name

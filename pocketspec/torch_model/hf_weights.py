@@ -44,7 +44,7 @@ def module_name(hf_name: str) -> str | None:
 
 
 class HFWeights:
-    """An HF model directory: `config` and `tensors()`, which yields (module name, tensor)."""
+    """An HF model directory: `config` and `tensors()`, which yields each tensor as one chunk."""
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
@@ -80,7 +80,9 @@ class HFWeights:
             is_tied=bool(config.get("tie_word_embeddings", False)),
         )
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self) -> Iterator[tuple[str, tuple[int, ...], Iterator[tuple[int, torch.Tensor]]]]:
+        """(module name, shape, row chunks) as GGUFWeights gives them; a safetensors tensor is one
+        chunk, kept in its stored dtype."""
         from safetensors import safe_open
 
         for file in self.files:
@@ -89,7 +91,8 @@ class HFWeights:
                     name = module_name(hf_name)
                     if name is None or (name == "output.weight" and self.config.is_tied):
                         continue
-                    yield name, reader.get_tensor(hf_name)
+                    tensor = reader.get_tensor(hf_name)
+                    yield name, tuple(tensor.shape), iter([(0, tensor)])
 
     def close(self) -> None:
         pass

@@ -121,11 +121,16 @@ class Transformer(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+        # an explicit weight skips nn.init.normal_, which on the meta device imports torch._dynamo
+        # and sympy: 77 MiB of RSS for nothing (torch 2.13.0)
+        self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim,
+                                           _weight=torch.empty(config.vocab_size, config.dim))
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.output = None if config.is_tied else nn.Linear(config.dim, config.vocab_size, bias=False)
-        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+        # computed on the CPU even when built on meta (meta arange imports sympy); the loader
+        # recomputes it on the model's device
+        self.register_buffer("inv_freq", rope_inv_freq(config, torch.device("cpu")), persistent=False)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.norm(hidden)

@@ -26,11 +26,23 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", torch.empty(out_features, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
 
+    def materialize(self, device: torch.device) -> None:
+        """Allocate the buffers on `device` (they were built on meta), to be filled by load_rows."""
+        self.weight = torch.empty(self.weight.shape, dtype=torch.int8, device=device)
+        self.scales = torch.empty(self.scales.shape, dtype=self.scales.dtype, device=device)
+
+    def load_rows(self, start: int, rows: torch.Tensor) -> None:
+        """Quantize float output rows [n, in] into rows start .. start + n - 1 (one scale per row)."""
+        rows = rows.to(torch.float32)
+        scales = rows.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+        end = start + rows.shape[0]
+        self.weight[start:end] = torch.round(rows / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        self.scales[start:end] = scales.to(self.scales.dtype)
+
     def load(self, weight: torch.Tensor) -> None:
-        """Quantize a float weight [out, in] into this module's (preallocated) buffers."""
-        scales = weight.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-        self.weight = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
-        self.scales = scales.to(self.scales.dtype)
+        """Quantize a whole float weight [out, in]."""
+        self.materialize(weight.device)
+        self.load_rows(0, weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.linear(x, self.weight.to(x.dtype)) * self.scales
@@ -51,15 +63,28 @@ class Int4Linear(nn.Module):
         self.register_buffer("offsets", torch.empty(out_features, num_groups, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
 
-    def load(self, weight: torch.Tensor) -> None:
-        out_features, in_features = weight.shape
-        groups = weight.to(torch.float32).view(out_features, -1, self.group_size)  # [out, num_groups, group]
+    def materialize(self, device: torch.device) -> None:
+        """Allocate the buffers on `device` (they were built on meta), to be filled by load_rows."""
+        self.weight = torch.empty(self.weight.shape, dtype=torch.uint8, device=device)
+        self.scales = torch.empty(self.scales.shape, dtype=self.scales.dtype, device=device)
+        self.offsets = torch.empty(self.offsets.shape, dtype=self.offsets.dtype, device=device)
+
+    def load_rows(self, start: int, rows: torch.Tensor) -> None:
+        """Quantize float output rows [n, in] into rows start .. start + n - 1 (groups lie within a row)."""
+        num_rows, in_features = rows.shape
+        groups = rows.to(torch.float32).view(num_rows, -1, self.group_size)  # [n, num_groups, group]
         low, high = groups.amin(dim=-1), groups.amax(dim=-1)
         scales = ((high - low) / 15.0).clamp(min=1e-8)
         codes = torch.round((groups - low[..., None]) / scales[..., None]).clamp(0, 15).to(torch.uint8)
-        codes = codes.view(out_features, in_features // 2, 2)
-        self.weight = codes[..., 0] | (codes[..., 1] << 4)
-        self.scales, self.offsets = scales.to(self.scales.dtype), low.to(self.offsets.dtype)
+        codes = codes.view(num_rows, in_features // 2, 2)
+        end = start + num_rows
+        self.weight[start:end] = codes[..., 0] | (codes[..., 1] << 4)
+        self.scales[start:end], self.offsets[start:end] = scales.to(self.scales.dtype), low.to(self.offsets.dtype)
+
+    def load(self, weight: torch.Tensor) -> None:
+        """Quantize a whole float weight [out, in]."""
+        self.materialize(weight.device)
+        self.load_rows(0, weight)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         codes = torch.stack([self.weight & 0xF, self.weight >> 4], dim=-1).view(self.weight.shape[0], -1, self.group_size)

@@ -1,0 +1,128 @@
+"""The torch backend's memory plan against real runs, on a CPU (peak RSS) or a GPU (allocator peak).
+
+    .venv/bin/python benchmarks/memory_grid_torch.py --device cpu            # SmolLM2, here
+    .venv/bin/python benchmarks/memory_grid_torch.py --device cuda:0 --model qwen2.5-coder-1.5b-instruct
+
+Each configuration (weights format x context x KV dtype x drafter) runs `pocketspec generate
+--backend torch --json` in a fresh process, with a prompt that fills the context and a
+budget equal to the predicted peak, and reads `stats.peak_memory_bytes`: peak RSS above the
+CLI's baseline on a CPU, torch.cuda.max_memory_allocated on a GPU. Results go to
+benchmarks/results/memory_grid_torch_<device>.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+NEW_TOKENS = 16
+# (weights, context, KV dtype, drafter): every format, short to long contexts, int8 KV, self-drafts
+CONFIGS = [("fp32", 8192, "auto", "none"), ("fp32", 512, "auto", "none"), ("bf16", 2048, "auto", "none"),
+           ("int8", 2048, "auto", "none"), ("fp32", 2048, "auto", "self-sparse"), ("int4", 4096, "int8", "ngram"),
+           ("fp16", 1024, "auto", "none"), ("int8", 8192, "int8", "none"), ("fp32", 4096, "auto", "self-skip")]
+
+
+def predicted_terms(model: str, device: str, weights: str, context: int, kv: str, drafter: str) -> dict[str, int]:
+    from apps.backend_options import apply_backend_options
+    from apps.options import MODEL, SPECULATION
+    from apps.torch_budget import torch_peak
+    from pocketspec.loader import choose_models
+
+    choice = choose_models(target=model, draft=drafter, pair=None)
+    settings = replace(MODEL, max_context=context, max_logits_rows=SPECULATION.max_gamma + 1)
+    settings, speculation = apply_backend_options(settings, SPECULATION, {
+        "backend": "torch", "device": device, "weights": weights, "torch_kv_type": kv})
+    return torch_peak(choice, settings, speculation)
+
+
+def prompt_text(model: str, num_tokens: int) -> str:
+    """Spec-Bench text cut to about num_tokens tokens of this model's tokenizer."""
+    from pocketspec.backends.torch_backend import _load_tokenizer
+    from pocketspec.catalog import model_path
+
+    text = (ROOT / "benchmarks" / "data" / "spec_bench.jsonl").read_text()
+    vocab_model, tokenizer = _load_tokenizer(model_path(model))
+    try:
+        tokens = tokenizer.encode(text[:8 * num_tokens], add_bos=False)[:num_tokens]
+        return tokenizer.decode(tokens)
+    finally:
+        vocab_model.close()
+
+
+def run(model: str, device: str, weights: str, context: int, kv: str, drafter: str) -> dict:
+    from memplanner.sizes import format_bytes
+
+    terms = predicted_terms(model, device, weights, context, kv, drafter)
+    predicted = sum(terms.values())
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as prompt_file:
+        # leave room for the new tokens, a verify pass and the chat-free raw prompt's BOS
+        prompt_file.write(prompt_text(model, context - NEW_TOKENS - 16))
+    command = [sys.executable, "-m", "apps.cli", "generate", "--backend", "torch", "--device", device,
+               "--weights", weights, "--torch-kv-type", kv, "--target", model, "--draft", drafter,
+               "--prompt-file", prompt_file.name, "--max-tokens", str(NEW_TOKENS), "--max-context", str(context),
+               "--memory-budget", str(predicted), "--threads", "2", "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    Path(prompt_file.name).unlink()
+    record = {"model": model, "device": device, "weights": weights, "context": context, "kv": kv, "drafter": drafter,
+              "predicted_peak_bytes": predicted, "terms": terms, "budget_bytes": predicted}
+    if done.returncode != 0:
+        return {**record, "error": done.stderr.strip().splitlines()[-1:]}
+    stats = json.loads(done.stdout)["stats"]
+    measured = stats["peak_memory_bytes"]
+    print(f"{weights:>5} ctx {context:>5} kv {kv:>4} {drafter:>11}: predicted {format_bytes(predicted)} measured "
+          f"{format_bytes(measured)} ({(predicted - measured) / measured:+.1%})", file=sys.stderr)
+    return {**record, "measured_peak_bytes": measured, "error_fraction": (predicted - measured) / measured,
+            "within_budget": measured <= predicted, "decode_tokens_per_second": stats["decode_tokens_per_second"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--only", type=int, nargs="+", help="Run only these configuration numbers (0-based).")
+    args = parser.parse_args()
+    if args.device != "cpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit(f"error: --device {args.device} but torch sees no GPU here; run with --device cpu")
+    records = []
+    for index, config in enumerate(CONFIGS):
+        if not args.only or index in args.only:
+            records.append(run(args.model, args.device, *config))
+            markdown = write(records, args)  # after each run: a long grid can be stopped and still report
+    print(markdown.read_text())
+
+
+def write(records: list[dict], args) -> Path:
+    from apps.report import write_results
+    from memplanner.sizes import format_bytes
+
+    measured = [r for r in records if "error" not in r]
+    rows = [[r["weights"], r["context"], r["kv"], r["drafter"], format_bytes(r["predicted_peak_bytes"]),
+             format_bytes(r["measured_peak_bytes"]), f"{r['error_fraction']:+.1%}",
+             "yes" if r["within_budget"] else "NO", round(r["decode_tokens_per_second"], 1)] for r in measured]
+    worst = max((abs(r["error_fraction"]) for r in measured), default=float("nan"))
+    what = "peak RSS above the CLI's baseline" if args.device == "cpu" else "torch.cuda.max_memory_allocated"
+    notes = [f"{len(measured)} of {len(records)} configurations ran; worst |predicted - measured| = {worst:.1%}",
+             f"runs over budget (budget = predicted peak): {sum(not r['within_budget'] for r in measured)}",
+             f"measured = {what}; {args.model}, {NEW_TOKENS} new tokens after a prompt that fills the context"]
+    notes += [f"failed: {r['weights']} {r['context']} {r['kv']} {r['drafter']}: {r['error']}" for r in records
+              if "error" in r]
+    _, markdown = write_results(ROOT / "benchmarks" / "results", f"memory_grid_torch_{args.device.replace(':', '')}",
+                                {"records": records}, f"Torch backend memory plan vs measured ({args.device})",
+                                ["weights", "context", "KV", "drafter", "predicted", "measured", "error",
+                                 "in budget", "decode tok/s"], rows, notes)
+    return markdown
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The torch backend's peak memory: its tensors (torch_sizes.py) plus everything around them.
+
+On a CPU the peak is resident memory above the CLI's baseline. Three things are always
+there: the torch library, llama.cpp's vocabulary (the tokenizer) and the Python side of a
+generation. Then comes the larger of two moments. Loading: the weights, the GGUF mapped
+in full and the float32 staging of one chunk of rows. Generating: the weights, the KV
+caches and the activations of the widest forward. On a GPU the peak is the allocator's
+(torch.cuda.max_memory_allocated): weights, KV caches, activations and the staging of a
+chunk; the CUDA context and the host side are not in it.
+"""
+
+from __future__ import annotations
+
+from memplanner import terms
+from memplanner.shapes import ModelShape
+from memplanner.torch_sizes import compute_dtype_bytes
+
+# RSS that `import torch` adds to the CLI's baseline: torch 2.13.0+cpu on the 2-core
+# x86_64 CPU, measured 2026-11-23 (184.0 MiB in each of 8 runs).
+TORCH_CPU_RUNTIME_BYTES = 184 * 1024 * 1024
+# float32 rows dequantized at once (pocketspec/torch_model/gguf_weights.py). Staging beside
+# the weights while loading SmolLM2 with 16 MiB chunks, measured 2026-11-23: 7-10 MiB for
+# float formats, 25-26 MiB for int8/int4 (quantizing a chunk takes float32 temporaries).
+DEQUANTIZE_CHUNK_BYTES = 16 * 1024 * 1024
+LOAD_STAGING_CHUNKS = {"int8": 2, "int4": 2}  # float formats: one chunk
+# glibc keeps freed activation buffers of a long prefill in its heap (malloc_trim returned
+# 118 MiB after an 8192-token int8 prefill of SmolLM2) and some temporaries are not in
+# activation_bytes: measured CPU peaks were up to 1.35x the formula (2026-11-23).
+CPU_ACTIVATION_FACTOR = 1.5
+
+
+def load_staging_bytes(weights_format: str) -> int:
+    return LOAD_STAGING_CHUNKS.get(weights_format, 1) * DEQUANTIZE_CHUNK_BYTES
+
+
+def dequantized_weight_bytes(shape: ModelShape, weights_format: str, compute_bytes: int, is_tied: bool) -> int:
+    """int8/int4 linears dequantize their whole weight in every forward (quantize.py): the largest
+    one, the output head when untied, in the compute dtype and once more for the scaling."""
+    if weights_format not in ("int8", "int4"):
+        return 0
+    largest = max(shape.hidden_size * shape.intermediate_size, 0 if is_tied else shape.hidden_size * shape.vocab_size)
+    return 2 * largest * compute_bytes
+
+
+def activation_bytes(shape: ModelShape, num_tokens: int, context: int, compute_bytes: int, logits_rows: int,
+                     kv_is_int8: bool = False, on_gpu: bool = False) -> int:
+    """One forward of num_tokens over `context` cached positions, at its widest point.
+
+    Hidden states and the SwiGLU block in the compute dtype, RoPE in float32, the boolean
+    causal mask and its float copy, keys and values repeated to every query head (grouped-query
+    attention), int8 keys and values dequantized for the whole context, and the logits rows
+    in the compute dtype and in float32. CPU SDPA runs a fused kernel: no score matrix. On a
+    GPU a masked, grouped-query SDPA may fall back to the math kernel, which holds the scores
+    and their softmax: counted, as the worst case.
+    """
+    q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    hidden = compute_bytes * num_tokens * (4 * shape.hidden_size + 3 * shape.intermediate_size)
+    rope = 4 * 3 * num_tokens * (q_size + kv_size)
+    mask = num_tokens * context * (1 + 4)
+    repeated_kv = 2 * context * q_size * compute_bytes if shape.num_kv_heads < shape.num_heads else 0
+    dequantized = 2 * context * kv_size * (4 + compute_bytes) if kv_is_int8 else 0
+    logits = logits_rows * shape.vocab_size * (compute_bytes + 4)
+    scores = 2 * shape.num_heads * num_tokens * context * compute_bytes if on_gpu else 0
+    return hidden + rope + mask + repeated_kv + dequantized + logits + scores
+
+
+def torch_peak_terms(shape: ModelShape, tensor_terms: dict[str, int], *, weights_format: str, max_context: int,
+                     n_batch: int, max_logits_rows: int, kv_is_int8: bool = False, on_gpu: bool = False,
+                     is_tied: bool = True) -> dict[str, int]:
+    """Every term of the peak, with tensor_terms from torch_sizes.torch_memory_terms.
+
+    The terms add up to the peak: `loading_excess` is what the loading moment needs beyond
+    the KV caches and activations of the generating moment (usually nothing).
+    """
+    compute_bytes = compute_dtype_bytes(weights_format, on_gpu)
+    prefill = activation_bytes(shape, min(n_batch, max_context), max_context, compute_bytes, 1, kv_is_int8, on_gpu)
+    verify = activation_bytes(shape, max_logits_rows, max_context, compute_bytes, max_logits_rows, kv_is_int8,
+                              on_gpu)
+    activations = max(prefill, verify) if on_gpu else int(CPU_ACTIVATION_FACTOR * max(prefill, verify))
+    activations += dequantized_weight_bytes(shape, weights_format, compute_bytes, is_tied)
+    kv_total = sum(value for name, value in tensor_terms.items() if name != "weights")
+    loading = load_staging_bytes(weights_format) + (0 if on_gpu else shape.file_bytes)
+    found = {} if on_gpu else {
+        "torch_runtime": TORCH_CPU_RUNTIME_BYTES,
+        "tokenizer": terms.runtime_overhead_bytes("cpu") + terms.model_metadata_bytes(shape),
+        "working_set": terms.GENERATION_WORKING_SET_BYTES,
+    }
+    found.update(tensor_terms)
+    found["activations"] = activations
+    found["loading_excess"] = max(0, loading - kv_total - activations)
+    return found

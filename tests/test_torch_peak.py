@@ -1,0 +1,78 @@
+"""memplanner.torch_peak: the torch backend's peak on hand-computed shapes, and `--memory-budget`
+with `--backend torch` sizing n_batch or refusing in one line."""
+
+from memplanner import terms
+from memplanner.shapes import ModelShape
+from memplanner.torch_peak import (CPU_ACTIVATION_FACTOR, DEQUANTIZE_CHUNK_BYTES, TORCH_CPU_RUNTIME_BYTES,
+                                   activation_bytes, dequantized_weight_bytes, load_staging_bytes,
+                                   torch_peak_terms)
+from test_cli_errors import assert_one_line_error, run_cli
+
+TINY = ModelShape("tiny", "llama", 2, 64, 4, 2, 16, 1000, 500_000, 520_000, 2048, 128)
+
+
+def test_activation_bytes_by_hand():
+    # 8 tokens over 100 positions, fp32: hidden 4*8*(4*64 + 3*128), RoPE 4*3*8*(64 + 32), the mask
+    # as booleans and floats 8*100*5, K and V repeated to 4 query heads 2*100*64*4, logits 2 rows * 1000 * (4 + 4)
+    assert activation_bytes(TINY, 8, 100, 4, 2) == (4 * 8 * (256 + 384) + 4 * 3 * 8 * 96 + 8 * 100 * 5
+                                                    + 2 * 100 * 64 * 4 + 2 * 1000 * 8)
+    # int8 KV dequantizes keys and values of the whole context to float32 and the compute dtype
+    extra = activation_bytes(TINY, 8, 100, 4, 2, kv_is_int8=True) - activation_bytes(TINY, 8, 100, 4, 2)
+    assert extra == 2 * 100 * 32 * (4 + 4)
+    # on a GPU the math kernel's scores and softmax: 2 x 4 heads x 8 x 100 in the compute dtype
+    gpu_extra = activation_bytes(TINY, 8, 100, 2, 2, on_gpu=True) - activation_bytes(TINY, 8, 100, 2, 2)
+    assert gpu_extra == 2 * 4 * 8 * 100 * 2
+
+
+def test_quantized_linears_dequantize_their_largest_weight_per_forward():
+    assert dequantized_weight_bytes(TINY, "fp32", 4, is_tied=True) == 0
+    assert dequantized_weight_bytes(TINY, "int8", 4, is_tied=True) == 2 * 64 * 128 * 4  # the feed-forward
+    assert dequantized_weight_bytes(TINY, "int4", 2, is_tied=False) == 2 * 64 * 1000 * 2  # the untied head
+
+
+def test_cpu_peak_is_the_larger_of_loading_and_generating():
+    small_kv = {"weights": 400_000, "target KV": 10_000}
+    found = torch_peak_terms(TINY, small_kv, weights_format="fp32", max_context=100, n_batch=64, max_logits_rows=9)
+    assert found["torch_runtime"] == TORCH_CPU_RUNTIME_BYTES
+    assert found["tokenizer"] == terms.runtime_overhead_bytes("cpu") + terms.model_metadata_bytes(TINY)
+    formula = max(activation_bytes(TINY, 64, 100, 4, 1), activation_bytes(TINY, 9, 100, 4, 9))
+    activations = int(CPU_ACTIVATION_FACTOR * formula)  # glibc's retained heap on a CPU
+    assert found["activations"] == activations
+    # loading maps the whole file and stages a chunk; KV and activations do not exist yet
+    loading = TINY.file_bytes + DEQUANTIZE_CHUNK_BYTES
+    assert found["loading_excess"] == loading - 10_000 - activations
+    generating = sum(found.values()) - found["loading_excess"]
+    assert sum(found.values()) == max(generating, generating - 10_000 - activations + loading)
+    big_kv = torch_peak_terms(TINY, {"weights": 400_000, "target KV": 10**9}, weights_format="fp32",
+                              max_context=100, n_batch=64, max_logits_rows=9)
+    assert big_kv["loading_excess"] == 0
+
+
+def test_gpu_peak_is_the_allocator_view_tensors_activations_and_staging():
+    tensors = {"weights": 400_000, "target KV": 10_000}
+    found = torch_peak_terms(TINY, tensors, weights_format="bf16", max_context=100, n_batch=64, max_logits_rows=9,
+                             on_gpu=True)
+    assert set(found) == {"weights", "target KV", "activations", "loading_excess"}
+    assert found["activations"] == activation_bytes(TINY, 64, 100, 2, 1, on_gpu=True)
+    assert found["loading_excess"] == DEQUANTIZE_CHUNK_BYTES - 10_000 - found["activations"]
+    # quantizing to int8/int4 stages a second chunk of float32 temporaries
+    assert load_staging_bytes("int8") == load_staging_bytes("int4") == 2 * load_staging_bytes("bf16")
+
+
+def test_torch_budget_shrinks_prompt_chunks_then_refuses(smollm2_path):
+    from apps.options import MODEL, SPECULATION
+    from apps.torch_budget import torch_peak
+    from dataclasses import replace
+    from pocketspec.loader import ModelChoice
+
+    choice = ModelChoice(smollm2_path, None, "none")
+    settings = replace(MODEL, backend="torch", max_context=8192, max_logits_rows=9)
+    full, small = (sum(torch_peak(choice, replace(settings, n_batch=n), SPECULATION).values()) for n in (512, 64))
+    assert small < full
+    common = ("generate", "--backend", "torch", "--target", "smollm2-135m-instruct", "--draft", "none",
+              "--prompt", "Hi", "--max-tokens", "2", "--max-context", "8192")
+    shrunk = run_cli(*common, "--memory-budget", str(small))
+    assert shrunk.returncode == 0, shrunk.stderr
+    assert "prompt chunks n_batch 512 -> " in shrunk.stderr
+    refused = run_cli(*common, "--memory-budget", str(small - 1))
+    assert_one_line_error(refused, "below the torch backend's predicted peak")
