@@ -26,7 +26,7 @@ from apps.peers.llama_speculative import default_tools_dir, missing_binary
 from apps.peers.transformers_assisted import missing_requirement as transformers_missing
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models
-from pocketspec.settings import BenchSettings
+from pocketspec.settings import BenchSettings, default_num_threads
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SUITE = REPO / "benchmarks" / "data" / "spec_bench.jsonl"
@@ -120,8 +120,6 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, temp
           memory_budget, drafters, peers_text, peer_draft_max, llama_tools, threads, max_context, repack,
           exact_verify, out_dir, **backend_args):
     """Benchmark plain decoding, PocketSpec's drafters and the peers on a prompt suite."""
-    from pocketspec.settings import default_num_threads
-
     prompts = select_prompts(read_suite(suite), tuple(_split(categories)), per_category)
     backend = backend_args["backend"]
     choice = choose_models(target=target, draft=draft, pair=pair)
@@ -161,11 +159,7 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, temp
         if system.status != "ok":
             click.echo(f"{system.name:>28}: {system.status}: {system.reason}", err=True)
         rows += final_rows(system, raw_rows, job, reference)
-    _write_outputs(out_dir, systems, rows, job, suite, draft_value_for_report(choice), backend)
-
-
-def draft_value_for_report(choice) -> str | None:
-    return choice.draft_path.name if choice.draft_path else None
+    _write_outputs(out_dir, systems, rows, job, suite, choice.draft_path.name if choice.draft_path else None, backend)
 
 
 def _write_outputs(out_dir: Path, systems: list[System], rows: list[dict], job: BenchJob, suite: Path,
