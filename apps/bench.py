@@ -190,5 +190,7 @@ def _write_outputs(out_dir: Path, systems: list[System], rows: list[dict], job: 
 
 COMMANDS = [bench]
 
-if __name__ == "__main__":
-    bench()
+if __name__ == "__main__":  # `python -m apps.bench` (make bench): through the CLI, for its one-line errors
+    from apps.cli import main
+
+    main(["bench", *sys.argv[1:]])
