@@ -7,7 +7,7 @@ export POCKETSPEC_ACCEL
 # The CPU build of torch from the local wheel; set TORCH_SPEC to a CUDA/ROCm build on a GPU box.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: chat test setup llama models-test models-default bench bench-chat bench-memory clean-venv
+.PHONY: chat test setup llama peers models-test models-default bench bench-chat bench-memory clean-venv
 
 chat: setup models-default
 	$(BIN)/pocketspec chat
@@ -26,7 +26,7 @@ $(BIN)/pip:
 llama: $(BIN)/pip
 	native/build_llama_cpp.sh $(BIN)/pip
 
-$(VENV)/.pocketspec-installed: pyproject.toml native/build_llama_cpp.sh | $(BIN)/pip
+$(VENV)/.pocketspec-installed: pyproject.toml native/build_llama_cpp.sh native/llama_build.sh | $(BIN)/pip
 	native/build_llama_cpp.sh $(BIN)/pip
 	$(BIN)/pip install -q '$(TORCH_SPEC)'
 	$(BIN)/pip install -q -e '.[test,torch,bench]'
@@ -40,7 +40,13 @@ models-test: setup
 models-default: setup
 	$(BIN)/pocketspec models pull qwen-coder
 
-bench: setup models-test
+# The peers `pocketspec bench` compares with: llama.cpp's own tools (built once into
+# POCKETSPEC_HOME, about 10 minutes on 2 cores) and the `peers` extra (transformers).
+peers: setup
+	native/build_llama_tools.sh $(BIN)/pip
+	$(BIN)/pip install -q -e '.[peers]'
+
+bench: setup models-test peers
 	$(BIN)/python -m apps.bench
 
 clean-venv:

@@ -1,130 +1,196 @@
-"""`pocketspec bench`: plain vs speculative decoding on Spec-Bench prompts, written as JSON and Markdown.
+"""`pocketspec bench`: PocketSpec against plain decoding and against the peers people use,
+on the same machine, models and prompts, written to --out as results.json, report.md and plots.
 
-Both modes share one loaded target; each prompt runs plain then speculative from
-an empty KV cache, so every ratio compares two runs taken moments apart.
+    pocketspec bench --pair qwen-coder --per-category 3 --max-tokens 128 --out docs/bench
+
+Every system (plain, each PocketSpec drafter at each --memory-budget, each peer) runs in
+its own process over all the prompts, so that its peak memory is its own.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-from collections import defaultdict
+import shlex
+import sys
 from pathlib import Path
 
 import click
 
-from apps.report import write_results
-from pocketspec.chat_template import encode_chat, template_for
-from pocketspec.loader import choose_models, draft_settings_for
-from pocketspec.settings import ModelSettings, SpeculationSettings
+from apps.backend_options import backend_options
+from apps.bench_report import build_report
+from apps.bench_run import BenchJob, System, final_rows, run_system
+from apps.bench_suite import read_suite, select_prompts
+from apps.options import GENERATION, MODEL, SPECULATION, model_choice_options, repack_option, sampling_options
+from apps.peers import PEERS, parse_peers
+from apps.peers.llama_speculative import default_tools_dir, missing_binary
+from apps.peers.transformers_assisted import missing_requirement as transformers_missing
+from pocketspec.errors import UserError
+from pocketspec.loader import choose_models
+from pocketspec.settings import BenchSettings, default_num_threads
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "benchmarks" / "data" / "spec_bench.jsonl"
+DEFAULT_SUITE = REPO / "benchmarks" / "data" / "spec_bench.jsonl"
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "bench"
+BENCH = BenchSettings()
+DRAFTERS = ("auto", "ngram", "self-sparse", "self-skip")
 
 
-def load_prompts(per_category: int, categories: tuple[str, ...]) -> list[dict]:
-    chosen: dict[str, list[dict]] = defaultdict(list)
-    for line in DATA.read_text().splitlines():
-        row = json.loads(line)
-        if (not categories or row["category"] in categories) and len(chosen[row["category"]]) < per_category:
-            chosen[row["category"]].append(row)
-    return [row for rows in chosen.values() for row in rows]
+def _split(values: tuple[str, ...]) -> list[str]:
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
 
 
-def run_llama_bench(binary: str, model_path: Path, num_threads: int) -> float:
-    """tg128 tok/s from llama.cpp's own llama-bench, built from the same source and flags."""
-    output = subprocess.run([binary, "-m", str(model_path), "-p", "0", "-n", "128", "-t", str(num_threads),
-                             "-r", "3", "-o", "json"], capture_output=True, text=True, check=True).stdout
-    return float(json.loads(output)[0]["avg_ts"])
+def _parse_drafters(text: str, backend: str, draft_path) -> list[tuple[str, str | None, str | None]]:
+    """(drafter, --draft value for the worker, reason it cannot run) for each requested drafter."""
+    names = _split((text,))
+    unknown = [name for name in names if name not in DRAFTERS]
+    if unknown:
+        raise UserError(f"--drafters {text!r}: use a comma-separated list of {', '.join(DRAFTERS)}")
+    drafters = []
+    for name in dict.fromkeys(names):
+        if name == "auto":
+            drafters.append((name, str(draft_path) if draft_path else None,
+                             None if draft_path else "needs a draft model: pass --pair or --draft NAME"))
+        elif name.startswith("self-") and backend != "torch":
+            drafters.append((name, name, "self-drafts run on --backend torch"))
+        else:
+            drafters.append((name, name, None))
+    return drafters
 
 
-def summarize(records: list[dict]) -> list[list]:
-    by_category: dict[str, list[dict]] = defaultdict(list)
-    for record in records:
-        by_category[record["category"]].append(record)
-    by_category["ALL"] = records
-    rows = []
-    for category, group in by_category.items():
-        plain_tokens = sum(r["plain"]["num_tokens"] - 1 for r in group)
-        plain_seconds = sum(r["plain"]["decode_seconds"] for r in group)
-        spec_tokens = sum(r["spec"]["num_tokens"] - 1 for r in group)
-        spec_seconds = sum(r["spec"]["decode_seconds"] for r in group)
-        drafted = sum(r["spec"]["num_drafted"] for r in group)
-        accepted = sum(r["spec"]["num_accepted"] for r in group)
-        steps = sum(r["spec"]["num_steps"] for r in group)
-        plain_rate, spec_rate = plain_tokens / plain_seconds, spec_tokens / spec_seconds
-        rows.append([category, len(group), round(plain_rate, 2), round(spec_rate, 2), round(spec_rate / plain_rate, 3),
-                     round(accepted / drafted, 3) if drafted else 0.0, round(accepted / steps, 3) if steps else 0.0,
-                     round(sum(r["identical"] for r in group) / len(group), 3)])
-    return rows
+def _parse_budgets(text: str | None) -> list[tuple[str | None, int | None]]:
+    if text is None:
+        return [(None, None)]
+    from apps.budget import parse_budget
+
+    return [(budget, parse_budget(budget)) for budget in _split((text,))]
+
+
+def _peer_system(peer: str, job: BenchJob) -> System:
+    name, runner = PEERS[peer]
+    system = System(name, "peer", runner, name)
+    if runner in ("llama-speculative", "transformers") and job.draft_path is None:
+        system.skip("needs a draft model: pass --pair or --draft NAME")
+    elif runner == "llama-speculative" and (reason := missing_binary(job.llama_tools_dir)):
+        system.skip(reason)
+    elif runner == "transformers" and (reason := transformers_missing()):
+        system.skip(reason)
+    return system
+
+
+def _command_line() -> str:
+    args = sys.argv[1:]
+    if args[:1] == ["bench"]:
+        args = args[1:]
+    return shlex.join(["pocketspec", "bench", *args])
 
 
 @click.command(name="bench")
-@click.option("--pair", default=None, help="Pair preset [default: qwen-coder].")
-@click.option("--per-category", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--category", "categories", multiple=True, help="Only these categories (repeatable).")
-@click.option("--max-tokens", type=click.IntRange(min=2), default=128, show_default=True)
-@click.option("--threads", type=click.IntRange(min=0), default=0)
-@click.option("--repack/--no-repack", default=True, show_default=True)
-@click.option("--exact-verify/--fast-verify", default=SpeculationSettings.exact_verify, show_default=True)
-@click.option("--llama-bench", "llama_bench", default=None, help="Path to llama.cpp's llama-bench, for the reference tok/s.")
-@click.option("--out-dir", type=click.Path(path_type=Path, file_okay=False), default=REPO / "benchmarks" / "results")
-@click.option("--name", default="bench_spec", show_default=True)
-def bench(pair, per_category, categories, max_tokens, threads, repack, exact_verify, llama_bench, out_dir, name):
-    """Benchmark plain vs speculative decoding per Spec-Bench category (temperature 0)."""
-    from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
-    from pocketspec.engine import SpeculativeEngine
+@model_choice_options
+@click.option("--suite", type=click.Path(path_type=Path, dir_okay=False), default=DEFAULT_SUITE,
+              help="JSONL prompts: rows with `turns` (list) or `prompt`; `category` and an id optional "
+                   "[default: Spec-Bench].")
+@click.option("--categories", "--category", "categories", multiple=True,
+              help="Only these categories (comma-separated or repeated).")
+@click.option("--per-category", type=click.IntRange(min=1), default=BENCH.per_category, show_default=True,
+              help="Prompts per category.")
+@click.option("--max-tokens", type=click.IntRange(min=2), default=GENERATION.max_new_tokens, show_default=True,
+              help="New tokens per prompt.")
+@sampling_options
+@click.option("--memory-budget", default=None,
+              help="Memory budget for PocketSpec, or a comma-separated list (one run per budget: the frontier).")
+@backend_options
+@click.option("--drafters", default=None,
+              help=f"PocketSpec drafters to run, comma-separated: {', '.join(DRAFTERS)} [default: {BENCH.drafters}].")
+@click.option("--peers", "peers_text", default=BENCH.peers, show_default=True,
+              help=f"Peers: auto (those of --backend), none, all, or a list of {', '.join(PEERS)}.")
+@click.option("--peer-draft-max", type=click.IntRange(min=1), default=BENCH.peer_draft_max,
+              help="llama-speculative-simple's fixed draft length [default: llama.cpp's].")
+@click.option("--llama-tools", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Folder with llama-speculative-simple [default: the one `make peers` builds].")
+@click.option("--threads", type=click.IntRange(min=0), default=MODEL.num_threads,
+              help="CPU threads for every system (0: all this process may use).")
+@click.option("--max-context", type=click.IntRange(min=256, max=131072), default=BENCH.max_context,
+              show_default=True, help="Context of every system, in tokens.")
+@repack_option
+@click.option("--exact-verify/--fast-verify", default=SPECULATION.exact_verify, show_default=True,
+              help="PocketSpec's verify width: proven bit-exact, or free (see `pocketspec generate --help`).")
+@click.option("--out", "--out-dir", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_OUT,
+              help="Folder for results.json, report.md and the plots [default: benchmarks/results/bench].")
+def bench(target, draft, pair, suite, categories, per_category, max_tokens, temperature, top_p, top_k, seed,
+          memory_budget, drafters, peers_text, peer_draft_max, llama_tools, threads, max_context, repack,
+          exact_verify, out_dir, **backend_args):
+    """Benchmark plain decoding, PocketSpec's drafters and the peers on a prompt suite."""
+    prompts = select_prompts(read_suite(suite), tuple(_split(categories)), per_category)
+    backend = backend_args["backend"]
+    choice = choose_models(target=target, draft=draft, pair=pair)
+    if drafters is None:
+        drafters = draft if draft in ("ngram", "self-sparse", "self-skip") else BENCH.drafters
+    drafter_specs = _parse_drafters(drafters, backend, choice.draft_path)
+    budgets = _parse_budgets(memory_budget)
+    peers = parse_peers(peers_text, backend)
+    num_threads = threads or default_num_threads()
+    job = BenchJob(choice.target_path, choice.draft_path, prompts, max_tokens, temperature, top_k, top_p, seed,
+                   num_threads, max_context, BENCH.num_warmup_tokens,
+                   {"exact_verify": exact_verify, "repack": repack, **backend_args},
+                   llama_tools or default_tools_dir(), peer_draft_max)
+    systems = [System("plain", "plain", "pocketspec", "plain", draft="none")]
+    for drafter, draft_value, reason in drafter_specs:
+        for budget, budget_bytes in budgets:
+            name = f"pocketspec-{drafter}" + (f"@{budget}" if budget else "")
+            systems.append(System(name, "pocketspec", "pocketspec", f"pocketspec-{drafter}", draft_value, budget,
+                                  budget_bytes))
+            if reason:
+                systems[-1].skip(reason)
+    systems += [_peer_system(peer, job) for peer in peers]
+    click.echo(f"{len(prompts)} prompts × {sum(s.status == 'ok' for s in systems)} systems, "
+               f"{max_tokens} new tokens, target {choice.target_path.name}", err=True)
 
-    choice = choose_models(target=None, draft=None, pair=pair)
-    settings = ModelSettings(num_threads=threads, max_context=2048, repack_weights=repack)
-    target = LlamaCppBackend(choice.target_path, settings)
-    draft = LlamaCppBackend(choice.draft_path, draft_settings_for(settings))
-    plain_engine = SpeculativeEngine(target, speculation=SpeculationSettings(drafter="none"))
-    spec_engine = SpeculativeEngine(target, draft_backend=draft,
-                                    speculation=SpeculationSettings(drafter="auto", exact_verify=exact_verify))
-    template = template_for(target.tokenizer)
-    records = []
-    try:
-        for row in load_prompts(per_category, tuple(categories)):
-            prompt = encode_chat(target.tokenizer, template, [{"role": "user", "content": row["turns"][0]}])
-            results = {}
-            for mode, engine in (("plain", plain_engine), ("spec", spec_engine)):
-                target.rollback(0)
-                draft.rollback(0)
-                result = engine.generate(prompt, max_tokens)
-                results[mode] = (result.tokens, result.stats.as_dict())
-            identical = results["plain"][0] == results["spec"][0]
-            records.append({"question_id": row["question_id"], "category": row["category"], "identical": identical,
-                            "plain": results["plain"][1], "spec": results["spec"][1]})
-            click.echo(f"{row['category']:>15} q{row['question_id']}: plain {results['plain'][1]['tokens_per_second']:.1f} "
-                       f"spec {results['spec'][1]['tokens_per_second']:.1f} tok/s, identical={identical}", err=True)
-    finally:
-        target.close()
-        draft.close()
-    rows = summarize(records)
-    notes = [f"pair {choice.target_path.name} + {choice.draft_path.name}, temperature 0, {max_tokens} new tokens, "
-             f"{per_category} prompts per category, threads={settings.resolved_num_threads}, repack={repack}, "
-             f"exact_verify={exact_verify}",
-             "tok/s are decode rates (prefill excluded); speedup = speculative / plain, measured prompt by prompt in one run",
-             f"γ at most {spec_engine.controller.max_gamma}"
-             + (" (the exact-verify-width probe's cap)" if exact_verify else " (--fast-verify)")]
-    payload = {"settings": {"max_tokens": max_tokens, "per_category": per_category, "repack": repack,
-                            "exact_verify": exact_verify,
-                            "max_gamma": spec_engine.controller.max_gamma}, "records": records}
-    if llama_bench:
-        reference = run_llama_bench(llama_bench, choice.target_path, settings.resolved_num_threads)
-        plain_all = rows[-1][2]
-        payload["llama_bench_tg128_tokens_per_second"] = reference
-        notes.append(f"llama-bench tg128 on the target: {reference:.2f} tok/s; PocketSpec plain decode "
-                     f"{plain_all:.2f} tok/s = {plain_all / reference:.3f}x")
-    columns = ["category", "prompts", "plain tok/s", "spec tok/s", "speedup", "acceptance", "accepted/step", "identical"]
-    json_path, markdown_path = write_results(out_dir, name, payload, "Speculative vs plain decoding (Spec-Bench)",
-                                             columns, rows, notes)
-    click.echo(markdown_path.read_text())
-    click.echo(f"wrote {json_path} and {markdown_path}", err=True)
+    rows: list[dict] = []
+    reference: dict[str, dict] = {}
+    for system in systems:
+        if system.status != "ok":
+            click.echo(f"{system.name:>28}: skipped: {system.reason}", err=True)
+            continue
+        raw_rows = run_system(system, job, reference)
+        if system.kind == "plain":
+            if system.status != "ok":
+                raise UserError(f"plain decoding failed, so there is nothing to compare with: {system.reason}")
+            reference = {raw["prompt_id"]: raw for raw in raw_rows}
+        if system.status != "ok":
+            click.echo(f"{system.name:>28}: {system.status}: {system.reason}", err=True)
+        rows += final_rows(system, raw_rows, job, reference)
+    _write_outputs(out_dir, systems, rows, job, suite, choice.draft_path.name if choice.draft_path else None, backend)
+
+
+def _write_outputs(out_dir: Path, systems: list[System], rows: list[dict], job: BenchJob, suite: Path,
+                   draft_name: str | None, backend: str) -> None:
+    from apps.bench_plots import write_plots
+    from apps.doctor_cmd import collect_report
+    from apps.report import machine_description
+
+    results = {
+        "machine": {**machine_description(), "doctor": collect_report()},
+        "settings": {"command": _command_line(), "suite": str(suite), "suite_name": suite.name,
+                     "target": job.target_path.name, "draft": draft_name, "backend": backend,
+                     "temperature": job.temperature, "top_k": job.top_k, "top_p": job.top_p, "seed": job.seed,
+                     "max_tokens": job.max_tokens, "num_prompts": len(job.prompts), "num_threads": job.num_threads,
+                     "max_context": job.max_context, "pocketspec_options": job.pocketspec_options,
+                     "peer_draft_max": job.peer_draft_max},
+        "systems": [system.describe() for system in systems],
+        "rows": rows,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    plots = [path.name for path in write_plots(results, out_dir)] if rows else []
+    report = build_report(results, plots)
+    (out_dir / "report.md").write_text(report)
+    click.echo(report)
+    click.echo(f"wrote {out_dir / 'results.json'}, {out_dir / 'report.md'} and {len(plots)} plots", err=True)
 
 
 COMMANDS = [bench]
 
-if __name__ == "__main__":
-    bench()
+if __name__ == "__main__":  # `python -m apps.bench` (make bench): through the CLI, for its one-line errors
+    from apps.cli import main
+
+    main(["bench", *sys.argv[1:]])

@@ -80,3 +80,15 @@ class GenerationSettings:
 
     max_new_tokens: int = 128
     stop_at_eos: bool = True
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What `pocketspec bench` measures unless told otherwise."""
+
+    per_category: int = 3
+    max_context: int = 2048  # every system gets the same context, so KV and logits buffers compare
+    drafters: str = "auto,ngram"  # PocketSpec drafters: auto (draft model + n-gram, adaptive), ngram, self-sparse, self-skip
+    peers: str = "auto"  # auto: the peers that run on --backend (llama.cpp + prompt-lookup, or transformers)
+    peer_draft_max: int | None = None  # llama-speculative-simple's --spec-draft-n-max (None: llama.cpp's default)
+    num_warmup_tokens: int = 4  # generated once per process before timing, so page faults are not timed

@@ -1,0 +1,140 @@
+"""From the rows of `pocketspec bench` (results.json) to report.md: a table overall and per
+category, with each system's ratio against plain decoding and against each peer.
+
+Pure functions of the results dict, so they are tested on a small fake results file.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from apps.report import markdown_table
+
+OVERALL = "ALL"
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if numerator and denominator else None
+
+
+def summarize(rows: list[dict]) -> dict:
+    """One system's rows over some prompts: rates from summed tokens and seconds, not mean rates."""
+    decode_seconds = sum(row["decode_seconds"] for row in rows)
+    counted = [row for row in rows if row.get("num_drafted") is not None]
+    drafted = sum(row["num_drafted"] for row in counted)
+    accepted = sum(row["num_accepted"] for row in counted)
+    steps = sum(row["num_steps"] for row in counted)
+    matches = [row["matches_plain"] for row in rows if row.get("matches_plain") is not None]
+    return {
+        "num_prompts": len(rows),
+        "tokens_per_second": sum(row["num_decode_tokens"] for row in rows) / decode_seconds if decode_seconds else 0.0,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_accepted_per_step": accepted / steps if steps else None,
+        "ttft_seconds": sum(row["ttft_seconds"] for row in rows) / len(rows),
+        "peak_memory_bytes": max(row["peak_memory_bytes"] for row in rows),
+        "match_rate": sum(matches) / len(matches) if matches else None,
+    }
+
+
+def summaries_by_category(results: dict) -> dict[str, dict[str, dict]]:
+    """{category: {system: summary}}, categories in suite order and OVERALL last."""
+    grouped: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for row in results["rows"]:
+        grouped[row["category"]][row["system"]].append(row)
+    for row in results["rows"]:
+        grouped[OVERALL][row["system"]].append(row)
+    order = [system["name"] for system in results["systems"]]
+    return {category: {name: summarize(by_system[name]) for name in order if name in by_system}
+            for category, by_system in grouped.items()}
+
+
+def speedups(results: dict) -> dict[str, dict[str, float | None]]:
+    """{category: {system: tok/s ÷ plain tok/s}} for every system but plain."""
+    table = {}
+    for category, by_system in summaries_by_category(results).items():
+        plain = by_system.get("plain", {}).get("tokens_per_second", 0.0)
+        table[category] = {name: _ratio(summary["tokens_per_second"], plain)
+                           for name, summary in by_system.items() if name != "plain"}
+    return table
+
+
+def _peer_names(results: dict) -> list[str]:
+    return [system["name"] for system in results["systems"] if system["kind"] == "peer" and system["status"] == "ok"]
+
+
+def _cell(value, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:.2f}{suffix}"
+
+
+def _table(by_system: dict[str, dict], peers: list[str]) -> str:
+    plain = by_system.get("plain", {}).get("tokens_per_second", 0.0)
+    columns = ["system", "prompts", "tok/s", "× plain", *[f"× {peer}" for peer in peers],
+               "acceptance", "accepted/step", "TTFT s", "peak GiB", "matches plain"]
+    rows = []
+    for name, summary in by_system.items():
+        rate = summary["tokens_per_second"]
+        rows.append([name, summary["num_prompts"], _cell(rate), _cell(_ratio(rate, plain), "×"),
+                     *[_cell(_ratio(rate, by_system[peer]["tokens_per_second"]) if peer in by_system else None, "×")
+                       for peer in peers],
+                     _cell(summary["acceptance_rate"]), _cell(summary["mean_accepted_per_step"]),
+                     _cell(summary["ttft_seconds"]), _cell(summary["peak_memory_bytes"] / 2**30),
+                     "–" if summary["match_rate"] is None else f"{summary['match_rate']:.0%}"])
+    return markdown_table(columns, rows)
+
+
+def _speedup_matrix(results: dict) -> str:
+    table = speedups(results)
+    systems = list(table[OVERALL])
+    rows = [[category, *[_cell(by_system.get(name), "×") for name in systems]] for category, by_system in table.items()]
+    return markdown_table(["category", *systems], rows)
+
+
+def _target_lines(results: dict) -> list[str]:
+    """How each PocketSpec system stands against the issue's targets; stated, never judged here."""
+    table = speedups(results)
+    overall = summaries_by_category(results)[OVERALL]
+    lines = []
+    for system in results["systems"]:
+        if system["kind"] != "pocketspec" or system["name"] not in overall:
+            continue
+        by_category = {category: values[system["name"]] for category, values in table.items()
+                       if category != OVERALL and values.get(system["name"]) is not None}
+        if by_category:
+            worst = min(by_category, key=by_category.get)
+            lines.append(f"{system['name']}: lowest speedup over plain {by_category[worst]:.2f}× ({worst})")
+        for peer in _peer_names(results):
+            ratio = _ratio(overall[system["name"]]["tokens_per_second"], overall[peer]["tokens_per_second"])
+            lines.append(f"{system['name']}: {_cell(ratio, '×')} the tok/s of {peer} overall")
+    return lines
+
+
+def build_report(results: dict, plot_names: list[str] = ()) -> str:
+    """report.md: settings, the overall table, the speedup matrix, one table per category, plots."""
+    settings = results["settings"]
+    peers = _peer_names(results)
+    summaries = summaries_by_category(results)
+    body = [f"# PocketSpec bench: {settings['suite_name']}", "",
+            f"Command: `{settings['command']}`", "",
+            f"Target `{settings['target']}`, draft `{settings['draft'] or 'none'}`, backend {settings['backend']}, "
+            f"temperature {settings['temperature']}, {settings['max_tokens']} new tokens, "
+            f"{settings['num_prompts']} prompts, {settings['num_threads']} threads, "
+            f"context {settings['max_context']}.", "",
+            "tok/s is the decode rate (prompt processing excluded); TTFT is the prompt's processing time; "
+            "peak is the resident memory of the process that ran the system; ratios compare summed "
+            "tokens over summed seconds.", "",
+            "## Overall", "", _table(summaries[OVERALL], peers), "",
+            "## Speedup over plain decoding, by category", "", _speedup_matrix(results), ""]
+    targets = _target_lines(results)
+    if targets:
+        body += ["## Against the targets", ""] + [f"- {line}" for line in targets] + [""]
+    for category, by_system in summaries.items():
+        if category != OVERALL:
+            body += [f"## {category}", "", _table(by_system, peers), ""]
+    not_run = [system for system in results["systems"] if system["status"] != "ok"]
+    if not_run:
+        body += ["## Not run", ""] + [f"- {system['name']}: {system['reason']}" for system in not_run] + [""]
+    notes = [note for system in results["systems"] for note in system.get("notes", [])] + results.get("notes", [])
+    if notes:
+        body += ["## Notes", ""] + [f"- {note}" for note in notes] + [""]
+    body += [f"![{name}]({name})" for name in plot_names]
+    return "\n".join(body).rstrip() + "\n"

@@ -1,0 +1,163 @@
+"""Running the systems of `pocketspec bench`: plain decoding first, then each PocketSpec
+drafter at each memory budget, then each peer, every one in its own process.
+
+Plain decoding runs first because its rows are the reference: the prompt tokens and
+text the peers are given, and the output each system must match at temperature 0.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import click
+
+from apps.bench_suite import SuitePrompt
+from apps.peers import llama_bench, llama_speculative
+from apps.peers.process import describe_failure, run_child
+
+
+@dataclass
+class System:
+    name: str
+    kind: str  # plain | pocketspec | peer
+    runner: str  # pocketspec | prompt-lookup | transformers | llama-speculative
+    family: str  # systems that differ only by memory budget share a family (one line on the frontier plot)
+    draft: str | None = None  # pocketspec: the --draft value; peers: the draft GGUF path
+    budget: str | None = None
+    budget_bytes: int | None = None
+    status: str = "ok"  # ok | skipped | failed
+    reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def skip(self, reason: str) -> None:
+        self.status, self.reason = "skipped", reason
+
+    def describe(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BenchJob:
+    """What every system shares: models, prompts and decoding settings."""
+
+    target_path: Path
+    draft_path: Path | None
+    prompts: list[SuitePrompt]
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    num_threads: int
+    max_context: int
+    num_warmup_tokens: int
+    pocketspec_options: dict  # open_engine keyword arguments: exact_verify, repack, backend options
+    llama_tools_dir: Path
+    peer_draft_max: int | None
+
+
+def _worker_job(system: System, job: BenchJob, reference: dict[str, dict]) -> dict:
+    options = dict(job.pocketspec_options)
+    if system.budget is not None:
+        options["memory_budget"] = system.budget
+    draft = system.draft if system.runner == "pocketspec" else (str(job.draft_path) if job.draft_path else None)
+    prompts = [{"prompt_id": prompt.prompt_id, "text": prompt.text,
+                "prompt_tokens": reference.get(prompt.prompt_id, {}).get("prompt_tokens")} for prompt in job.prompts]
+    return {"runner": system.runner, "target": str(job.target_path), "draft": draft, "prompts": prompts,
+            "max_tokens": job.max_tokens, "temperature": job.temperature, "top_k": job.top_k, "top_p": job.top_p,
+            "seed": job.seed, "num_threads": job.num_threads, "max_context": job.max_context,
+            "num_warmup_tokens": job.num_warmup_tokens, "options": options}
+
+
+def _run_worker(system: System, job: BenchJob, reference: dict[str, dict], advance) -> list[dict]:
+    rows: list[dict] = []
+
+    def on_line(line: str) -> None:
+        if not line.strip():
+            return
+        record = json.loads(line)
+        if "note" in record:
+            system.notes.append(f"{system.name}: {record['note']}")
+        else:
+            rows.append(record)
+            advance()
+
+    run = run_child([sys.executable, "-m", "apps.bench_worker"],
+                    stdin_text=json.dumps(_worker_job(system, job, reference)), on_line=on_line)
+    if run.returncode != 0:
+        system.status, system.reason = "failed", describe_failure(run, f"{system.name} worker")
+        return []
+    return rows
+
+
+def _run_llama_speculative(system: System, job: BenchJob, reference: dict[str, dict], advance) -> list[dict]:
+    binary = llama_speculative.binary_path(job.llama_tools_dir)
+    rows = []
+    for prompt in job.prompts:
+        argv = llama_speculative.command(
+            binary, job.target_path, job.draft_path, reference[prompt.prompt_id]["prompt_text"],
+            max_tokens=job.max_tokens, num_threads=job.num_threads, max_context=job.max_context,
+            temperature=job.temperature, top_k=job.top_k, top_p=job.top_p, seed=job.seed,
+            draft_max=job.peer_draft_max)
+        run = run_child(argv)
+        if run.returncode != 0:
+            system.status, system.reason = "failed", describe_failure(run, llama_speculative.TOOL)
+            return []
+        rows.append(llama_speculative.measured_row(prompt.prompt_id, run, reference[prompt.prompt_id]["prompt_text"]))
+        advance()
+    num_retokenized = sum(row["num_prompt_tokens"] != len(reference[row["prompt_id"]]["prompt_tokens"]) for row in rows)
+    if num_retokenized:
+        system.notes.append(f"{system.name}: {num_retokenized} of {len(rows)} prompts tokenized to another length "
+                            "than PocketSpec's")
+    draft_max = rows[0].get("draft_max") if rows else None
+    system.notes.append(f"{system.name}: {llama_speculative.TOOL} --spec-draft-n-max {draft_max} (fixed draft length), "
+                        f"--temp {job.temperature}, -t {job.num_threads}, -c {job.max_context}")
+    system.notes.append(llama_bench.reference_note(job.llama_tools_dir, job.target_path, num_tokens=job.max_tokens,
+                                                   num_threads=job.num_threads))
+    return rows
+
+
+def run_system(system: System, job: BenchJob, reference: dict[str, dict]) -> list[dict]:
+    """The system's raw rows, one per prompt, with a progress bar over the prompts on stderr.
+
+    A failed system gets status `failed`, a one-line reason and no rows: the others still run.
+    """
+    with click.progressbar(length=len(job.prompts), label=f"{system.name:>28}", file=sys.stderr,
+                           show_pos=True) as bar:
+        advance = lambda: bar.update(1)  # noqa: E731
+        if system.runner == "llama-speculative":
+            return _run_llama_speculative(system, job, reference, advance)
+        return _run_worker(system, job, reference, advance)
+
+
+def matches_plain(row: dict, plain: dict, job: BenchJob) -> bool | None:
+    """Whether a system's output equals plain decoding's, at temperature 0.
+
+    Tokens are compared where the system reports them; llama-speculative-simple gives only
+    text, and may run a few tokens past --max-tokens, so plain's text must then begin it.
+    """
+    if job.temperature > 0:
+        return None
+    if row.get("tokens") is not None:
+        return row["tokens"] == plain["tokens"]
+    if row["text"] is None:
+        return False
+    return row["text"] == plain["text"] or (plain["num_tokens"] >= job.max_tokens
+                                            and row["text"].startswith(plain["text"]))
+
+
+def final_rows(system: System, raw_rows: list[dict], job: BenchJob, reference: dict[str, dict]) -> list[dict]:
+    """Rows for results.json: measurements, category, whether they match plain; no token lists."""
+    categories = {prompt.prompt_id: prompt.category for prompt in job.prompts}
+    rows = []
+    for raw in raw_rows:
+        row = {key: value for key, value in raw.items()
+               if key not in ("tokens", "text", "prompt_tokens", "prompt_text")}
+        row.update(system=system.name, category=categories[raw["prompt_id"]],
+                   matches_plain=matches_plain(raw, reference[raw["prompt_id"]], job))
+        row["tokens_per_second"] = raw["num_decode_tokens"] / raw["decode_seconds"] if raw["decode_seconds"] else 0.0
+        rows.append(row)
+    return rows

@@ -1,0 +1,97 @@
+"""One system of `pocketspec bench` in its own process, so that its peak memory is its own.
+
+    python -m apps.bench_worker < job.json
+
+The job names a runner (PocketSpec, or a peer that runs in Python), the models and the
+prompts; each prompt's measurements go to stdout as one JSON line, notes as {"note": ...}.
+A UserError is one line on stderr and exit code 2, as in the CLI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+from pocketspec.errors import UserError
+
+RUNNERS = {
+    "pocketspec": "apps.bench_worker:run_pocketspec",
+    "prompt-lookup": "apps.peers.prompt_lookup:run",
+    "transformers": "apps.peers.transformers_assisted:run",
+}
+
+
+def emit(record: dict) -> None:
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def gpu_peak_bytes() -> int | None:
+    """torch's CUDA/ROCm allocator peak, when this process used a GPU through torch."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.max_memory_allocated())
+
+
+def measured_row(prompt: dict, *, tokens: list[int], num_decode_tokens: int, decode_seconds: float,
+                 ttft_seconds: float, peak_rss_bytes: int, num_drafted=None, num_accepted=None, num_steps=None,
+                 **extra) -> dict:
+    """The fields every runner reports for one prompt (peak memory: the GPU allocator's when one was used)."""
+    gpu_bytes = gpu_peak_bytes()
+    return {"prompt_id": prompt["prompt_id"], "tokens": tokens, "num_tokens": len(tokens),
+            "num_decode_tokens": num_decode_tokens, "decode_seconds": decode_seconds, "ttft_seconds": ttft_seconds,
+            "num_drafted": num_drafted, "num_accepted": num_accepted, "num_steps": num_steps,
+            "peak_rss_bytes": peak_rss_bytes, "peak_gpu_bytes": gpu_bytes,
+            "peak_memory_bytes": gpu_bytes if gpu_bytes is not None else peak_rss_bytes, **extra}
+
+
+def run_pocketspec(job: dict) -> None:
+    from apps.session import open_engine
+    from pocketspec.chat_template import encode_chat, template_for
+
+    with open_engine(target=job["target"], draft=job["draft"], pair=None, temperature=job["temperature"],
+                     seed=job["seed"], threads=job["num_threads"], max_context=job["max_context"],
+                     max_new_tokens=job["max_tokens"], announce=False, **job["options"]) as session:
+        for note in session.notes:
+            emit({"note": note})
+        engine = session.engine
+        tokenizer = engine.target.tokenizer
+        template = template_for(tokenizer)
+
+        def generate(prompt_tokens: list[int], max_tokens: int):
+            engine.target.rollback(0)  # every prompt starts from an empty cache, as in the peers
+            if engine.model is not None:
+                engine.model.reset()
+            engine.reseed(job["seed"])
+            return engine.generate(prompt_tokens, max_tokens)
+
+        for index, prompt in enumerate(job["prompts"]):
+            messages = [{"role": "user", "content": prompt["text"]}]
+            prompt_tokens = encode_chat(tokenizer, template, messages)
+            if index == 0 and job["num_warmup_tokens"]:
+                generate(prompt_tokens, job["num_warmup_tokens"])
+            result = generate(prompt_tokens, job["max_tokens"])
+            stats = result.stats
+            emit(measured_row(prompt, tokens=result.tokens, num_decode_tokens=max(stats.num_tokens - 1, 0),
+                              decode_seconds=stats.decode_seconds, ttft_seconds=stats.prefill_seconds,
+                              peak_rss_bytes=stats.peak_rss_bytes, num_drafted=stats.num_drafted,
+                              num_accepted=stats.num_accepted, num_steps=stats.num_steps,
+                              stop_reason=result.stop_reason, prompt_text=template.render(messages),
+                              prompt_tokens=prompt_tokens,
+                              text=tokenizer.decode(result.tokens)))
+
+
+def main() -> None:
+    job = json.load(sys.stdin)
+    module_name, _, function_name = RUNNERS[job["runner"]].partition(":")
+    try:
+        getattr(importlib.import_module(module_name), function_name)(job)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(UserError.exit_code)
+
+
+if __name__ == "__main__":
+    main()

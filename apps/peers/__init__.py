@@ -1,0 +1,34 @@
+"""The peers `pocketspec bench` runs beside PocketSpec, one module each.
+
+- llama.cpp: llama.cpp's own `llama-speculative-simple` (built by native/build_llama_tools.sh)
+- prompt-lookup: llama-cpp-python's LlamaPromptLookupDecoding
+- transformers: transformers' assisted generation (the `peers` extra)
+"""
+
+from __future__ import annotations
+
+from pocketspec.errors import UserError
+
+# peer name -> (system name in the report, the runner that measures it)
+PEERS = {
+    "llama.cpp": ("llama.cpp-speculative", "llama-speculative"),
+    "prompt-lookup": ("prompt-lookup", "prompt-lookup"),
+    "transformers": ("transformers-assisted", "transformers"),
+}
+# The peers that run on the same kind of engine as each --backend
+DEFAULT_PEERS = {"llama.cpp": ("llama.cpp", "prompt-lookup"), "torch": ("transformers",)}
+
+
+def parse_peers(text: str, backend: str) -> list[str]:
+    """`auto`, `none`, `all` or a comma-separated list of peer names."""
+    if text == "auto":
+        return list(DEFAULT_PEERS[backend])
+    if text == "none":
+        return []
+    if text == "all":
+        return list(PEERS)
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in PEERS]
+    if unknown or not names:
+        raise UserError(f"--peers {text!r}: use auto, none, all or a list of {', '.join(PEERS)}")
+    return list(dict.fromkeys(names))

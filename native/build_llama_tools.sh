@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's own `llama-speculative-simple` and `llama-bench`, the peers that
+# `pocketspec bench` runs, from the llama.cpp source vendored in the llama-cpp-python
+# sdist, with the same version and portable flags as native/build_llama_cpp.sh.
+#
+#   POCKETSPEC_ACCEL=cpu|cuda|rocm|vulkan native/build_llama_tools.sh [path/to/venv/bin/pip]
+#
+# Installs into $POCKETSPEC_HOME/llama-tools/<version>-<accel>/ (POCKETSPEC_HOME defaults
+# to ~/.cache/pocketspec) with a stamp build.json, and skips the build when that stamp
+# names the same version and CMake arguments. POCKETSPEC_FORCE_REBUILD=1 rebuilds.
+# About 10 minutes on 2 cores.
+set -euo pipefail
+
+source "$(dirname "$0")/llama_build.sh"
+PIP="${1:-.venv/bin/pip}"
+ACCEL="${POCKETSPEC_ACCEL:-cpu}"
+CMAKE_ARGS="$(llama_cmake_args "$ACCEL")" || exit 2
+TOOLS=(llama-speculative-simple llama-bench)
+DEST="${POCKETSPEC_HOME:-$HOME/.cache/pocketspec}/llama-tools/$LLAMA_CPP_PYTHON_VERSION-$ACCEL"
+STAMP="$DEST/build.json"
+
+if [[ ! -x "$PIP" ]]; then
+  echo "error: pip '$PIP' not found; pass the venv's pip as the first argument" >&2
+  exit 2
+fi
+PYTHON="$(dirname "$PIP")/python"
+
+already_built() {
+  [[ "${POCKETSPEC_FORCE_REBUILD:-0}" != "1" ]] || return 1
+  for tool in "${TOOLS[@]}"; do [[ -x "$DEST/bin/$tool" ]] || return 1; done
+  stamp_matches "$PYTHON" "$STAMP" "version=$LLAMA_CPP_PYTHON_VERSION" "cmake_args=$CMAKE_ARGS"
+}
+
+if already_built; then
+  echo "llama.cpp tools $LLAMA_CPP_PYTHON_VERSION ($ACCEL) are already built in $DEST; nothing to do"
+  exit 0
+fi
+
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+echo "building ${TOOLS[*]} from llama-cpp-python $LLAMA_CPP_PYTHON_VERSION's llama.cpp for $ACCEL into $DEST"
+echo "CMAKE_ARGS=$CMAKE_ARGS"
+"$PIP" download -q --no-deps --no-binary :all: -d "$WORK" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+tar -xzf "$WORK"/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION".tar.gz -C "$WORK"
+SOURCE="$WORK/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
+
+# Static libraries make each binary self-contained; the server, tests and HTTPS
+# download support are not needed for local GGUF files.
+# shellcheck disable=SC2086  # CMAKE_ARGS is a list of words
+cmake -S "$SOURCE" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF $CMAKE_ARGS
+cmake --build "$WORK/build" --config Release -j "$(nproc)" --target "${TOOLS[@]}"
+
+mkdir -p "$DEST/bin"
+for tool in "${TOOLS[@]}"; do
+  install -m 755 "$WORK/build/bin/$tool" "$DEST/bin/$tool.partial"
+  mv "$DEST/bin/$tool.partial" "$DEST/bin/$tool"
+done
+"$DEST/bin/llama-bench" --help >/dev/null || { echo "error: llama-bench does not run after the build" >&2; exit 1; }
+
+write_stamp "$PYTHON" "$STAMP" "source=llama-cpp-python sdist, vendor/llama.cpp" "version=$LLAMA_CPP_PYTHON_VERSION" \
+  "accel=$ACCEL" "cmake_args=$CMAKE_ARGS"
+echo "done: ${TOOLS[*]} in $DEST/bin, stamp $STAMP"

@@ -1,0 +1,49 @@
+# Shared by the two llama.cpp builds, build_llama_cpp.sh (the Python bindings) and
+# build_llama_tools.sh (llama.cpp's own tools): the version, the portable CMake flags (their
+# one home) and the build stamps. Sourced, not run:
+#
+#   source native/llama_build.sh; CMAKE_ARGS="$(llama_cmake_args cpu)" || exit 2
+
+LLAMA_CPP_PYTHON_VERSION="0.3.36"
+
+# GGML_NATIVE=ON (the default) picks the AMX kernels on CPUs that report AMX, and
+# llama.cpp 0.3.36 then segfaults in ggml_backend_amx_mul_mat at the first decode.
+PORTABLE_CPU_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON"
+
+# Prints the CMake arguments for one accelerator (cpu|cuda|rocm|vulkan); an unknown one
+# gives one line on stderr and status 2.
+llama_cmake_args() {
+  case "$1" in
+    cpu) echo "$PORTABLE_CPU_ARGS" ;;
+    cuda) echo "$PORTABLE_CPU_ARGS -DGGML_CUDA=on" ;;
+    rocm) echo "$PORTABLE_CPU_ARGS -DGGML_HIP=on" ;;
+    vulkan) echo "$PORTABLE_CPU_ARGS -DGGML_VULKAN=on" ;;
+    *) echo "error: POCKETSPEC_ACCEL='$1' is not one of cpu, cuda, rocm, vulkan" >&2; return 2 ;;
+  esac
+}
+
+# stamp_matches PYTHON STAMP KEY=VALUE...: status 0 when the JSON stamp exists and holds every pair.
+stamp_matches() {
+  local python="$1" stamp="$2"
+  shift 2
+  [[ -f "$stamp" ]] && "$python" - "$stamp" "$@" <<'PY'
+import json, sys
+stamp = json.load(open(sys.argv[1]))
+sys.exit(0 if all(stamp.get(key) == value for key, _, value in (pair.partition("=") for pair in sys.argv[2:])) else 1)
+PY
+}
+
+# write_stamp PYTHON STAMP KEY=VALUE...: writes the pairs and the build time as JSON, atomically.
+write_stamp() {
+  local python="$1" stamp="$2"
+  shift 2
+  "$python" - "$stamp" "$@" <<'PY'
+import datetime, json, os, sys
+path = sys.argv[1]
+stamp = {key: value for key, _, value in (pair.partition("=") for pair in sys.argv[2:])}
+stamp["built_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+with open(path + ".partial", "w") as file:
+    json.dump(stamp, file, indent=2)
+os.replace(path + ".partial", path)
+PY
+}

@@ -1,0 +1,54 @@
+"""`pocketspec bench`: bad flags and suites are one line and exit code 2; a smallest real run
+on SmolLM2 writes results.json, report.md and the plots (timings are not checked here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_cli_errors import assert_one_line_error, run_cli
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--suite", "/nonexistent/suite.jsonl"], ["/nonexistent/suite.jsonl does not exist"]),
+    (["--categories", "no-such-category"], ["no-such-category", "coding"]),
+    (["--peers", "vllm"], ["--peers 'vllm'"]),
+    (["--drafters", "medusa"], ["--drafters 'medusa'"]),
+    (["--memory-budget", "2GiB,lots"], ["--memory-budget 'lots'"]),
+])
+def test_bad_flags(smollm2_path, args, fragments):
+    assert_one_line_error(run_cli("bench", "--target", str(smollm2_path), *args), *fragments)
+
+
+def test_bad_suite_line_names_file_and_line(smollm2_path, tmp_path):
+    suite = tmp_path / "mine.jsonl"
+    suite.write_text('{"prompt": "fine"}\n{"turns": "oops"}\n')
+    assert_one_line_error(run_cli("bench", "--target", str(smollm2_path), "--suite", str(suite)),
+                          f"{suite} line 2: `turns` must be a list")
+
+
+@pytest.mark.real_model
+def test_smallest_run_writes_results_report_and_plots(smollm2_path, tmp_path):
+    suite = tmp_path / "two.jsonl"
+    suite.write_text('{"category": "code", "prompt": "Write a Python function that adds two numbers."}\n'
+                     '{"category": "chat", "turns": ["Say hello."]}\n')
+    out = tmp_path / "out"
+    result = run_cli("bench", "--target", str(smollm2_path), "--suite", str(suite), "--max-tokens", "8",
+                     "--drafters", "ngram,self-sparse", "--peers", "prompt-lookup,llama.cpp", "--threads", "1",
+                     "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    results = json.loads((out / "results.json").read_text())
+    status = {system["name"]: (system["status"], system["reason"]) for system in results["systems"]}
+    assert status["plain"] == ("ok", None) and status["pocketspec-ngram"] == ("ok", None)
+    assert status["prompt-lookup"] == ("ok", None)
+    assert status["pocketspec-self-sparse"] == ("skipped", "self-drafts run on --backend torch")
+    assert status["llama.cpp-speculative"][0] == "skipped"  # SmolLM2 has no draft model
+    assert {(row["system"], row["category"]) for row in results["rows"]} == {
+        (system, category) for system in ("plain", "pocketspec-ngram", "prompt-lookup") for category in ("code", "chat")}
+    assert all(row["matches_plain"] for row in results["rows"] if row["system"] == "plain")
+    assert all(row["peak_memory_bytes"] > 50 * 2**20 and row["num_tokens"] >= 1 for row in results["rows"])
+    assert results["machine"]["doctor"]["llama_cpp"]["version"] == "0.3.36"
+    report = (out / "report.md").read_text()
+    assert "## code" in report and "## chat" in report and "× prompt-lookup" in report
+    assert all((out / name).stat().st_size > 10_000 for name in ("speedup.png", "frontier.png"))

@@ -1,0 +1,41 @@
+"""Comparing each system's output with plain decoding, and the rows results.json keeps."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from apps.bench_run import BenchJob, System, final_rows, matches_plain
+from apps.bench_suite import SuitePrompt
+
+JOB = BenchJob(Path("t.gguf"), Path("d.gguf"), [SuitePrompt("1", "coding", "hi")], max_tokens=4, temperature=0.0,
+               top_k=0, top_p=1.0, seed=0, num_threads=2, max_context=2048, num_warmup_tokens=0,
+               pocketspec_options={}, llama_tools_dir=Path("/nowhere"), peer_draft_max=None)
+PLAIN = {"prompt_id": "1", "tokens": [5, 6, 7, 8], "text": "a b c d", "num_tokens": 4}
+
+
+def test_tokens_are_compared_where_a_system_reports_them():
+    assert matches_plain({"tokens": [5, 6, 7, 8], "text": "other"}, PLAIN, JOB) is True
+    assert matches_plain({"tokens": [5, 6, 7, 9], "text": "a b c d"}, PLAIN, JOB) is False
+
+
+def test_text_only_peers_may_run_past_max_tokens_but_not_past_an_end():
+    assert matches_plain({"tokens": None, "text": "a b c d e"}, PLAIN, JOB) is True
+    assert matches_plain({"tokens": None, "text": "a b x d e"}, PLAIN, JOB) is False
+    assert matches_plain({"tokens": None, "text": None}, PLAIN, JOB) is False  # its prompt echo differed
+    ended_early = {**PLAIN, "num_tokens": 3, "text": "a b c"}
+    assert matches_plain({"tokens": None, "text": "a b c d"}, ended_early, JOB) is False
+
+
+def test_no_match_is_claimed_when_sampling():
+    assert matches_plain({"tokens": [1], "text": ""}, PLAIN, replace(JOB, temperature=0.7)) is None
+
+
+def test_final_rows_drop_token_lists_and_add_category_rate_and_match():
+    raw = {"prompt_id": "1", "tokens": [5, 6, 7, 8], "text": "a b c d", "prompt_tokens": [1, 2],
+           "prompt_text": "hi", "num_decode_tokens": 3, "decode_seconds": 0.5, "ttft_seconds": 0.1}
+    (row,) = final_rows(System("pocketspec-ngram", "pocketspec", "pocketspec", "pocketspec-ngram"), [raw], JOB,
+                        {"1": PLAIN})
+    assert row["system"] == "pocketspec-ngram" and row["category"] == "coding"
+    assert row["matches_plain"] is True and row["tokens_per_second"] == 6.0
+    assert not {"tokens", "text", "prompt_tokens", "prompt_text"} & set(row)
