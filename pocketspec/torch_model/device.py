@@ -20,10 +20,13 @@ def gpu_build() -> str:
 
 
 def resolve_device(name: str) -> torch.device:
+    """cpu:N is the CPU: several of them simulate a multi-device split on one machine."""
     kind, _, index = name.partition(":")
-    if kind == "cpu" and not index:
+    if index and not index.isdigit():
+        raise UserError(f"--device {name!r}: use cpu, cuda, cuda:N or rocm")
+    if kind == "cpu":
         return torch.device("cpu")
-    if kind not in ("cuda", "rocm") or (index and not index.isdigit()):
+    if kind not in ("cuda", "rocm"):
         raise UserError(f"--device {name!r}: use cpu, cuda, cuda:N or rocm")
     if kind == "rocm" and not getattr(torch.version, "hip", None):
         raise UserError(f"--device rocm: this torch is a {gpu_build()} build; install a ROCm build of torch")

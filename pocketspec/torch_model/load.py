@@ -8,6 +8,7 @@ the weights are never held twice.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -53,7 +54,12 @@ def _place(model: nn.Module, name: str, array: np.ndarray | torch.Tensor, dtype:
     setattr(module, attribute, nn.Parameter(tensor.to(device=device, dtype=dtype), requires_grad=False))
 
 
-def load_model(path: Path | str, weights_format: str, device: torch.device) -> Transformer:
+def load_model(path: Path | str, weights_format: str, device: torch.device,
+               device_for: Callable[[str], torch.device] | None = None, shard=None) -> Transformer:
+    """device_for(parameter name) places each tensor (a layer split); None puts all on `device`.
+
+    shard: a tensor_parallel.TensorShard; the model is resized to it and each tensor cut as read.
+    """
     if weights_format not in WEIGHT_FORMATS:
         raise UserError(f"unknown weights format {weights_format!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     weights = open_weights(path)
@@ -61,9 +67,13 @@ def load_model(path: Path | str, weights_format: str, device: torch.device) -> T
     with torch.device("meta"):
         model = Transformer(weights.config)
         swap_linears(model, weights_format, dtype)
+        if shard is not None:
+            shard.resize(model)
     try:
         for name, array in weights.tensors():
-            _place(model, name, array, dtype, device)
+            if shard is not None:
+                array = shard.cut(name, array)
+            _place(model, name, array, dtype, device if device_for is None else device_for(name))
     finally:
         weights.close()
     model.inv_freq = rope_inv_freq(weights.config, device)
