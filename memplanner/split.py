@@ -71,6 +71,11 @@ def parse_device_budgets(devices: str | None, budgets: str) -> list[DeviceBudget
     return found
 
 
+def even_layer_counts(num_layers: int, num_devices: int) -> tuple[int, ...]:
+    """Blocks per device as even as possible, the earlier devices taking one more (no plan given)."""
+    return tuple(num_layers // num_devices + (index < num_layers % num_devices) for index in range(num_devices))
+
+
 def _device_names(devices: str) -> list[str]:
     names = [name.strip() for name in devices.split(",") if name.strip()]
     if not names:

@@ -12,7 +12,8 @@ from conftest import built_engine
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
-from pocketspec.torch_model.layer_split import LayerSplit, _hop_to, even_layer_counts
+from memplanner.split import even_layer_counts
+from pocketspec.torch_model.layer_split import LayerSplit, _hop_to
 from tiny_models import write_tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

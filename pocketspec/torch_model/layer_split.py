@@ -19,14 +19,10 @@ from typing import Callable
 import torch
 from torch import nn
 
+from memplanner.split import even_layer_counts
 from pocketspec.errors import UserError
 from pocketspec.torch_model.device import resolve_device
 from pocketspec.torch_model.model import Transformer
-
-
-def even_layer_counts(num_layers: int, num_devices: int) -> tuple[int, ...]:
-    """Blocks per device as even as possible, the earlier devices taking one more."""
-    return tuple(num_layers // num_devices + (index < num_layers % num_devices) for index in range(num_devices))
 
 
 @dataclass(frozen=True)
