@@ -23,6 +23,7 @@ from pocketspec.backends.distributed import Command, Ranks, spawn_followers, tor
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings, default_num_threads
+from pocketspec.torch_model.device import resolve_device, resolve_devices
 
 
 class RowSplitBackend(TorchBackend):
@@ -136,9 +137,7 @@ def _spawned_follower(rank: int, world_size: int, init_method: str, rendezvous_d
 
 
 def _rank_device(settings: ModelSettings, rank: int):
-    from pocketspec.torch_model.device import resolve_device
-
-    return resolve_device(settings.devices[rank])
+    return resolve_device(settings.devices[rank], "--devices")
 
 
 def open_row_split(model_path: Path, settings: ModelSettings) -> RowSplitBackend:
@@ -148,6 +147,7 @@ def open_row_split(model_path: Path, settings: ModelSettings) -> RowSplitBackend
     if dist.is_initialized():
         raise UserError("a row split is already open in this process (torch.distributed has one default "
                         "group): close it first")
+    resolve_devices(settings.devices)  # one kind: ranks on a CPU and on GPUs would pick different collectives
     world_size = len(settings.devices)
     under_torchrun = torchrun_rank()
     if under_torchrun is not None:

@@ -21,7 +21,7 @@ from torch import nn
 
 from memplanner.split import even_layer_counts
 from pocketspec.errors import UserError
-from pocketspec.torch_model.device import resolve_device
+from pocketspec.torch_model.device import resolve_device, resolve_devices
 from pocketspec.torch_model.model import Transformer
 
 
@@ -37,10 +37,7 @@ class LayerSplit:
         if len(counts) != len(device_names) or sum(counts) != num_layers:
             raise UserError(f"the layer split {list(counts)} does not give {len(device_names)} devices "
                             f"the model's {num_layers} blocks")
-        kinds = {resolve_device(name).type for name in device_names}
-        if len(kinds) > 1:
-            raise UserError(f"--devices {','.join(device_names)} mixes a CPU with GPUs: the torch backend "
-                            "splits over devices of one kind (their compute dtypes differ)")
+        resolve_devices(tuple(device_names))
         return cls(tuple(device_names), tuple(counts))
 
     @property
