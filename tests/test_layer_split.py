@@ -100,3 +100,19 @@ def test_smollm2_split_equals_single_device_plain(smollm2_path, smollm2_plain, d
     """SmolLM2 ties its head to the embedding: the last device gets its own head."""
     assert _generate(smollm2_path, 40, REPETITIVE_TEXT, drafter=drafter, gamma=4, devices=("cpu:0", "cpu:1"),
                      layers_per_device=(14, 16)) == smollm2_plain
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs that torch sees")
+def test_two_gpu_split_equals_one_gpu_plain(tiny_pair):
+    target, _ = tiny_pair
+    gpu = dict(backend="torch", weights="fp32", device="cuda:0")
+    with built_engine(target, drafter="none", **gpu) as plain:
+        expected = plain.generate(plain.target.tokenizer.encode(PROMPT_TEXT, add_bos=True), 64).tokens
+    with built_engine(target, drafter="ngram", gamma=4, backend="torch", weights="fp32",
+                      devices=("cuda:0", "cuda:1"), layers_per_device=(1, 3)) as engine:
+        result = engine.generate(engine.target.tokenizer.encode(PROMPT_TEXT, add_bos=True), 64)
+        cache = engine.target.cache
+        assert [keys.device.index for keys in cache.keys] == [0, 1, 1, 1]
+        assert engine.target.model.output.weight.device.index == 1
+    assert result.tokens == expected

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from memplanner.shapes import shape_from_gguf
 from memplanner.split import DeviceBudget
@@ -87,3 +88,18 @@ def test_a_tied_head_costs_the_last_device_a_copy_of_the_embeddings(uneven_model
     assert tied.shares[1].terms["output_head"] == untied.shares[1].terms["output_head"]  # a copy in place of a head
     assert plan_layer_split(_devices(8), shape, _layout(uneven_model, is_tied=True)).shares[0].peak_bytes == (
         sum(share.peak_bytes for share in tied.shares) - head_bytes)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA/ROCm GPU")
+def test_on_one_gpu_the_allocator_holds_what_the_plan_counts(uneven_model):
+    """The per-device plan of a single GPU against torch's allocator (which rounds each tensor up to 512 bytes)."""
+    shape = shape_from_gguf(uneven_model)
+    plan = plan_layer_split([DeviceBudget("cuda:0", 1 << 40)], shape, _layout(uneven_model, weights_format="bf16",
+                                                                              kv_dtype="bf16", on_gpu=True))
+    before = torch.cuda.memory_allocated(0)
+    settings = ModelSettings(backend="torch", weights="bf16", max_context=256, device="cuda:0")
+    with TorchBackend.open(uneven_model, settings) as backend:
+        allocated = torch.cuda.memory_allocated(0) - before
+        num_tensors = len(list(backend.model.parameters())) + len(list(backend.model.buffers())) + 2 * 4
+        assert 0 <= allocated - plan.shares[0].peak_bytes <= 512 * num_tensors

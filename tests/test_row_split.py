@@ -9,6 +9,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 from conftest import built_engine
 from pocketspec.backends.torch_backend import TorchBackend
@@ -116,3 +117,16 @@ def test_a_forward_cut_short_on_rank_0_still_closes_every_rank(tiny_pair):
     backend.close()
     assert time.monotonic() - started < 15
     assert not follower.is_alive()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs that torch sees")
+def test_two_gpu_row_split_over_nccl_equals_one_gpu_plain(tiny_pair):
+    target, _ = tiny_pair
+    with built_engine(target, drafter="none", backend="torch", weights="fp32", device="cuda:0",
+                      max_context=512) as engine:
+        expected = engine.generate(engine.target.tokenizer.encode(PROMPT_TEXT, add_bos=True), 64).tokens
+    settings = ModelSettings(**{**ROW, "devices": ("cuda:0", "cuda:1")})
+    with open_backend(target, settings) as rows:
+        assert set(rows.allocator_peaks()) == {"cuda:0", "cuda:1"}
+        assert _generate(rows, 64, "ngram").tokens == expected

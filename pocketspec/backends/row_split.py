@@ -49,19 +49,28 @@ class RowSplitBackend(TorchBackend):
         raise UserError("self-drafts run the target's own layers, which a row split spreads over every rank; "
                         "use --draft ngram, a draft model, or --split-mode layer")
 
+    def _reports(self) -> list[tuple[dict, dict]]:
+        self.ranks.send(Command.REPORT)
+        return self.ranks.gather(_report(self))
+
     def memory_by_device(self) -> dict[str, dict[str, int]]:
         """Every rank's weights and KV cache, under its device's name."""
-        self.ranks.send(Command.REPORT)
-        found = {}
-        for report in self.ranks.gather(super().memory_by_device()):
-            found.update(report)
-        return found
+        return {name: terms for memory, _ in self._reports() for name, terms in memory.items()}
+
+    def allocator_peaks(self) -> dict[str, int]:
+        """Every rank's allocator peak, on GPUs."""
+        return {name: peak for _, peaks in self._reports() for name, peak in peaks.items()}
 
     def close(self) -> None:
         if getattr(self, "ranks", None) is not None:
             self.ranks.close()
             self.ranks = None
         super().close()
+
+
+def _report(backend: TorchBackend) -> tuple[dict, dict]:
+    """What a rank answers REPORT with: its own tensor bytes and allocator peak."""
+    return TorchBackend.memory_by_device(backend), TorchBackend.allocator_peaks(backend)
 
 
 def _rank_settings(settings: ModelSettings, rank: int, world_size: int) -> ModelSettings:
@@ -106,7 +115,7 @@ def _follow(backend: TorchBackend, ranks: Ranks) -> None:
             backend.rollback(num_cached)
             backend.shift_out(start, count)
         elif command == Command.REPORT:
-            ranks.gather(backend.memory_by_device())
+            ranks.gather(_report(backend))
         else:
             return
 

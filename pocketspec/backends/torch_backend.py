@@ -209,6 +209,14 @@ class TorchBackend:
             terms["kv_cache"] = terms.get("kv_cache", 0) + self.cache.layer_num_bytes(layer)
         return found
 
+    def allocator_peaks(self) -> dict[str, int]:
+        """torch.cuda.max_memory_allocated of every GPU the model sits on, by device name (none on a CPU)."""
+        split: LayerSplit | None = getattr(self.model, "layer_split", None)
+        names = split.device_names if split is not None else ((self.settings.devices or (self.settings.device,))[0],)
+        devices = {name: resolve_device(name) for name in names}
+        return {name: int(torch.cuda.max_memory_allocated(device)) for name, device in devices.items()
+                if device.type == "cuda"}
+
     def close(self) -> None:
         self.cache = None
         self.model = None
