@@ -99,6 +99,7 @@ def test_the_plan_puts_the_draft_model_on_its_own_device(qwen_target_path, qwen_
     (TORCH + ["--devices", "cpu:0,cpu:1", "--memory-budget", "100KiB,100KiB"], ["does not fit across cpu:0"]),
     (TORCH + ["--memory-budget", "cpu:0=1GiB", "--split-mode", "row"], ["two or more --devices"]),
     (TORCH + ["--devices", "cpu:0,cpu:1", "--split-mode", "row", "--draft", "self-skip"], ["--split-mode row"]),
+    (TORCH + ["--devices", "cpu:0,cpu:1,cpu:2", "--split-mode", "row"], ["at least that many key/value heads"]),
 ])
 def test_splits_that_cannot_run_are_one_line_errors(tiny_pair, args, fragments):
     assert_one_line_error(_generate(tiny_pair[0], *args), *fragments)

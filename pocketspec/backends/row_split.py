@@ -10,6 +10,7 @@ what it means and stops them when it closes.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from dataclasses import replace
@@ -31,27 +32,35 @@ class RowSplitBackend(TorchBackend):
 
     ranks: Ranks
 
-    def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
-        self.check_forward(tokens, logits_rows)  # refused here, before any follower runs it
+    @contextlib.contextmanager
+    def _failures_reported(self):
+        """torch.distributed's errors (a rank died or timed out) as one line for the user."""
         try:
-            self.ranks.send(Command.FORWARD, start=self.num_cached, count=len(tokens), tokens=tokens)
-            return super().forward(tokens, logits_rows)
+            yield
         except torch.OutOfMemoryError:
             raise
-        except RuntimeError as error:  # torch.distributed's errors: a rank died or timed out
+        except RuntimeError as error:
             raise self.ranks.failure(error) from None
 
+    def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
+        self.check_forward(tokens, logits_rows)  # refused here, before any follower runs it
+        with self._failures_reported():
+            self.ranks.send(Command.FORWARD, start=self.num_cached, count=len(tokens), tokens=tokens)
+            return super().forward(tokens, logits_rows)
+
     def shift_out(self, start: int, count: int) -> None:
-        self.ranks.send(Command.SHIFT, start=start, count=count, num_cached=self.num_cached)
-        super().shift_out(start, count)
+        with self._failures_reported():
+            self.ranks.send(Command.SHIFT, start=start, count=count, num_cached=self.num_cached)
+            super().shift_out(start, count)
 
     def self_draft(self, settings: ModelSettings, **kwargs) -> TorchBackend:
         raise UserError("self-drafts run the target's own layers, which a row split spreads over every rank; "
                         "use --draft ngram, a draft model, or --split-mode layer")
 
     def _reports(self) -> list[tuple[dict, dict]]:
-        self.ranks.send(Command.REPORT)
-        return self.ranks.gather(_report(self))
+        with self._failures_reported():
+            self.ranks.send(Command.REPORT)
+            return self.ranks.gather(_report(self))
 
     def memory_by_device(self) -> dict[str, dict[str, int]]:
         """Every rank's weights and KV cache, under its device's name."""
@@ -80,16 +89,23 @@ def _rank_settings(settings: ModelSettings, rank: int, world_size: int) -> Model
     return replace(settings, devices=(), device=device, num_threads=num_threads if device.startswith("cpu") else 0)
 
 
-def _load_rank(model_path: Path, settings: ModelSettings, ranks: Ranks, backend_class=TorchBackend):
-    """This rank's backend, or None and the error every rank is told (a load failing on one fails all)."""
+def _shard(model_path: Path, rank: int, world_size: int):
+    """This rank's TensorShard, from the model's config (refused where the heads cannot be split)."""
     from pocketspec.torch_model.load import open_weights
-    from pocketspec.torch_model.tensor_parallel import TensorShard, install_all_reduce
+    from pocketspec.torch_model.tensor_parallel import TensorShard
+
+    weights = open_weights(model_path)
+    weights.close()
+    return TensorShard(weights.config, rank, world_size)
+
+
+def _load_rank(model_path: Path, settings: ModelSettings, ranks: Ranks, backend_class=TorchBackend):
+    """This rank's backend; a load that fails on any rank raises on every rank (the others would wait for it)."""
+    from pocketspec.torch_model.tensor_parallel import install_all_reduce
 
     backend, error = None, ""
     try:
-        weights = open_weights(model_path)
-        weights.close()
-        shard = TensorShard(weights.config, ranks.rank, ranks.world_size)
+        shard = _shard(model_path, ranks.rank, ranks.world_size)
         backend = backend_class.open(model_path, _rank_settings(settings, ranks.rank, ranks.world_size),
                                      shard=shard, with_tokenizer=ranks.rank == 0)
         install_all_reduce(backend.model)
@@ -158,6 +174,7 @@ def open_row_split(model_path: Path, settings: ModelSettings) -> RowSplitBackend
                         "group): close it first")
     resolve_devices(settings.devices)  # one kind: ranks on a CPU and on GPUs would pick different collectives
     world_size = len(settings.devices)
+    _shard(model_path, 0, world_size)  # refused here, before any process starts
     under_torchrun = torchrun_rank()
     if under_torchrun is not None:
         rank, torchrun_world_size = under_torchrun
@@ -173,7 +190,10 @@ def open_row_split(model_path: Path, settings: ModelSettings) -> RowSplitBackend
         ranks, init_method = spawn_followers(world_size, settings.n_batch, _spawned_follower,
                                              (str(model_path), settings))
     try:
-        ranks.join(_rank_device(settings, 0), settings.distributed_timeout_s, init_method)
+        try:
+            ranks.join(_rank_device(settings, 0), settings.distributed_timeout_s, init_method)
+        except RuntimeError as error:  # a follower never came (it failed to start, or timed out)
+            raise ranks.failure(error) from None
         backend = _load_rank(model_path, settings, ranks, RowSplitBackend)
     except BaseException:
         ranks.close()
