@@ -52,7 +52,7 @@ def test_splits_llama_cpp_cannot_run_are_refused(devices, split_mode, message):
 def test_a_cpu_build_given_gpu_split_parameters_generates_the_same_tokens(smollm2_path):
     """This build has no GPU, so llama.cpp ignores the split; the parameters still reach the load."""
     assert not llama_cpp.llama_supports_gpu_offload()
-    base = ModelSettings(max_context=256, max_logits_rows=1)
+    base = ModelSettings(max_context=256, max_logits_rows=1, num_threads=1)
     outputs = []
     for devices, layers, split_mode in [((), (), "layer"), (("cuda:0", "cuda:1"), (12, 18), "layer"),
                                         (("cuda:1", "cuda:0"), (), "row"), (("cuda:1",), (), "layer")]:

@@ -83,7 +83,7 @@ def test_smollm2_row_split_equals_single_device_plain(smollm2_path):
     draft_settings = ModelSettings(backend="torch", weights="fp32", max_context=512, max_logits_rows=1)
     with open_backend(smollm2_path, ModelSettings(**ROW)) as rows, TorchBackend.open(smollm2_path, draft_settings) as draft:
         assert rows.model.layers[0].attention.num_heads == 6
-        assert _generate(rows, 24, "none", prompt=prompt).tokens == expected
+        assert _generate(rows, 12, "none", prompt=prompt).tokens == expected[:12]
         speculative = _generate(rows, 24, "model", draft, prompt=prompt)
         assert speculative.tokens == expected and speculative.stats.num_accepted > 0
 

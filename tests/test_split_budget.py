@@ -24,8 +24,9 @@ def tiny_pair(tmp_path_factory):
 
 
 def _generate(target: str, *args: str, runner=run_cli):
+    threads = [] if "--threads" in args else ["--threads", "1"]
     return runner("generate", "--prompt", "the cat is", "--max-tokens", "32", "--json", "--max-context", "256",
-                  "--target", target, *args)
+                  "--target", target, *threads, *args)
 
 
 def _tokens(result) -> list[int]:
