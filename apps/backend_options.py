@@ -7,6 +7,7 @@ from dataclasses import fields, replace
 
 import click
 
+from memplanner.split import parse_devices
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings, SpeculationSettings
 
@@ -22,6 +23,13 @@ def backend_options(function):
         click.option("--backend", type=click.Choice(["llama.cpp", "torch"]), default=MODEL.backend, show_default=True,
                      help="Inference backend: llama.cpp (GGUF, CPU/GPU builds) or torch (PyTorch; CPU, CUDA, ROCm)."),
         click.option("--device", default=MODEL.device, show_default=True, help="torch device: cpu, cuda, cuda:N or rocm."),
+        click.option("--devices", default=",".join(MODEL.devices) or None,
+                     help="Split the target over several devices, e.g. cuda:0,cuda:1 (cpu:0,cpu:1 simulates two on "
+                          "one CPU); with --memory-budget 6GiB,4GiB (or cuda:0=6GiB,...) the plan gives each its "
+                          "blocks and places the draft."),
+        click.option("--split-mode", type=click.Choice(["layer", "row"]), default=MODEL.split_mode, show_default=True,
+                     help="With --devices: layer gives each device a run of blocks; row splits every matrix over "
+                          "them (tensor parallel; torch: one process per device, or run under torchrun)."),
         click.option("--weights", type=click.Choice(TORCH_WEIGHTS), default=MODEL.weights, show_default=True,
                      help="torch weight format (auto: fp32 on CPU, bf16 on GPU); int8/int4 quantize on load."),
         click.option("--torch-kv-type", type=click.Choice(TORCH_KV_TYPES), default=MODEL.torch_kv_type,
@@ -45,6 +53,7 @@ def apply_backend_options(target_settings: ModelSettings, speculation: Speculati
     """Put each option into the settings dataclass that is its home."""
     model_options = {name: value for name, value in options.items() if name in _MODEL_FIELDS}
     speculation_options = {name: value for name, value in options.items() if name not in _MODEL_FIELDS}
+    model_options["devices"] = _parse_devices(model_options.get("devices"), model_options.get("device", MODEL.device))
     target_settings = replace(target_settings, **model_options)
     if target_settings.backend == "llama.cpp":
         changed = [name for name in ("device", "weights", "torch_kv_type", "compile")
@@ -53,3 +62,14 @@ def apply_backend_options(target_settings: ModelSettings, speculation: Speculati
             flag = "--" + changed[0].replace("_", "-")
             raise UserError(f"{flag} applies to --backend torch; add --backend torch or leave {flag} out")
     return target_settings, replace(speculation, **speculation_options)
+
+
+def _parse_devices(devices: str | None, device: str) -> tuple[str, ...]:
+    if devices is None:
+        return MODEL.devices
+    if device != MODEL.device:
+        raise UserError(f"give --device {device} or --devices {devices}, not both")
+    try:
+        return parse_devices(devices)
+    except ValueError as error:
+        raise UserError(f"--devices {devices}: {error}") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memplanner.device import detect_device
+from memplanner.options import PlanSettings
 from memplanner.planner import REPACK_EITHER, Plan, Workload, plan
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes, parse_size
@@ -46,6 +47,14 @@ def describe(plan_: Plan) -> str:
             f"{format_bytes(plan_.budget_bytes)} ({', '.join(parts)})")
 
 
+def workload_for(choice: ModelChoice, target_settings: ModelSettings, speculation: SpeculationSettings,
+                 max_new_tokens: int, temperature: float) -> Workload:
+    # `--draft none` asks for plain decoding: plan no draft buffers at all (γ = 0)
+    max_gamma = 0 if choice.drafter == "none" else (speculation.gamma or speculation.max_gamma)
+    return Workload(max_context=target_settings.max_context, max_new_tokens=max_new_tokens,
+                    max_gamma=max_gamma, temperature=temperature)
+
+
 def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSettings,
                speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
                kv_type: str | None, alpha: float | None = None,
@@ -53,10 +62,7 @@ def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSe
     budget_bytes = parse_budget(memory_budget)
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
-    # `--draft none` asks for plain decoding: plan no draft buffers at all (γ = 0)
-    max_gamma = 0 if choice.drafter == "none" else (speculation.gamma or speculation.max_gamma)
-    workload = Workload(max_context=target_settings.max_context, max_new_tokens=max_new_tokens,
-                        max_gamma=max_gamma, temperature=temperature)
+    workload = workload_for(choice, target_settings, speculation, max_new_tokens, temperature)
     # plan for where the backend really runs: the CPU unless layers are offloaded
     device = detect_device(prefer_gpu=target_settings.gpu_layers != 0)
     notes = []
@@ -67,8 +73,16 @@ def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSe
     plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=alpha, repack=repack)
     if not plan_.feasible:
         raise UserError(plan_.reason)
-    settings = plan_.settings
     notes += [describe(plan_)] + [f"memory plan: {step}" for step in plan_.degradations]
+    choice, target_settings, speculation, draft_max_context = settings_from_plan(
+        plan_.settings, choice, target_settings, speculation, kv_type)
+    return AppliedPlan(choice, target_settings, speculation, draft_max_context, plan_, budget_bytes, notes)
+
+
+def settings_from_plan(settings: PlanSettings, choice: ModelChoice, target_settings: ModelSettings,
+                       speculation: SpeculationSettings, kv_type: str | None):
+    """The planned drafter, KV cache, batch and γ put into the runtime's settings:
+    (choice, target_settings, speculation, draft_max_context)."""
     runtime_drafter = {"model": "auto", "ngram": "ngram", "none": "none"}[settings.drafter]
     draft_path = choice.draft_path if runtime_drafter == "auto" else None
     choice = ModelChoice(choice.target_path, draft_path, runtime_drafter)
@@ -87,4 +101,4 @@ def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSe
     fixed_gamma = None if speculation.gamma is None else min(speculation.gamma, settings.max_gamma)
     speculation = replace(speculation, drafter=runtime_drafter, max_gamma=settings.max_gamma, gamma=fixed_gamma)
     draft_max_context = settings.draft_n_ctx if draft_path is not None else None
-    return AppliedPlan(choice, target_settings, speculation, draft_max_context, plan_, budget_bytes, notes)
+    return choice, target_settings, speculation, draft_max_context

@@ -10,6 +10,7 @@ import psutil
 
 from apps.backend_options import apply_backend_options
 from apps.options import MODEL, SPECULATION, parse_gamma, repack_allowed
+from apps.split_budget import AppliedSplit, apply_split, is_split
 from pocketspec.loader import ModelChoice, choose_models, close_engine, draft_settings_for, load_engine
 from pocketspec.settings import ModelSettings, SamplingSettings
 from pocketspec.stats import GenerationStats, peak_rss_bytes
@@ -65,9 +66,15 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
     target_settings, speculation = apply_backend_options(target_settings, speculation, backend_options)
     session_plan = None
     budget_bytes = None
-    draft_max_context = None
+    draft_max_context = draft_device = None
     notes: list[str] = []
-    if memory_budget is not None and target_settings.backend == "torch":
+    if is_split(target_settings.devices, memory_budget):
+        applied = apply_split(choice, memory_budget, target_settings, speculation, max_new_tokens, temperature,
+                              kv_type, repack=repack_allowed(repack))
+        choice, target_settings, speculation = applied.choice, applied.target_settings, applied.speculation
+        draft_max_context, draft_device, budget_bytes = applied.draft_max_context, applied.draft_device, applied.budget_bytes
+        session_plan, notes = applied, list(applied.notes)  # announced once loaded: a load error stays one line
+    elif memory_budget is not None and target_settings.backend == "torch":
         from apps.budget import parse_budget
         from apps.torch_budget import check_torch_budget
 
@@ -91,12 +98,12 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
     engine = load_engine(
         choice,
         target_settings=target_settings,
-        draft_settings=draft_settings_for(target_settings, draft_max_context),
+        draft_settings=draft_settings_for(target_settings, draft_max_context, draft_device),
         sampling=sampling,
         speculation=speculation,
     )
     if announce:
-        for note in engine.notes:
+        for note in (session_plan.notes if isinstance(session_plan, AppliedSplit) else []) + engine.notes:
             click.echo(note, err=True)
     notes.extend(engine.notes)
     try:

@@ -2,8 +2,8 @@
 
 The torch backend allocates its weights and static KV caches once, at load, so their
 sum is known exactly before loading (memplanner/torch_sizes.py); memplanner/torch_peak.py
-adds the torch library, the tokenizer, activations and the loading moment. When the peak does not
-fit, the prompt is processed in smaller chunks (n_batch) first; what still does not fit
+adds the torch library, the tokenizer, activations and the loading moment. When the peak does
+not fit, the prompt is processed in smaller chunks (n_batch) first; what still does not fit
 is refused with the breakdown.
 """
 
@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from memplanner.shapes import shape_from_gguf
+from memplanner.shapes import ModelShape, shape_from_gguf
 from memplanner.sizes import format_bytes
 from memplanner.torch_peak import torch_peak_terms
 from memplanner.torch_sizes import gguf_layout, torch_memory_terms
+from memplanner.torch_split import TorchLayout
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import ModelSettings, SpeculationSettings
+
+N_BATCH_CHOICES = (512, 256, 128, 64)
 
 
 def _compute_dtype(weights: str, on_gpu: bool) -> str:
@@ -31,35 +34,43 @@ def _kv_dtype(kv_dtype: str, weights: str, on_gpu: bool) -> str:
     return _compute_dtype(weights, on_gpu) if kv_dtype == "auto" else kv_dtype
 
 
-N_BATCH_CHOICES = (512, 256, 128, 64)
+def torch_layout(choice: ModelChoice, target_settings: ModelSettings,
+                 speculation: SpeculationSettings) -> tuple[ModelShape, TorchLayout]:
+    """The target's shape and what the torch backend will allocate for it; refuses a draft model."""
+    if choice.drafter not in ("self-sparse", "self-skip", "ngram", "none"):
+        raise UserError("--memory-budget with --backend torch plans self-drafts, n-grams or plain decoding; "
+                        "use --draft self-sparse, self-skip, ngram or none")
+    device = target_settings.devices[0] if target_settings.devices else target_settings.device
+    on_gpu = not device.startswith("cpu")
+    weights = _compute_dtype(target_settings.weights, on_gpu) if target_settings.weights == "auto" else target_settings.weights
+    kv_dtype = _kv_dtype(target_settings.torch_kv_type, weights, on_gpu)
+    shape = shape_from_gguf(choice.target_path)
+    is_tied, has_qkv_bias = gguf_layout(choice.target_path)
+    return shape, TorchLayout(
+        weights_format=weights, kv_dtype=kv_dtype, max_context=target_settings.max_context, is_tied=is_tied,
+        has_qkv_bias=has_qkv_bias, on_gpu=on_gpu,
+        self_draft=choice.drafter if choice.drafter.startswith("self-") else None,
+        draft_kv_dtype=_kv_dtype(speculation.self_draft_kv_type, weights, on_gpu),
+        draft_window=speculation.self_draft_window,
+        draft_layers=speculation.self_skip_layers or max(1, shape.num_layers // 2))
 
 
 def torch_peak(choice: ModelChoice, target_settings: ModelSettings, speculation: SpeculationSettings) -> dict[str, int]:
     """Every term of the torch backend's predicted peak for these settings (CPU: RSS; GPU: allocator)."""
-    on_gpu = target_settings.device != "cpu"
-    weights = _compute_dtype(target_settings.weights, on_gpu) if target_settings.weights == "auto" else target_settings.weights
-    kv_dtype = _kv_dtype(target_settings.torch_kv_type, weights, on_gpu)
-    draft_kv_dtype = _kv_dtype(speculation.self_draft_kv_type, weights, on_gpu)
-    shape = shape_from_gguf(choice.target_path)
-    is_tied, has_qkv_bias = gguf_layout(choice.target_path)
-    self_draft = choice.drafter if choice.drafter.startswith("self-") else None
+    shape, layout = torch_layout(choice, target_settings, speculation)
     tensors = torch_memory_terms(
-        shape, weights_format=weights, kv_dtype=kv_dtype, max_context=target_settings.max_context, is_tied=is_tied,
-        has_qkv_bias=has_qkv_bias, on_gpu=on_gpu, self_draft=self_draft, draft_kv_dtype=draft_kv_dtype,
-        draft_window=speculation.self_draft_window,
-        draft_layers=speculation.self_skip_layers or max(1, shape.num_layers // 2))
-    return torch_peak_terms(shape, tensors, weights_format=weights, max_context=target_settings.max_context,
+        shape, weights_format=layout.weights_format, kv_dtype=layout.kv_dtype, max_context=layout.max_context,
+        is_tied=layout.is_tied, has_qkv_bias=layout.has_qkv_bias, on_gpu=layout.on_gpu, self_draft=layout.self_draft,
+        draft_kv_dtype=layout.draft_kv_dtype, draft_window=layout.draft_window, draft_layers=layout.draft_layers)
+    kv_dtypes = (layout.kv_dtype, layout.draft_kv_dtype if layout.self_draft else layout.kv_dtype)
+    return torch_peak_terms(shape, tensors, weights_format=layout.weights_format, max_context=layout.max_context,
                             n_batch=target_settings.n_batch, max_logits_rows=target_settings.max_logits_rows,
-                            kv_is_int8="int8" in (kv_dtype, draft_kv_dtype if self_draft else kv_dtype), on_gpu=on_gpu,
-                            is_tied=is_tied)
+                            kv_is_int8="int8" in kv_dtypes, on_gpu=layout.on_gpu, is_tied=layout.is_tied)
 
 
 def check_torch_budget(choice: ModelChoice, budget_bytes: int, target_settings: ModelSettings,
                        speculation: SpeculationSettings) -> tuple[list[str], ModelSettings]:
     """Notes describing the plan and the settings sized to it; UserError when nothing fits."""
-    if choice.drafter not in ("self-sparse", "self-skip", "ngram", "none"):
-        raise UserError("--memory-budget with --backend torch plans self-drafts, n-grams or plain decoding; "
-                        "use --draft self-sparse, self-skip, ngram or none")
     notes = []
     for n_batch in [target_settings.n_batch] + [n for n in N_BATCH_CHOICES if n < target_settings.n_batch]:
         sized = replace(target_settings, n_batch=n_batch, n_ubatch=min(n_batch, target_settings.n_ubatch))

@@ -58,17 +58,34 @@ def parse_device_budgets(devices: str | None, budgets: str) -> list[DeviceBudget
             raise ValueError(f"{len(names)} devices ({', '.join(names)}) but {len(items)} budgets ({budgets}); "
                              "give one size, or one per device")
         pairs = list(zip(names, items))
+    _check_names([name for name, _ in pairs])
     found = []
     for name, size in pairs:
-        if not DEVICE_NAME.match(name):
-            raise ValueError(f"device {name!r} is not one of cpu[:N], cuda[:N], rocm[:N]")
         budget_bytes = parse_size(size)
         if budget_bytes <= 0:
             raise ValueError(f"the budget for {name} must be positive, got {size!r}")
         found.append(DeviceBudget(name, budget_bytes))
-    if len({device.name for device in found}) != len(found):
-        raise ValueError(f"a device is listed twice in {', '.join(d.name for d in found)}")
     return found
+
+
+def parse_devices(devices: str) -> tuple[str, ...]:
+    """`cuda:0,cuda:1`: device names, checked, each once."""
+    names = _device_names(devices)
+    _check_names(names)
+    return tuple(names)
+
+
+def _check_names(names: list[str]) -> None:
+    for name in names:
+        if not DEVICE_NAME.match(name):
+            raise ValueError(f"device {name!r} is not one of cpu[:N], cuda[:N], rocm[:N]")
+    if len(set(names)) != len(names):
+        raise ValueError(f"a device is listed twice in {', '.join(names)}")
+
+
+def even_layer_counts(num_layers: int, num_devices: int) -> tuple[int, ...]:
+    """Blocks per device as even as possible, the earlier devices taking one more (no plan given)."""
+    return tuple(num_layers // num_devices + (index < num_layers % num_devices) for index in range(num_devices))
 
 
 def _device_names(devices: str) -> list[str]:
@@ -151,11 +168,12 @@ def _layer_bytes(target: ModelShape, settings: PlanSettings, first: int, count: 
     return target.layer_weight_bytes(first, count), kv_all * count // target.num_layers
 
 
-def _assign_layers(target: ModelShape, settings: PlanSettings, room: list[int]) -> list[int] | None:
-    """Blocks per device, in proportion to each device's room, never over it; None if they do not fit."""
+def assign_layers(per_layer: list[int], room: list[int]) -> list[int] | None:
+    """Blocks per device (each block per_layer[i] bytes), in proportion to each device's room, never over
+    it; None if they do not fit."""
     if min(room) < 0:
         return None
-    per_layer = [sum(_layer_bytes(target, settings, index, 1)) for index in range(target.num_layers)]
+    num_layers = len(per_layer)
     total_room, total_layers = sum(room), sum(per_layer)
     if total_room < total_layers:
         return None
@@ -164,27 +182,28 @@ def _assign_layers(target: ModelShape, settings: PlanSettings, room: list[int]) 
         used_share += device_room / total_room
         count, used = 0, 0
         is_last = index == len(room) - 1
-        while layer < target.num_layers and used + per_layer[layer] <= device_room and (
+        while layer < num_layers and used + per_layer[layer] <= device_room and (
                 is_last or sum(per_layer[:layer + 1]) <= used_share * total_layers + per_layer[layer] / 2):
             used += per_layer[layer]
             count += 1
             layer += 1
         counts.append(count)
-    if layer < target.num_layers:  # rounding left blocks over: fill devices in order instead
+    if layer < num_layers:  # rounding left blocks over: fill devices in order instead
         counts, layer = [], 0
         for device_room in room:
             count, used = 0, 0
-            while layer < target.num_layers and used + per_layer[layer] <= device_room:
+            while layer < num_layers and used + per_layer[layer] <= device_room:
                 used, count, layer = used + per_layer[layer], count + 1, layer + 1
             counts.append(count)
-    return counts if layer == target.num_layers else None
+    return counts if layer == num_layers else None
 
 
 def _split(candidate: Candidate, target: ModelShape, devices: list[DeviceBudget],
            draft_index: int | None) -> list[DeviceShare] | None:
     fixed = [_fixed_terms(candidate, target, index, devices, index == draft_index) for index in range(len(devices))]
     room = [device.budget_bytes - sum(terms_.values()) for device, terms_ in zip(devices, fixed)]
-    counts = _assign_layers(target, candidate.settings, room)
+    per_layer = [sum(_layer_bytes(target, candidate.settings, index, 1)) for index in range(target.num_layers)]
+    counts = assign_layers(per_layer, room)
     if counts is None:
         return None
     shares, first = [], 0

@@ -43,37 +43,57 @@ def linear_bytes(num_in: int, num_out: int, weights_format: str, compute_bytes: 
     return num_out * num_in * FLOAT_FORMAT_BYTES[weights_format]
 
 
+def torch_block_bytes(shape: ModelShape, weights_format: str, *, has_qkv_bias: bool, on_gpu: bool = False,
+                      num_heads: int | None = None, num_kv_heads: int | None = None, ffn_dim: int | None = None,
+                      group_size: int = INT4_GROUP_SIZE) -> int:
+    """One transformer block; num_heads, num_kv_heads, ffn_dim narrow it to a rank's slice in a row split."""
+    compute_bytes = compute_dtype_bytes(weights_format, on_gpu)
+    dim = shape.hidden_size
+    ffn_dim = shape.intermediate_size if ffn_dim is None else ffn_dim
+    q_size = (shape.num_heads if num_heads is None else num_heads) * shape.head_dim
+    kv_size = (shape.num_kv_heads if num_kv_heads is None else num_kv_heads) * shape.head_dim
+
+    def linear(num_in: int, num_out: int) -> int:
+        return linear_bytes(num_in, num_out, weights_format, compute_bytes, group_size)
+
+    found = (linear(dim, q_size) + 2 * linear(dim, kv_size) + linear(q_size, dim)
+             + 2 * linear(dim, ffn_dim) + linear(ffn_dim, dim) + 2 * dim * compute_bytes)
+    return found + ((q_size + 2 * kv_size) * compute_bytes if has_qkv_bias else 0)
+
+
+def torch_embedding_bytes(shape: ModelShape, weights_format: str, on_gpu: bool = False) -> int:
+    """The token embeddings (always in the compute dtype) and the rope frequency table (float32)."""
+    return shape.vocab_size * shape.hidden_size * compute_dtype_bytes(weights_format, on_gpu) + shape.head_dim // 2 * 4
+
+
+def torch_head_bytes(shape: ModelShape, weights_format: str, *, is_tied: bool, on_gpu: bool = False,
+                     group_size: int = INT4_GROUP_SIZE) -> int:
+    """The final norm and an untied output head (a tied head reuses the embeddings)."""
+    compute_bytes = compute_dtype_bytes(weights_format, on_gpu)
+    head = 0 if is_tied else linear_bytes(shape.hidden_size, shape.vocab_size, weights_format, compute_bytes, group_size)
+    return shape.hidden_size * compute_bytes + head
+
+
 def torch_weight_bytes(shape: ModelShape, weights_format: str, *, is_tied: bool, has_qkv_bias: bool | None = None,
                        on_gpu: bool = False, group_size: int = INT4_GROUP_SIZE) -> int:
     if weights_format not in WEIGHT_FORMATS:
         raise ValueError(f"unknown weights format {weights_format!r}; use one of {', '.join(WEIGHT_FORMATS)}")
     if has_qkv_bias is None:
         has_qkv_bias = shape.arch in BIASED_QKV_ARCHS
-    compute_bytes = compute_dtype_bytes(weights_format, on_gpu)
-    dim, ffn_dim = shape.hidden_size, shape.intermediate_size
-    q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-
-    def linear(num_in: int, num_out: int) -> int:
-        return linear_bytes(num_in, num_out, weights_format, compute_bytes, group_size)
-
-    per_layer = (linear(dim, q_size) + 2 * linear(dim, kv_size) + linear(q_size, dim)
-                 + 2 * linear(dim, ffn_dim) + linear(ffn_dim, dim) + 2 * dim * compute_bytes)
-    if has_qkv_bias:
-        per_layer += (q_size + 2 * kv_size) * compute_bytes
-    total = shape.num_layers * per_layer + shape.vocab_size * dim * compute_bytes + dim * compute_bytes
-    if not is_tied:
-        total += linear(dim, shape.vocab_size)
-    return total + shape.head_dim // 2 * 4  # rope frequencies
+    block = torch_block_bytes(shape, weights_format, has_qkv_bias=has_qkv_bias, on_gpu=on_gpu, group_size=group_size)
+    return (shape.num_layers * block + torch_embedding_bytes(shape, weights_format, on_gpu)
+            + torch_head_bytes(shape, weights_format, is_tied=is_tied, on_gpu=on_gpu, group_size=group_size))
 
 
 def torch_kv_bytes(shape: ModelShape, kv_dtype: str, max_context: int, *, num_layers: int | None = None,
-                   max_batch: int = 1) -> int:
+                   max_batch: int = 1, num_kv_heads: int | None = None) -> int:
     """A static cache: K and V for every layer, batch and position, plus int8's scales."""
     if kv_dtype not in KV_DTYPE_BYTES:
         raise ValueError(f"unknown KV dtype {kv_dtype!r}; use one of {', '.join(KV_DTYPE_BYTES)}")
     per_position = shape.head_dim * KV_DTYPE_BYTES[kv_dtype] + (INT8_KV_SCALE_BYTES if kv_dtype == "int8" else 0)
     num_layers = shape.num_layers if num_layers is None else num_layers
-    return 2 * num_layers * max_batch * shape.num_kv_heads * max_context * per_position
+    num_kv_heads = shape.num_kv_heads if num_kv_heads is None else num_kv_heads
+    return 2 * num_layers * max_batch * num_kv_heads * max_context * per_position
 
 
 def torch_memory_terms(shape: ModelShape, *, weights_format: str, kv_dtype: str, max_context: int, is_tied: bool,

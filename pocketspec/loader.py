@@ -40,13 +40,16 @@ def choose_models(
     return ModelChoice(target_path, draft_path, "auto")
 
 
-def draft_settings_for(target_settings: ModelSettings, draft_max_context: int | None = None) -> ModelSettings:
+def draft_settings_for(target_settings: ModelSettings, draft_max_context: int | None = None,
+                       draft_device: str | None = None) -> ModelSettings:
     """The draft follows the target's context unless the plan gives it a shorter window.
 
-    It keeps an f16 KV cache and one logits row: it only ever reads its last position.
+    It keeps an f16 KV cache and one logits row: it only ever reads its last position. When the
+    target is split over several devices, the draft runs whole on one: the plan's choice, else the first.
     """
+    devices = (draft_device or target_settings.devices[0],) if target_settings.devices else ()
     return replace(target_settings, max_context=draft_max_context or target_settings.max_context,
-                   kv_type="f16", max_logits_rows=1)
+                   kv_type="f16", max_logits_rows=1, devices=devices, layers_per_device=())
 
 
 def load_engine(

@@ -68,6 +68,11 @@ class ModelSettings:
     weights: str = "auto"  # torch: auto (fp32 on CPU, bf16 on GPU) | fp32 | bf16 | fp16 | int8 | int4
     torch_kv_type: str = "auto"  # torch: auto (the weights' compute dtype) | fp32 | bf16 | fp16 | int8
     compile: bool = False  # torch: torch.compile the forward (GPU)
+    # Several devices (cuda:N, rocm:N, or cpu:N: devices simulated on one CPU); empty: `device` alone
+    devices: tuple[str, ...] = ()
+    split_mode: str = "layer"  # layer: blocks spread over the devices | row: every matrix split (tensor parallel)
+    layers_per_device: tuple[int, ...] = ()  # layer split: target blocks per device, from the plan; empty: even
+    distributed_timeout_s: float = 120.0  # row split (torch): longest wait for another rank before giving up
 
     @property
     def resolved_num_threads(self) -> int:

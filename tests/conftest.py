@@ -35,14 +35,19 @@ def qwen_draft_path() -> Path:
 @contextlib.contextmanager
 def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, temperature=0.0, seed=0,
                  max_context=1024, top_k=0, top_p=1.0, max_gamma=8, draft_max_context=None, exact_verify=False,
-                 backend="llama.cpp", weights="auto", device="cpu", self_draft=None, self_draft_settings=None):
-    """self_draft: `self-sparse` or `self-skip` (torch); self_draft_settings: SpeculationSettings fields for it."""
+                 backend="llama.cpp", weights="auto", device="cpu", self_draft=None, self_draft_settings=None,
+                 devices=(), split_mode="layer", layers_per_device=()):
+    """self_draft: `self-sparse` or `self-skip` (torch); self_draft_settings: SpeculationSettings fields for it.
+
+    devices, split_mode, layers_per_device: a split over several devices (ModelSettings' fields).
+    """
     from pocketspec.loader import ModelChoice, close_engine, draft_settings_for, load_engine
     from pocketspec.settings import ModelSettings, SamplingSettings, SpeculationSettings
 
     max_width = (gamma if gamma is not None else max_gamma) + 1
     target_settings = ModelSettings(max_context=max_context, max_logits_rows=max_width, backend=backend, weights=weights,
-                                    device=device)
+                                    device=device, devices=tuple(devices), split_mode=split_mode,
+                                    layers_per_device=tuple(layers_per_device))
     choice = ModelChoice(Path(target_path), Path(draft_path) if draft_path else None,
                          self_draft or ("auto" if draft_path else ("none" if drafter == "none" else "ngram")))
     engine = load_engine(

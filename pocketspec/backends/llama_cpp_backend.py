@@ -14,6 +14,7 @@ import numpy as np
 from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
 
 from pocketspec.backends import llama_logs
+from pocketspec.backends.llama_split import apply_llama_split, llama_split
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
 from pocketspec.tokenizer import Tokenizer
@@ -44,6 +45,11 @@ class LlamaCppBackend:
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = settings.gpu_layers
         model_params.use_extra_bufts = settings.repack_weights
+        if settings.devices:
+            from memplanner.shapes import shape_from_gguf
+
+            split = llama_split(settings, shape_from_gguf(model_path).num_layers, llama_cpp.LLAMA_MAX_DEVICES)
+            self._tensor_split = apply_llama_split(model_params, split)
         try:
             self._model = LlamaModel(path_model=str(model_path), params=model_params, verbose=False)
         except ValueError as error:

@@ -4,6 +4,8 @@ Rollback moves a position; nothing is reallocated during generation. A self-draf
 view (`self_draft`) shares the target's weight modules and owns only a small KV
 cache of its own: sinks plus a recent window (self-sparse), optionally int8, or the
 first layers only (self-skip). The tokenizer is llama.cpp's, read vocab-only from the GGUF.
+With several `devices` (split_mode layer) the blocks are spread over them
+(torch_model/layer_split.py) and every KV cache puts each layer's buffers with its layer.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
 from pocketspec.torch_model.device import resolve_device
 from pocketspec.torch_model.kv_cache import KV_DTYPES, StaticKVCache
+from pocketspec.torch_model.layer_split import LayerSplit, install_layer_split, tensor_bytes_by_device
 from pocketspec.torch_model.load import load_model
 from pocketspec.torch_model.model import Transformer
 
@@ -39,6 +42,16 @@ def resolve_kv_dtype(kv_dtype: str, model: Transformer) -> str:
     if kv_dtype not in KV_DTYPES:
         raise UserError(f"unknown torch KV dtype {kv_dtype!r}: use auto or one of {', '.join(KV_DTYPES)}")
     return kv_dtype
+
+
+def _layer_split(model_path: Path, settings: ModelSettings) -> LayerSplit | None:
+    """The split of a layer-split load over several devices; None on one device."""
+    if len(settings.devices) < 2:
+        return None
+    from memplanner.shapes import shape_from_gguf
+
+    num_layers = shape_from_gguf(model_path).num_layers
+    return LayerSplit.of(settings.devices, settings.layers_per_device, num_layers)
 
 
 def _load_tokenizer(path: Path):
@@ -75,22 +88,35 @@ class TorchBackend:
         self.num_layers = num_layers or model.config.num_layers
         self.kv_dtype = resolve_kv_dtype(kv_dtype or settings.torch_kv_type, model)
         self.n_batch = min(settings.n_batch, settings.max_context)
+        layer_devices = [block.attention_norm.weight.device for block in model.layers[:self.num_layers]]
+        self.rows_device = layer_devices[-1]  # where the last block leaves the hidden state, indexed by rows
         self.cache = StaticKVCache(num_layers=self.num_layers, num_kv_heads=model.config.num_kv_heads,
                                    head_dim=model.config.head_dim, max_context=settings.max_context,
-                                   kv_dtype=self.kv_dtype, device=self.device)
+                                   kv_dtype=self.kv_dtype, device=self.device, layer_devices=layer_devices)
         self._owns_model = owns_model
         self._vocab_model = vocab_model
         self._cached: list[int] = []
         self._exact_widths: dict[int, int] = {}
 
     @classmethod
-    def open(cls, model_path: Path | str, settings: ModelSettings = ModelSettings()) -> "TorchBackend":
-        device = resolve_device(settings.device)
+    def open(cls, model_path: Path | str, settings: ModelSettings = ModelSettings(), *, shard=None,
+             with_tokenizer: bool = True) -> "TorchBackend":
+        """shard: this rank's tensor_parallel.TensorShard in a row split; followers need no tokenizer."""
+        device = resolve_device(settings.devices[0] if settings.devices else settings.device)
         if device.type == "cpu" and settings.num_threads:
             torch.set_num_threads(settings.num_threads)
         model_path = Path(model_path)
-        vocab_model, tokenizer = _load_tokenizer(model_path)
-        model = load_model(model_path, resolve_weights_format(settings.weights, device), device)
+        vocab_model, tokenizer = _load_tokenizer(model_path) if with_tokenizer else (None, None)
+        split = _layer_split(model_path, settings)
+        try:
+            model = load_model(model_path, resolve_weights_format(settings.weights, device), device,
+                               split.device_for if split is not None else None, shard=shard)
+        except BaseException:
+            if vocab_model is not None:
+                vocab_model.close()
+            raise
+        if split is not None:
+            install_layer_split(model, split)
         if settings.compile:
             model.forward = torch.compile(model.forward, dynamic=True)
         return cls(model, settings, tokenizer=tokenizer, model_path=model_path, vocab_model=vocab_model)
@@ -117,19 +143,24 @@ class TorchBackend:
     def max_logits_rows(self) -> int:
         return self.settings.max_logits_rows
 
-    @torch.inference_mode()
-    def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
-        """Logits [len(logits_rows), vocab] as float32."""
+    def check_forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> None:
+        """Refuse a forward this backend cannot run, before it changes anything."""
         num_tokens = len(tokens)
         if num_tokens > self.n_batch:
             raise ValueError(f"{num_tokens} tokens exceed n_batch {self.n_batch}; use prefill")
         if len(logits_rows) > self.max_logits_rows:
             raise ValueError(f"{len(logits_rows)} logits rows exceed max_logits_rows {self.max_logits_rows}")
+        if len(self._cached) + num_tokens > self.max_context:
+            raise ContextFullError(f"{len(self._cached)} + {num_tokens} tokens exceed the "
+                                   f"{self.max_context}-token context")
+
+    @torch.inference_mode()
+    def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
+        """Logits [len(logits_rows), vocab] as float32."""
+        self.check_forward(tokens, logits_rows)
         start = len(self._cached)
-        if start + num_tokens > self.max_context:
-            raise ContextFullError(f"{start} + {num_tokens} tokens exceed the {self.max_context}-token context")
         token_tensor = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
-        rows = torch.tensor(list(logits_rows), dtype=torch.long, device=self.device)
+        rows = torch.tensor(list(logits_rows), dtype=torch.long, device=self.rows_device)
         logits = self.model(token_tensor, start, self.cache, rows, num_layers=self.num_layers)
         self._cached.extend(tokens)
         return logits[0].cpu().numpy()
@@ -161,9 +192,30 @@ class TorchBackend:
 
     def memory_report(self) -> dict[str, int]:
         """Bytes of every tensor this backend allocated; a self-draft view reports no weights of its own."""
-        weight_bytes = sum(tensor.numel() * tensor.element_size()
-                           for tensor in [*self.model.parameters(), *self.model.buffers()])
-        return {"weights": weight_bytes if self._owns_model else 0, "kv_cache": self.cache.num_bytes}
+        return {"weights": sum(terms.get("weights", 0) for terms in self.memory_by_device().values()),
+                "kv_cache": self.cache.num_bytes}
+
+    def memory_by_device(self) -> dict[str, dict[str, int]]:
+        """Weights and KV cache bytes on each named device (cpu:0, cuda:1, ...); a tensor shared twice counts once."""
+        split: LayerSplit | None = getattr(self.model, "layer_split", None)
+        device_name = (self.settings.devices or (self.settings.device,))[0]
+        name_for = split.device_name_for if split is not None else (lambda parameter_name: device_name)
+        found: dict[str, dict[str, int]] = {}
+        if self._owns_model:
+            for name, num_bytes in tensor_bytes_by_device(self.model, name_for).items():
+                found.setdefault(name, {})["weights"] = num_bytes
+        for layer in range(self.num_layers):
+            terms = found.setdefault(name_for(f"layers.{layer}"), {})
+            terms["kv_cache"] = terms.get("kv_cache", 0) + self.cache.layer_num_bytes(layer)
+        return found
+
+    def allocator_peaks(self) -> dict[str, int]:
+        """torch.cuda.max_memory_allocated of every GPU the model sits on, by device name (none on a CPU)."""
+        split: LayerSplit | None = getattr(self.model, "layer_split", None)
+        names = split.device_names if split is not None else ((self.settings.devices or (self.settings.device,))[0],)
+        devices = {name: resolve_device(name) for name in names}
+        return {name: int(torch.cuda.max_memory_allocated(device)) for name, device in devices.items()
+                if device.type == "cuda"}
 
     def close(self) -> None:
         self.cache = None

@@ -20,6 +20,10 @@ SELF_DRAFTS = ("self-sparse", "self-skip")
 
 def open_backend(path: Path, settings: ModelSettings):
     """The backend `settings.backend` names, loaded from `path`."""
+    if settings.backend == "torch" and settings.split_mode == "row" and len(settings.devices) > 1:
+        from pocketspec.backends.row_split import open_row_split
+
+        return open_row_split(path, settings)
     if settings.backend == "torch":
         from pocketspec.backends.torch_backend import TorchBackend
 
@@ -40,6 +44,9 @@ def check_self_draft(kind: str, target_settings: ModelSettings, speculation: Spe
     """Refuse a self-draft the settings cannot give, before any model loads."""
     if target_settings.backend != "torch":
         raise UserError(f"--draft {kind} drafts with the target's own weights and needs --backend torch")
+    if target_settings.split_mode == "row" and len(target_settings.devices) > 1:
+        raise UserError(f"--draft {kind} runs the target's own layers, which --split-mode row spreads over every "
+                        "device; use --split-mode layer, --draft ngram or a draft model")
     window = speculation.self_draft_window
     if kind == "self-sparse" and window < min_self_draft_window(speculation.max_gamma):
         raise UserError(f"the self-sparse window {window} is too small: give at least "

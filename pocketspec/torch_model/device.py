@@ -19,20 +19,33 @@ def gpu_build() -> str:
     return "cpu-only"
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, flag: str = "--device") -> torch.device:
+    """cpu:N is the CPU: several of them simulate a multi-device split on one machine."""
     kind, _, index = name.partition(":")
-    if kind == "cpu" and not index:
+    if index and not index.isdigit():
+        raise UserError(f"{flag} {name!r}: use cpu, cuda, cuda:N or rocm")
+    if kind == "cpu":
         return torch.device("cpu")
-    if kind not in ("cuda", "rocm") or (index and not index.isdigit()):
-        raise UserError(f"--device {name!r}: use cpu, cuda, cuda:N or rocm")
+    if kind not in ("cuda", "rocm"):
+        raise UserError(f"{flag} {name!r}: use cpu, cuda, cuda:N or rocm")
     if kind == "rocm" and not getattr(torch.version, "hip", None):
-        raise UserError(f"--device rocm: this torch is a {gpu_build()} build; install a ROCm build of torch")
+        raise UserError(f"{flag} {name}: this torch is a {gpu_build()} build; install a ROCm build of torch")
     if not torch.cuda.is_available():
-        raise UserError(f"--device {name}: torch ({gpu_build()} build) sees no GPU; use --device cpu")
+        raise UserError(f"{flag} {name}: torch ({gpu_build()} build) sees no GPU; use "
+                        + ("--device cpu" if flag == "--device" else "cpu:0,cpu:1 to simulate devices on the CPU"))
     ordinal = int(index or 0)
     if ordinal >= torch.cuda.device_count():
-        raise UserError(f"--device {name}: torch sees {torch.cuda.device_count()} GPU(s), numbered from 0")
+        raise UserError(f"{flag} {name}: torch sees {torch.cuda.device_count()} GPU(s), numbered from 0")
     return torch.device("cuda", ordinal)
+
+
+def resolve_devices(names: tuple[str, ...]) -> list[torch.device]:
+    """--devices: each resolved; all of one kind, since a CPU and a GPU compute in different dtypes."""
+    devices = [resolve_device(name, "--devices") for name in names]
+    if len({device.type for device in devices}) > 1:
+        raise UserError(f"--devices {','.join(names)} mixes a CPU with GPUs: the torch backend splits over "
+                        "devices of one kind")
+    return devices
 
 
 def torch_report() -> dict:

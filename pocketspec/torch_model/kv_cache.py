@@ -4,7 +4,8 @@ Buffers are [max_batch, num_kv_heads, max_context, head_dim] in the planned dtyp
 never reallocated: rollback is a move of the backend's position, and a sliding window
 (shift) moves keys and values down in place. Keys are stored after RoPE, so a shift
 re-rotates the moved keys by -count positions (rotations compose). The int8 variant
-keeps one float32 scale per (batch, head, position) for keys and values each.
+keeps one float32 scale per (batch, head, position) for keys and values each. Under a
+layer split each layer's buffers live on that layer's device.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class StaticKVCache:
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, max_context: int,
-                 kv_dtype: str, device: torch.device, max_batch: int = 1):
+                 kv_dtype: str, device: torch.device, max_batch: int = 1,
+                 layer_devices: list[torch.device] | None = None):
+        """layer_devices: one device per layer (a layer split); None puts every layer on `device`."""
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"unknown KV dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
         self.max_context = max_context
@@ -33,18 +36,26 @@ class StaticKVCache:
         self.is_int8 = kv_dtype == "int8"
         shape = (max_batch, num_kv_heads, max_context, head_dim)
         dtype = KV_DTYPES[kv_dtype]
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        layer_devices = layer_devices if layer_devices is not None else [device] * num_layers
+        if len(layer_devices) != num_layers:
+            raise ValueError(f"{len(layer_devices)} layer devices for {num_layers} layers")
+        self.keys = [torch.zeros(shape, dtype=dtype, device=layer_device) for layer_device in layer_devices]
+        self.values = [torch.zeros(shape, dtype=dtype, device=layer_device) for layer_device in layer_devices]
         self.key_scales: list[torch.Tensor] = []
         self.value_scales: list[torch.Tensor] = []
         if self.is_int8:
             scale_shape = shape[:-1] + (1,)
-            self.key_scales = [torch.zeros(scale_shape, device=device) for _ in range(num_layers)]
-            self.value_scales = [torch.zeros(scale_shape, device=device) for _ in range(num_layers)]
+            self.key_scales = [torch.zeros(scale_shape, device=layer_device) for layer_device in layer_devices]
+            self.value_scales = [torch.zeros(scale_shape, device=layer_device) for layer_device in layer_devices]
 
     @property
     def num_bytes(self) -> int:
-        tensors = self.keys + self.values + self.key_scales + self.value_scales
+        return sum(self.layer_num_bytes(layer) for layer in range(len(self.keys)))
+
+    def layer_num_bytes(self, layer: int) -> int:
+        tensors = [self.keys[layer], self.values[layer]]
+        if self.is_int8:
+            tensors += [self.key_scales[layer], self.value_scales[layer]]
         return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -75,9 +86,12 @@ class StaticKVCache:
         num_moved = num_cached - start - count
         if num_moved <= 0:
             return
-        device = self.keys[0].device
-        cos, sin = rope_angles(torch.full((num_moved,), -count, device=device), inv_freq)
+        angles = {}  # per device: the layers of a layer split may sit on several
         for layer in range(len(self.keys)):
+            device = self.keys[layer].device
+            if device not in angles:
+                angles[device] = rope_angles(torch.full((num_moved,), -count, device=device), inv_freq.to(device))
+            cos, sin = angles[device]
             if self.is_int8:
                 moved = self.keys[layer][:, :, source].to(torch.float32) * self.key_scales[layer][:, :, source]
                 self.keys[layer][:, :, target], self.key_scales[layer][:, :, target] = _quantize(

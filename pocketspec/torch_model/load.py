@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import functools
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -72,6 +73,18 @@ def _place(model: nn.Module, name: str, shape: tuple[int, ...], chunks, dtype: t
     setattr(module, attribute, nn.Parameter(tensor, requires_grad=False))
 
 
+def _cut(shard, name: str, shape: tuple[int, ...], chunks):
+    """This rank's slice of a tensor as one chunk. Only block tensors are sliced, and they are
+    small beside the embedding, so they are gathered whole first."""
+    if not name.startswith("layers."):
+        return shape, chunks
+    pieces = [rows for _, rows in chunks]
+    whole = pieces[0] if len(pieces) == 1 else (
+        torch.cat(pieces) if isinstance(pieces[0], torch.Tensor) else np.concatenate(pieces))
+    piece = shard.cut(name, whole)
+    return tuple(piece.shape), iter([(0, piece)])
+
+
 @functools.cache
 def _libc_malloc_trim():
     name = ctypes.util.find_library("c")
@@ -91,7 +104,12 @@ def release_freed_memory() -> None:
         trim(0)
 
 
-def load_model(path: Path | str, weights_format: str, device: torch.device) -> Transformer:
+def load_model(path: Path | str, weights_format: str, device: torch.device,
+               device_for: Callable[[str], torch.device] | None = None, shard=None) -> Transformer:
+    """device_for(parameter name) places each tensor (a layer split); None puts all on `device`.
+
+    shard: a tensor_parallel.TensorShard; the model is resized to it and each tensor cut as read.
+    """
     if weights_format not in WEIGHT_FORMATS:
         raise UserError(f"unknown weights format {weights_format!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     weights = open_weights(path)
@@ -99,9 +117,13 @@ def load_model(path: Path | str, weights_format: str, device: torch.device) -> T
     with torch.device("meta"):
         model = Transformer(weights.config)
         swap_linears(model, weights_format, dtype)
+        if shard is not None:
+            shard.resize(model)
     try:
         for name, shape, chunks in weights.tensors():
-            _place(model, name, shape, chunks, dtype, device)
+            if shard is not None:
+                shape, chunks = _cut(shard, name, shape, chunks)
+            _place(model, name, shape, chunks, dtype, device if device_for is None else device_for(name))
             release_freed_memory()
     finally:
         weights.close()

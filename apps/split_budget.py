@@ -1,0 +1,126 @@
+"""`--devices` and per-device `--memory-budget`: the split each backend loads, from the per-device plan.
+
+llama.cpp: memplanner.split.plan_split (llama.cpp's buffers) picks the configuration, each
+device's blocks and the draft's device; tensor_split, main_gpu and split_mode follow from them
+(pocketspec/backends/llama_split.py). torch: memplanner.torch_split counts each device's exact
+tensor bytes and assigns the blocks (layer split), or checks every rank's slice (row split).
+Without a budget the blocks are split evenly. Each device's share is announced as a note.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from apps.budget import settings_from_plan, workload_for
+from memplanner.planner import REPACK_EITHER
+from memplanner.shapes import shape_from_gguf
+from memplanner.sizes import format_bytes
+from memplanner.split import DeviceBudget, even_layer_counts, parse_device_budgets, plan_split
+from pocketspec.errors import UserError
+from pocketspec.loader import ModelChoice
+from pocketspec.settings import ModelSettings, SpeculationSettings
+
+
+@dataclass
+class AppliedSplit:
+    choice: ModelChoice
+    target_settings: ModelSettings
+    speculation: SpeculationSettings
+    draft_max_context: int | None = None
+    draft_device: str | None = None
+    budget_bytes: int | None = None  # all devices together
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """For chat's /budget."""
+        return "\n".join(self.notes)
+
+
+def is_split(devices: tuple[str, ...], memory_budget: str | None) -> bool:
+    """Several devices, or a budget that names devices or gives one size per device."""
+    return len(devices) > 1 or (memory_budget is not None and ("," in memory_budget or "=" in memory_budget))
+
+
+def _share_note(device: str, first: int, count: int, terms: dict[str, int], budget_bytes: int | None) -> str:
+    blocks = f"target blocks {first}-{first + count - 1}" if count else "no target blocks"
+    parts = ", ".join(f"{name} {format_bytes(size)}" for name, size in terms.items())
+    of_budget = f" of {format_bytes(budget_bytes)}" if budget_bytes is not None else ""
+    return f"memory plan {device}: {blocks}; {parts} = {format_bytes(sum(terms.values()))}{of_budget}"
+
+
+def _check_devices(settings: ModelSettings) -> None:
+    has_gpu = any(not device.startswith("cpu") for device in settings.devices)
+    if settings.backend == "llama.cpp" and has_gpu:
+        import llama_cpp
+
+        if not llama_cpp.llama_supports_gpu_offload():
+            raise UserError(f"--devices {','.join(settings.devices)}: this llama.cpp build runs on the CPU only; "
+                            "rebuild it for your GPUs (POCKETSPEC_ACCEL=cuda|rocm|vulkan make setup) or use cpu:N")
+    if settings.backend == "torch":
+        from pocketspec.torch_model.device import resolve_devices
+
+        resolve_devices(settings.devices)
+        if settings.split_mode == "row" and len(settings.devices) < 2:
+            raise UserError("--split-mode row needs two or more --devices, e.g. cuda:0,cuda:1")
+
+
+def _torch_split(applied: AppliedSplit, budgets: list[DeviceBudget]) -> AppliedSplit:
+    from apps.torch_budget import torch_layout
+    from memplanner.torch_split import plan_layer_split, plan_row_split
+
+    shape, layout = torch_layout(applied.choice, applied.target_settings, applied.speculation)
+    is_row = applied.target_settings.split_mode == "row"
+    found = plan_row_split(budgets, shape, layout) if is_row else plan_layer_split(budgets, shape, layout)
+    if not found.feasible:
+        raise UserError(found.reason)
+    applied.notes = [_share_note(share.device, share.first_layer, share.num_layers, share.terms, share.budget_bytes)
+                     for share in found.shares]
+    if not is_row:
+        applied.target_settings = replace(applied.target_settings, layers_per_device=found.layers_per_device)
+    return applied
+
+
+def _llama_split(applied: AppliedSplit, budgets: list[DeviceBudget], max_new_tokens: int, temperature: float,
+                 kv_type: str | None, alpha: float | None, repack: tuple[bool, ...]) -> AppliedSplit:
+    choice = applied.choice
+    target_shape = shape_from_gguf(choice.target_path)
+    draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
+    workload = workload_for(choice, applied.target_settings, applied.speculation, max_new_tokens, temperature)
+    found = plan_split(budgets, target_shape, draft_shape, workload, alpha=alpha, repack=repack)
+    if not found.feasible:
+        raise UserError(found.reason)
+    applied.choice, target_settings, applied.speculation, applied.draft_max_context = settings_from_plan(
+        found.settings, choice, applied.target_settings, applied.speculation, kv_type)
+    applied.target_settings = replace(target_settings, layers_per_device=tuple(s.num_layers for s in found.shares))
+    applied.draft_device = found.draft_device if applied.choice.draft_path is not None else None
+    applied.notes = [_share_note(share.device, share.first_layer, share.num_layers, share.terms, share.budget_bytes)
+                     + (" (and the draft model)" if share.holds_draft else "") for share in found.shares]
+    applied.notes += [f"memory plan: {step}" for step in found.degradations]
+    return applied
+
+
+def apply_split(choice: ModelChoice, memory_budget: str | None, target_settings: ModelSettings,
+                speculation: SpeculationSettings, max_new_tokens: int, temperature: float, kv_type: str | None,
+                alpha: float | None = None, repack: tuple[bool, ...] = REPACK_EITHER) -> AppliedSplit:
+    """The devices (from --devices or the budget's names), each one's blocks, and the notes that show them."""
+    budgets = None
+    if memory_budget is not None:
+        try:
+            budgets = parse_device_budgets(",".join(target_settings.devices) or None, memory_budget)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+        target_settings = replace(target_settings, devices=tuple(budget.name for budget in budgets))
+    _check_devices(target_settings)
+    applied = AppliedSplit(choice, target_settings, speculation)
+    if budgets is None:
+        counts = target_settings.layers_per_device or even_layer_counts(
+            shape_from_gguf(choice.target_path).num_layers, len(target_settings.devices))
+        mode = "row split: every device a slice of every block" if target_settings.split_mode == "row" else (
+            "layer split: " + ", ".join(f"{device} {count} blocks" for device, count in
+                                        zip(target_settings.devices, counts)))
+        applied.notes = [f"{mode} (no --memory-budget: an even split)"]
+        return applied
+    applied.budget_bytes = sum(budget.budget_bytes for budget in budgets)
+    if target_settings.backend == "torch":
+        return _torch_split(applied, budgets)
+    return _llama_split(applied, budgets, max_new_tokens, temperature, kv_type, alpha, repack)

@@ -1,0 +1,127 @@
+"""Per-device bytes of the torch backend over several devices, and the layer split they allow.
+
+Pure arithmetic on a ModelShape, exact like torch_sizes.py. Layer split: the first device holds
+the token embeddings and the rope table, the last the final norm and the output head (for a tied
+model a copy of the embeddings, unless first and last are one device), and every device its run
+of blocks with their KV cache and the self-draft's KV for those blocks. Blocks go to devices by
+the room each budget leaves (split.assign_layers). Row split: every rank holds its slice of every
+block's heads (whole key/value groups) and feed-forward columns, the KV cache of its heads, and
+whole embeddings, norm and head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memplanner.shapes import ModelShape
+from memplanner.sizes import format_bytes
+from memplanner.split import DeviceBudget, DeviceShare, assign_layers, even_layer_counts
+from memplanner.torch_sizes import (compute_dtype_bytes, torch_block_bytes, torch_embedding_bytes, torch_head_bytes,
+                                    torch_kv_bytes)
+
+
+@dataclass(frozen=True)
+class TorchLayout:
+    """What the torch backend allocates per block: formats, context, and the self-draft's cache."""
+
+    weights_format: str
+    kv_dtype: str
+    max_context: int
+    is_tied: bool
+    has_qkv_bias: bool
+    on_gpu: bool = False
+    self_draft: str | None = None  # self-sparse | self-skip
+    draft_kv_dtype: str | None = None
+    draft_window: int = 0
+    draft_layers: int = 0
+
+
+@dataclass
+class TorchSplitPlan:
+    feasible: bool
+    reason: str
+    shares: list[DeviceShare] = field(default_factory=list)
+
+    @property
+    def layers_per_device(self) -> tuple[int, ...]:
+        return tuple(share.num_layers for share in self.shares)
+
+
+def _block_terms(shape: ModelShape, layout: TorchLayout, layer: int) -> dict[str, int]:
+    terms = {"target_blocks": torch_block_bytes(shape, layout.weights_format, has_qkv_bias=layout.has_qkv_bias,
+                                                on_gpu=layout.on_gpu),
+             "target_kv_cache": torch_kv_bytes(shape, layout.kv_dtype, layout.max_context, num_layers=1)}
+    draft_kv_dtype = layout.draft_kv_dtype or layout.kv_dtype
+    if layout.self_draft == "self-sparse":
+        terms["self_sparse_kv"] = torch_kv_bytes(shape, draft_kv_dtype, min(layout.draft_window, layout.max_context),
+                                                 num_layers=1)
+    elif layout.self_draft == "self-skip" and layer < layout.draft_layers:
+        terms["self_skip_kv"] = torch_kv_bytes(shape, layout.kv_dtype, layout.max_context, num_layers=1)
+    return terms
+
+
+def _fixed_terms(shape: ModelShape, layout: TorchLayout, index: int, devices: list[DeviceBudget]) -> dict[str, int]:
+    fixed = {}
+    if index == 0:
+        fixed["embeddings"] = torch_embedding_bytes(shape, layout.weights_format, layout.on_gpu)
+    if index == len(devices) - 1:
+        fixed["output_head"] = torch_head_bytes(shape, layout.weights_format, is_tied=layout.is_tied,
+                                                on_gpu=layout.on_gpu)
+        if layout.is_tied and len(devices) > 1:  # the last device's own copy of the embeddings
+            fixed["output_head"] += (shape.vocab_size * shape.hidden_size
+                                     * compute_dtype_bytes(layout.weights_format, layout.on_gpu))
+    return fixed
+
+
+def _refusal(shape: ModelShape, devices: list[DeviceBudget], needed: int, mode: str) -> TorchSplitPlan:
+    listed = ", ".join(f"{device.name} {format_bytes(device.budget_bytes)}" for device in devices)
+    return TorchSplitPlan(False, f"{shape.name} does not fit across {listed} with a {mode} split of the torch "
+                                 f"backend's tensors ({format_bytes(needed)} in all); raise a budget, add a device, "
+                                 "or try --weights int8 or int4, a smaller --max-context, or --torch-kv-type int8")
+
+
+def plan_layer_split(devices: list[DeviceBudget], shape: ModelShape, layout: TorchLayout,
+                     layers_per_device: tuple[int, ...] = ()) -> TorchSplitPlan:
+    """Blocks per device by room (or as given), each device's terms, or a refusal naming the total."""
+    blocks = [_block_terms(shape, layout, layer) for layer in range(shape.num_layers)]
+    fixed = [_fixed_terms(shape, layout, index, devices) for index in range(len(devices))]
+    room = [device.budget_bytes - sum(terms.values()) for device, terms in zip(devices, fixed)]
+    counts = list(layers_per_device) or assign_layers([sum(terms.values()) for terms in blocks], room)
+    needed = sum(sum(terms.values()) for terms in blocks + fixed)
+    if counts is None:
+        return _refusal(shape, devices, needed, "layer")
+    shares, first = [], 0
+    for device, count, device_fixed in zip(devices, counts, fixed):
+        terms = dict(device_fixed)
+        for block in blocks[first:first + count]:
+            for name, size in block.items():
+                terms[name] = terms.get(name, 0) + size
+        shares.append(DeviceShare(device.name, device.budget_bytes, first, count, False, terms))
+        first += count
+    is_feasible = all(share.peak_bytes <= share.budget_bytes for share in shares)
+    return TorchSplitPlan(is_feasible, "" if is_feasible else _refusal(shape, devices, needed, "layer").reason, shares)
+
+
+def _shard(num_units: int, world_size: int, rank: int) -> int:
+    return even_layer_counts(num_units, world_size)[rank]
+
+
+def plan_row_split(devices: list[DeviceBudget], shape: ModelShape, layout: TorchLayout) -> TorchSplitPlan:
+    """Each rank's slice of every block, its KV heads, and whole embeddings and head."""
+    world_size = len(devices)
+    group_size = shape.num_heads // shape.num_kv_heads
+    shares = []
+    for rank, device in enumerate(devices):
+        num_kv_heads = _shard(shape.num_kv_heads, world_size, rank)
+        block = torch_block_bytes(shape, layout.weights_format, has_qkv_bias=layout.has_qkv_bias, on_gpu=layout.on_gpu,
+                                  num_heads=num_kv_heads * group_size, num_kv_heads=num_kv_heads,
+                                  ffn_dim=_shard(shape.intermediate_size, world_size, rank))
+        terms = {"target_blocks": shape.num_layers * block,
+                 "target_kv_cache": torch_kv_bytes(shape, layout.kv_dtype, layout.max_context, num_kv_heads=num_kv_heads),
+                 "embeddings": torch_embedding_bytes(shape, layout.weights_format, layout.on_gpu),
+                 "output_head": torch_head_bytes(shape, layout.weights_format, is_tied=layout.is_tied,
+                                                 on_gpu=layout.on_gpu)}
+        shares.append(DeviceShare(device.name, device.budget_bytes, 0, shape.num_layers, False, terms))
+    if all(share.peak_bytes <= share.budget_bytes for share in shares):
+        return TorchSplitPlan(True, "", shares)
+    return TorchSplitPlan(False, _refusal(shape, devices, sum(share.peak_bytes for share in shares), "row").reason, shares)
