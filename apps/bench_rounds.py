@@ -82,25 +82,30 @@ def run_rounds(systems: list[System], job: BenchJob, progress: BenchProgress) ->
     the others go on. Plain decoding failing is a UserError: nothing could be compared.
     """
     runs = list(schedule(progress.rounds, systems))
+    width = max((len(_label(round_, system, len(progress.rounds))) for round_, system in runs), default=0)
     started = time.perf_counter()
     with click.progressbar(length=sum(len(round_.prompts) for round_, _ in runs), file=sys.stderr,
-                           show_pos=True, label="starting") as bar:
+                           show_pos=True, label="starting".ljust(width)) as bar:
         try:
             for round_ in progress.rounds:
                 round_systems = [system for run_round, system in runs if run_round is round_]
-                _run_round(round_, round_systems, job, bar, progress)
+                _run_round(round_, round_systems, job, bar, width, progress)
         finally:
             progress.wall_seconds = time.perf_counter() - started
 
 
-def _run_round(round_: Round, systems: list[System], job: BenchJob, bar, progress: BenchProgress) -> None:
+def _label(round_: Round, system: System, num_rounds: int) -> str:
+    return f"{round_.label} ({round_.index + 1}/{num_rounds}): {system.name}"
+
+
+def _run_round(round_: Round, systems: list[System], job: BenchJob, bar, width: int, progress: BenchProgress) -> None:
     reference: dict[str, dict] = {}
     round_rows: list[dict] = []
     for system in systems:
         if system.status != "ok":  # failed in an earlier round
             bar.update(len(round_.prompts))
             continue
-        bar.label = f"{round_.label} ({round_.index + 1}/{len(progress.rounds)}): {system.name}"
+        bar.label = _label(round_, system, len(progress.rounds)).ljust(width)  # the bar stays in place
         bar.render_progress()
         num_done = 0
 

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,27 @@ def test_ctrl_c_writes_the_completed_rounds_marked_partial(smollm2_path, two_cat
         ("plain", "code", 0), ("pocketspec-ngram", "code", 0)}
     report = (out / "report.md").read_text()
     assert "(partial)" in report and "stopped after 1 of 2 rounds" in report and "## code" in report
+
+
+@pytest.mark.real_model
+def test_a_system_failing_in_a_later_round_loses_its_rows_and_the_others_go_on(smollm2_path, two_category_suite,
+                                                                               tmp_path):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    replay = Path(__file__).parent / "data" / "llama_speculative_simple" / "max_tokens"
+    fake = tools / "llama-speculative-simple"  # replays a captured run, and fails on the second round's prompt
+    fake.write_text(f'#!/bin/sh\ncase "$*" in *"Say hello."*) echo "out of cheese" >&2; exit 3;; esac\n'
+                    f'cat "{replay}/stdout.txt"; cat "{replay}/stderr.txt" >&2\n')
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    result = run_cli("bench", "--target", str(smollm2_path), "--draft", str(smollm2_path), "--suite",
+                     str(two_category_suite), "--max-tokens", "8", "--drafters", "ngram", "--peers", "llama.cpp",
+                     "--llama-tools", str(tools), "--threads", "1", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    results = json.loads((out / "results.json").read_text())
+    failed = next(system for system in results["systems"] if system["name"] == "llama.cpp-speculative")
+    assert failed["status"] == "failed" and failed["reason"].startswith("round chat: ")
+    assert failed["reason"].endswith("exited with code 3: out of cheese")
+    assert {(row["system"], row["round"]) for row in results["rows"]} == {
+        (system, index) for system in ("plain", "pocketspec-ngram") for index in (0, 1)}
+    assert f"- llama.cpp-speculative: {failed['reason']}" in (out / "report.md").read_text()
