@@ -49,5 +49,13 @@ peers: setup
 bench: setup models-test peers
 	$(BIN)/python -m apps.bench
 
+# Chat speed on MT-Bench (plain vs speculative), and the memory plan against measured peaks:
+# benchmarks/results/chat_bench.* and memory_grid.* (each script's docstring has its flags).
+bench-chat: setup models-test
+	$(BIN)/python benchmarks/chat_bench.py
+
+bench-memory: setup models-test
+	$(BIN)/python benchmarks/memory_grid.py
+
 clean-venv:
 	rm -rf $(VENV)

@@ -3,8 +3,9 @@ on the same machine, models and prompts, written to --out as results.json, repor
 
     pocketspec bench --pair qwen-coder --per-category 3 --max-tokens 128 --out docs/bench
 
-Every system (plain, each PocketSpec drafter at each --memory-budget, each peer) runs in
-its own process over all the prompts, so that its peak memory is its own.
+The systems (plain, each PocketSpec drafter at each --memory-budget, each peer) run in
+rounds, one category at a time, each system in its own process so that its peak memory is
+its own (apps/bench_rounds.py). Ctrl-C writes the rounds completed so far, marked partial.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import click
 
 from apps.backend_options import backend_options
 from apps.bench_report import build_report
-from apps.bench_run import BenchJob, System, final_rows, run_system
+from apps.bench_rounds import BenchProgress, plan_rounds, run_rounds
+from apps.bench_run import BenchJob, System, add_closing_notes
 from apps.bench_suite import read_suite, select_prompts
 from apps.options import GENERATION, MODEL, SPECULATION, model_choice_options, repack_option, sampling_options
 from apps.peers import PEERS, parse_peers
@@ -142,27 +144,25 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, temp
             if reason:
                 systems[-1].skip(reason)
     systems += [_peer_system(peer, job) for peer in peers]
-    click.echo(f"{len(prompts)} prompts × {sum(s.status == 'ok' for s in systems)} systems, "
-               f"{max_tokens} new tokens, target {choice.target_path.name}", err=True)
-
-    rows: list[dict] = []
-    reference: dict[str, dict] = {}
+    progress = BenchProgress(plan_rounds(prompts, BENCH.max_prompts_per_round))
+    click.echo(f"{len(prompts)} prompts × {sum(s.status == 'ok' for s in systems)} systems in "
+               f"{len(progress.rounds)} rounds, {max_tokens} new tokens, target {choice.target_path.name}", err=True)
     for system in systems:
         if system.status != "ok":
-            click.echo(f"{system.name:>28}: skipped: {system.reason}", err=True)
-            continue
-        raw_rows = run_system(system, job, reference)
-        if system.kind == "plain":
-            if system.status != "ok":
-                raise UserError(f"plain decoding failed, so there is nothing to compare with: {system.reason}")
-            reference = {raw["prompt_id"]: raw for raw in raw_rows}
-        if system.status != "ok":
-            click.echo(f"{system.name:>28}: {system.status}: {system.reason}", err=True)
-        rows += final_rows(system, raw_rows, job, reference)
-    _write_outputs(out_dir, systems, rows, job, suite, choice.draft_path.name if choice.draft_path else None, backend)
+            click.echo(f"{system.name}: skipped: {system.reason}", err=True)
+
+    draft_name = choice.draft_path.name if choice.draft_path else None
+    try:
+        run_rounds(systems, job, progress)
+        add_closing_notes(systems, job, progress.rows)
+    except (KeyboardInterrupt, UserError) as stop:
+        if isinstance(stop, KeyboardInterrupt) or progress.num_rounds_completed:
+            _write_outputs(out_dir, systems, progress, job, suite, draft_name, backend)
+        raise
+    _write_outputs(out_dir, systems, progress, job, suite, draft_name, backend)
 
 
-def _write_outputs(out_dir: Path, systems: list[System], rows: list[dict], job: BenchJob, suite: Path,
+def _write_outputs(out_dir: Path, systems: list[System], progress: BenchProgress, job: BenchJob, suite: Path,
                    draft_name: str | None, backend: str) -> None:
     from apps.bench_plots import write_plots
     from apps.doctor_cmd import collect_report
@@ -175,17 +175,20 @@ def _write_outputs(out_dir: Path, systems: list[System], rows: list[dict], job: 
                      "temperature": job.temperature, "top_k": job.top_k, "top_p": job.top_p, "seed": job.seed,
                      "max_tokens": job.max_tokens, "num_prompts": len(job.prompts), "num_threads": job.num_threads,
                      "max_context": job.max_context, "pocketspec_options": job.pocketspec_options,
-                     "peer_draft_max": job.peer_draft_max},
+                     "peer_draft_max": job.peer_draft_max, "max_prompts_per_round": BENCH.max_prompts_per_round},
         "systems": [system.describe() for system in systems],
-        "rows": rows,
+        "rounds": progress.describe(),
+        "rows": progress.rows,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
-    plots = [path.name for path in write_plots(results, out_dir)] if rows else []
+    plots = [path.name for path in write_plots(results, out_dir)] if progress.rows else []
     report = build_report(results, plots)
     (out_dir / "report.md").write_text(report)
     click.echo(report)
-    click.echo(f"wrote {out_dir / 'results.json'}, {out_dir / 'report.md'} and {len(plots)} plots", err=True)
+    partial = (f" (partial: {progress.num_rounds_completed} of {len(progress.rounds)} rounds completed)"
+               if progress.is_partial else "")
+    click.echo(f"wrote {out_dir / 'results.json'}, {out_dir / 'report.md'} and {len(plots)} plots{partial}", err=True)
 
 
 COMMANDS = [bench]

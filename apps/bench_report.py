@@ -1,7 +1,9 @@
 """From the rows of `pocketspec bench` (results.json) to report.md: a table overall and per
 category, with each system's ratio against plain decoding and against each peer.
 
-Pure functions of the results dict, so they are tested on a small fake results file.
+A ratio between two systems compares only rows of the rounds both completed (rows carry
+their round; rows without one count as one round), so both sides were measured at the
+same time. Pure functions of the results dict, tested on a small fake results file.
 """
 
 from __future__ import annotations
@@ -17,9 +19,20 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if numerator and denominator else None
 
 
+def _rate(rows: list[dict]) -> float:
+    decode_seconds = sum(row["decode_seconds"] for row in rows)
+    return sum(row["num_decode_tokens"] for row in rows) / decode_seconds if decode_seconds else 0.0
+
+
+def rate_ratio(rows: list[dict], reference_rows: list[dict]) -> float | None:
+    """tok/s of rows over tok/s of reference_rows, both taken over the rounds both have rows in."""
+    shared = {row.get("round") for row in rows} & {row.get("round") for row in reference_rows}
+    return _ratio(_rate([row for row in rows if row.get("round") in shared]),
+                  _rate([row for row in reference_rows if row.get("round") in shared]))
+
+
 def summarize(rows: list[dict]) -> dict:
     """One system's rows over some prompts: rates from summed tokens and seconds, not mean rates."""
-    decode_seconds = sum(row["decode_seconds"] for row in rows)
     counted = [row for row in rows if row.get("num_drafted") is not None]
     drafted = sum(row["num_drafted"] for row in counted)
     accepted = sum(row["num_accepted"] for row in counted)
@@ -27,7 +40,7 @@ def summarize(rows: list[dict]) -> dict:
     matches = [row["matches_plain"] for row in rows if row.get("matches_plain") is not None]
     return {
         "num_prompts": len(rows),
-        "tokens_per_second": sum(row["num_decode_tokens"] for row in rows) / decode_seconds if decode_seconds else 0.0,
+        "tokens_per_second": _rate(rows),
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_accepted_per_step": accepted / steps if steps else None,
         "ttft_seconds": sum(row["ttft_seconds"] for row in rows) / len(rows),
@@ -36,26 +49,29 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
-def summaries_by_category(results: dict) -> dict[str, dict[str, dict]]:
-    """{category: {system: summary}}, categories in suite order and OVERALL last."""
+def rows_by_category(results: dict) -> dict[str, dict[str, list[dict]]]:
+    """{category: {system: rows}}, categories in suite order and OVERALL last, systems in their order."""
     grouped: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for row in results["rows"]:
         grouped[row["category"]][row["system"]].append(row)
     for row in results["rows"]:
         grouped[OVERALL][row["system"]].append(row)
     order = [system["name"] for system in results["systems"]]
-    return {category: {name: summarize(by_system[name]) for name in order if name in by_system}
+    return {category: {name: by_system[name] for name in order if name in by_system}
             for category, by_system in grouped.items()}
 
 
+def summaries_by_category(results: dict) -> dict[str, dict[str, dict]]:
+    """{category: {system: summary}}, categories in suite order and OVERALL last."""
+    return {category: {name: summarize(rows) for name, rows in by_system.items()}
+            for category, by_system in rows_by_category(results).items()}
+
+
 def speedups(results: dict) -> dict[str, dict[str, float | None]]:
-    """{category: {system: tok/s ÷ plain tok/s}} for every system but plain."""
-    table = {}
-    for category, by_system in summaries_by_category(results).items():
-        plain = by_system.get("plain", {}).get("tokens_per_second", 0.0)
-        table[category] = {name: _ratio(summary["tokens_per_second"], plain)
-                           for name, summary in by_system.items() if name != "plain"}
-    return table
+    """{category: {system: tok/s ÷ plain tok/s}} for every system but plain, over shared rounds."""
+    return {category: {name: rate_ratio(rows, by_system.get("plain", [])) for name, rows in by_system.items()
+                       if name != "plain"}
+            for category, by_system in rows_by_category(results).items()}
 
 
 def _peer_names(results: dict) -> list[str]:
@@ -66,16 +82,16 @@ def _cell(value, suffix: str = "") -> str:
     return "–" if value is None else f"{value:.2f}{suffix}"
 
 
-def _table(by_system: dict[str, dict], peers: list[str]) -> str:
-    plain = by_system.get("plain", {}).get("tokens_per_second", 0.0)
+def _table(rows_by_system: dict[str, list[dict]], peers: list[str]) -> str:
     columns = ["system", "prompts", "tok/s", "× plain", *[f"× {peer}" for peer in peers],
                "acceptance", "accepted/step", "TTFT s", "peak GiB", "matches plain"]
     rows = []
-    for name, summary in by_system.items():
-        rate = summary["tokens_per_second"]
-        rows.append([name, summary["num_prompts"], _cell(rate), _cell(_ratio(rate, plain), "×"),
-                     *[_cell(_ratio(rate, by_system[peer]["tokens_per_second"]) if peer in by_system else None, "×")
-                       for peer in peers],
+    for name, own_rows in rows_by_system.items():
+        summary = summarize(own_rows)
+        ratios = [rate_ratio(own_rows, rows_by_system[other]) if other in rows_by_system else None
+                  for other in ("plain", *peers)]
+        rows.append([name, summary["num_prompts"], _cell(summary["tokens_per_second"]),
+                     *[_cell(ratio, "×") for ratio in ratios],
                      _cell(summary["acceptance_rate"]), _cell(summary["mean_accepted_per_step"]),
                      _cell(summary["ttft_seconds"]), _cell(summary["peak_memory_bytes"] / 2**30),
                      "–" if summary["match_rate"] is None else f"{summary['match_rate']:.0%}"])
@@ -92,7 +108,7 @@ def _speedup_matrix(results: dict) -> str:
 def _target_lines(results: dict) -> list[str]:
     """How each PocketSpec system stands against the issue's targets; stated, never judged here."""
     table = speedups(results)
-    overall = summaries_by_category(results)[OVERALL]
+    overall = rows_by_category(results).get(OVERALL, {})
     lines = []
     for system in results["systems"]:
         if system["kind"] != "pocketspec" or system["name"] not in overall:
@@ -103,8 +119,32 @@ def _target_lines(results: dict) -> list[str]:
             worst = min(by_category, key=by_category.get)
             lines.append(f"{system['name']}: lowest speedup over plain {by_category[worst]:.2f}× ({worst})")
         for peer in _peer_names(results):
-            ratio = _ratio(overall[system["name"]]["tokens_per_second"], overall[peer]["tokens_per_second"])
+            ratio = rate_ratio(overall[system["name"]], overall[peer]) if peer in overall else None
             lines.append(f"{system['name']}: {_cell(ratio, '×')} the tok/s of {peer} overall")
+    return lines
+
+
+def _rounds_lines(results: dict) -> list[str]:
+    """How the run was cut into rounds, whether it is complete, and what the rounds cost."""
+    rounds = results.get("rounds")
+    if rounds is None:
+        return []
+    lines = [f"Ran in {rounds['num_planned']} rounds (one per category, cut into groups of at most "
+             f"{results['settings']['max_prompts_per_round']} prompts): in each, plain decoding first, then every other "
+             "system over the same prompts, each in its own process; ratios compare rows of the same rounds."]
+    if rounds["is_partial"]:
+        lines.append(f"**Partial results: the run stopped after {rounds['num_completed']} of {rounds['num_planned']} "
+                     "rounds**; only completed rounds are counted.")
+    startups = {system["name"]: system["startup_seconds"] for system in results["systems"]
+                if system.get("startup_seconds")}
+    if startups:
+        extra = sum(sum(seconds) - sum(seconds) / len(seconds) for seconds in startups.values())
+        share = f" ({extra / rounds['wall_seconds']:.1%} of the {rounds['wall_seconds']:.0f} s run)" \
+            if rounds.get("wall_seconds") else ""
+        lines.append("Start-up of each worker process, once per system per round (imports, model load from the page "
+                     "cache, warm-up; not timed), mean: "
+                     + ", ".join(f"{name} {sum(seconds) / len(seconds):.1f} s" for name, seconds in startups.items())
+                     + f"; the rounds after the first added {extra:.1f} s{share}.")
     return lines
 
 
@@ -112,22 +152,27 @@ def build_report(results: dict, plot_names: list[str] = ()) -> str:
     """report.md: settings, the overall table, the speedup matrix, one table per category, plots."""
     settings = results["settings"]
     peers = _peer_names(results)
-    summaries = summaries_by_category(results)
-    body = [f"# PocketSpec bench: {settings['suite_name']}", "",
+    grouped = rows_by_category(results)
+    is_partial = results.get("rounds", {}).get("is_partial", False)
+    body = [f"# PocketSpec bench: {settings['suite_name']}" + (" (partial)" if is_partial else ""), "",
             f"Command: `{settings['command']}`", "",
             f"Target `{settings['target']}`, draft `{settings['draft'] or 'none'}`, backend {settings['backend']}, "
             f"temperature {settings['temperature']}, {settings['max_tokens']} new tokens, "
             f"{settings['num_prompts']} prompts, {settings['num_threads']} threads, "
             f"context {settings['max_context']}.", "",
             "tok/s is the decode rate (prompt processing excluded); TTFT is the prompt's processing time; "
-            "peak is the resident memory of the process that ran the system; ratios compare summed "
-            "tokens over summed seconds.", "",
-            "## Overall", "", _table(summaries[OVERALL], peers), "",
-            "## Speedup over plain decoding, by category", "", _speedup_matrix(results), ""]
+            "peak is the resident memory of the process that ran the system (the most over its rounds); ratios "
+            "compare summed tokens over summed seconds.", ""]
+    body += [line for text in _rounds_lines(results) for line in (text, "")]
+    if OVERALL not in grouped:
+        body += ["No round completed: nothing was measured.", ""]
+    else:
+        body += ["## Overall", "", _table(grouped[OVERALL], peers), "",
+                 "## Speedup over plain decoding, by category", "", _speedup_matrix(results), ""]
     targets = _target_lines(results)
     if targets:
         body += ["## Against the targets", ""] + [f"- {line}" for line in targets] + [""]
-    for category, by_system in summaries.items():
+    for category, by_system in grouped.items():
         if category != OVERALL:
             body += [f"## {category}", "", _table(by_system, peers), ""]
     not_run = [system for system in results["systems"] if system["status"] != "ok"]

@@ -1,8 +1,8 @@
-"""Running the systems of `pocketspec bench`: plain decoding first, then each PocketSpec
-drafter at each memory budget, then each peer, every one in its own process.
+"""Running one system of `pocketspec bench` over some prompts (one round, see apps/bench_rounds.py):
+PocketSpec and the Python peers in a worker process, llama-speculative-simple once per prompt.
 
-Plain decoding runs first because its rows are the reference: the prompt tokens and
-text the peers are given, and the output each system must match at temperature 0.
+Plain decoding runs first in each round because its rows are the reference: the prompt
+tokens and text the peers are given, and the output each system must match at temperature 0.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import click
 
 from apps.bench_suite import SuitePrompt
 from apps.peers import llama_bench, llama_speculative
@@ -31,12 +29,18 @@ class System:
     status: str = "ok"  # ok | skipped | failed
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
+    # per worker process (one a round): seconds outside the timed prompts (imports, model load, warm-up)
+    startup_seconds: list[float] = field(default_factory=list)
 
     def skip(self, reason: str) -> None:
         self.status, self.reason = "skipped", reason
 
     def describe(self) -> dict:
         return asdict(self)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:  # each round's process says it again
+            self.notes.append(text)
 
 
 @dataclass(frozen=True)
@@ -59,20 +63,21 @@ class BenchJob:
     peer_draft_max: int | None
 
 
-def _worker_job(system: System, job: BenchJob, reference: dict[str, dict]) -> dict:
+def _worker_job(system: System, job: BenchJob, prompts: list[SuitePrompt], reference: dict[str, dict]) -> dict:
     options = dict(job.pocketspec_options)
     if system.budget is not None:
         options["memory_budget"] = system.budget
     draft = system.draft if system.runner == "pocketspec" else (str(job.draft_path) if job.draft_path else None)
     prompts = [{"prompt_id": prompt.prompt_id, "text": prompt.text,
-                "prompt_tokens": reference.get(prompt.prompt_id, {}).get("prompt_tokens")} for prompt in job.prompts]
+                "prompt_tokens": reference.get(prompt.prompt_id, {}).get("prompt_tokens")} for prompt in prompts]
     return {"runner": system.runner, "target": str(job.target_path), "draft": draft, "prompts": prompts,
             "max_tokens": job.max_tokens, "temperature": job.temperature, "top_k": job.top_k, "top_p": job.top_p,
             "seed": job.seed, "num_threads": job.num_threads, "max_context": job.max_context,
             "num_warmup_tokens": job.num_warmup_tokens, "options": options}
 
 
-def _run_worker(system: System, job: BenchJob, reference: dict[str, dict], advance) -> list[dict]:
+def _run_worker(system: System, job: BenchJob, prompts: list[SuitePrompt], reference: dict[str, dict],
+                advance) -> list[dict]:
     rows: list[dict] = []
 
     def on_line(line: str) -> None:
@@ -80,23 +85,25 @@ def _run_worker(system: System, job: BenchJob, reference: dict[str, dict], advan
             return
         record = json.loads(line)
         if "note" in record:
-            system.notes.append(f"{system.name}: {record['note']}")
+            system.note(f"{system.name}: {record['note']}")
         else:
             rows.append(record)
             advance()
 
     run = run_child([sys.executable, "-m", "apps.bench_worker"],
-                    stdin_text=json.dumps(_worker_job(system, job, reference)), on_line=on_line)
+                    stdin_text=json.dumps(_worker_job(system, job, prompts, reference)), on_line=on_line)
     if run.returncode != 0:
         system.status, system.reason = "failed", describe_failure(run, f"{system.name} worker")
         return []
+    system.startup_seconds.append(run.seconds - sum(row["ttft_seconds"] + row["decode_seconds"] for row in rows))
     return rows
 
 
-def _run_llama_speculative(system: System, job: BenchJob, reference: dict[str, dict], advance) -> list[dict]:
+def _run_llama_speculative(system: System, job: BenchJob, prompts: list[SuitePrompt], reference: dict[str, dict],
+                           advance) -> list[dict]:
     binary = llama_speculative.binary_path(job.llama_tools_dir)
     rows = []
-    for prompt in job.prompts:
+    for prompt in prompts:
         argv = llama_speculative.command(
             binary, job.target_path, job.draft_path, reference[prompt.prompt_id]["prompt_text"],
             max_tokens=job.max_tokens, num_threads=job.num_threads, max_context=job.max_context,
@@ -106,31 +113,40 @@ def _run_llama_speculative(system: System, job: BenchJob, reference: dict[str, d
         if run.returncode != 0:
             system.status, system.reason = "failed", describe_failure(run, llama_speculative.TOOL)
             return []
-        rows.append(llama_speculative.measured_row(prompt.prompt_id, run, reference[prompt.prompt_id]["prompt_text"]))
+        row = llama_speculative.measured_row(prompt.prompt_id, run, reference[prompt.prompt_id]["prompt_text"])
+        row["is_retokenized"] = row["num_prompt_tokens"] != len(reference[prompt.prompt_id]["prompt_tokens"])
+        rows.append(row)
         advance()
-    num_retokenized = sum(row["num_prompt_tokens"] != len(reference[row["prompt_id"]]["prompt_tokens"]) for row in rows)
-    if num_retokenized:
-        system.notes.append(f"{system.name}: {num_retokenized} of {len(rows)} prompts tokenized to another length "
-                            "than PocketSpec's")
-    draft_max = rows[0].get("draft_max") if rows else None
-    system.notes.append(f"{system.name}: {llama_speculative.TOOL} --spec-draft-n-max {draft_max} (fixed draft length), "
-                        f"--temp {job.temperature}, -t {job.num_threads}, -c {job.max_context}")
-    system.notes.append(llama_bench.reference_note(job.llama_tools_dir, job.target_path, num_tokens=job.max_tokens,
-                                                   num_threads=job.num_threads))
     return rows
 
 
-def run_system(system: System, job: BenchJob, reference: dict[str, dict]) -> list[dict]:
-    """The system's raw rows, one per prompt, with a progress bar over the prompts on stderr.
+def run_system(system: System, job: BenchJob, prompts: list[SuitePrompt], reference: dict[str, dict],
+               advance) -> list[dict]:
+    """The system's raw rows, one per prompt, calling advance() after each.
 
     A failed system gets status `failed`, a one-line reason and no rows: the others still run.
     """
-    with click.progressbar(length=len(job.prompts), label=f"{system.name:>28}", file=sys.stderr,
-                           show_pos=True) as bar:
-        advance = lambda: bar.update(1)  # noqa: E731
-        if system.runner == "llama-speculative":
-            return _run_llama_speculative(system, job, reference, advance)
-        return _run_worker(system, job, reference, advance)
+    if system.runner == "llama-speculative":
+        return _run_llama_speculative(system, job, prompts, reference, advance)
+    return _run_worker(system, job, prompts, reference, advance)
+
+
+def add_closing_notes(systems: list[System], job: BenchJob, rows: list[dict]) -> None:
+    """Notes that need every round: llama-speculative-simple's settings and tokenization, and
+    llama-bench's plain-decoding rate on the target (run once, after the rounds)."""
+    for system in systems:
+        if system.runner != "llama-speculative" or system.status != "ok":
+            continue
+        own_rows = [row for row in rows if row["system"] == system.name]
+        num_retokenized = sum(row["is_retokenized"] for row in own_rows)
+        if num_retokenized:
+            system.note(f"{system.name}: {num_retokenized} of {len(own_rows)} prompts tokenized to another length "
+                        "than PocketSpec's")
+        draft_max = own_rows[0].get("draft_max") if own_rows else None
+        system.note(f"{system.name}: {llama_speculative.TOOL} --spec-draft-n-max {draft_max} (fixed draft length), "
+                    f"--temp {job.temperature}, -t {job.num_threads}, -c {job.max_context}")
+        system.note(llama_bench.reference_note(job.llama_tools_dir, job.target_path, num_tokens=job.max_tokens,
+                                               num_threads=job.num_threads))
 
 
 def matches_plain(row: dict, plain: dict, job: BenchJob) -> bool | None:

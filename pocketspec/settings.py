@@ -97,3 +97,6 @@ class BenchSettings:
     peers: str = "auto"  # auto: the peers that run on --backend (llama.cpp + prompt-lookup, or transformers)
     peer_draft_max: int | None = None  # llama-speculative-simple's --spec-draft-n-max (None: llama.cpp's default)
     num_warmup_tokens: int = 4  # generated once per process before timing, so page faults are not timed
+    # A round runs every system over one category's prompts (at most this many; a suite without
+    # categories is cut into groups of this size), so the systems interleave in time.
+    max_prompts_per_round: int = 5

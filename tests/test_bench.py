@@ -1,9 +1,15 @@
 """`pocketspec bench`: bad flags and suites are one line and exit code 2; a smallest real run
-on SmolLM2 writes results.json, report.md and the plots (timings are not checked here)."""
+on SmolLM2 writes results.json, report.md and the plots (timings are not checked here), and
+Ctrl-C writes the completed rounds, marked partial."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -28,14 +34,19 @@ def test_bad_suite_line_names_file_and_line(smollm2_path, tmp_path):
                           f"{suite} line 2: `turns` must be a list")
 
 
-@pytest.mark.real_model
-def test_smallest_run_writes_results_report_and_plots(smollm2_path, tmp_path):
+@pytest.fixture
+def two_category_suite(tmp_path):
     suite = tmp_path / "two.jsonl"
     suite.write_text('{"category": "code", "prompt": "Write a Python function that adds two numbers."}\n'
                      '{"category": "chat", "turns": ["Say hello."]}\n')
+    return suite
+
+
+@pytest.mark.real_model
+def test_smallest_run_writes_results_report_and_plots(smollm2_path, two_category_suite, tmp_path):
     out = tmp_path / "out"
-    result = run_cli("bench", "--target", str(smollm2_path), "--suite", str(suite), "--max-tokens", "8",
-                     "--drafters", "ngram,self-sparse", "--peers", "prompt-lookup,llama.cpp", "--threads", "1",
+    result = run_cli("bench", "--target", str(smollm2_path), "--suite", str(two_category_suite),
+                     "--max-tokens", "8", "--drafters", "ngram,self-sparse", "--peers", "prompt-lookup,llama.cpp", "--threads", "1",
                      "--out", str(out))
     assert result.returncode == 0, result.stderr
     results = json.loads((out / "results.json").read_text())
@@ -46,9 +57,60 @@ def test_smallest_run_writes_results_report_and_plots(smollm2_path, tmp_path):
     assert status["llama.cpp-speculative"][0] == "skipped"  # SmolLM2 has no draft model
     assert {(row["system"], row["category"]) for row in results["rows"]} == {
         (system, category) for system in ("plain", "pocketspec-ngram", "prompt-lookup") for category in ("code", "chat")}
+    assert results["rounds"]["num_completed"] == 2 and not results["rounds"]["is_partial"]
+    assert {(row["category"], row["round"]) for row in results["rows"]} == {("code", 0), ("chat", 1)}
+    assert all(len(system["startup_seconds"]) == 2 for system in results["systems"] if system["status"] == "ok")
     assert all(row["matches_plain"] for row in results["rows"] if row["system"] == "plain")
     assert all(row["peak_memory_bytes"] > 50 * 2**20 and row["num_tokens"] >= 1 for row in results["rows"])
     assert results["machine"]["doctor"]["llama_cpp"]["version"] == "0.3.36"
     report = (out / "report.md").read_text()
     assert "## code" in report and "## chat" in report and "× prompt-lookup" in report
     assert all((out / name).stat().st_size > 10_000 for name in ("speedup.png", "frontier.png"))
+
+
+@pytest.mark.real_model
+def test_ctrl_c_writes_the_completed_rounds_marked_partial(smollm2_path, two_category_suite, tmp_path):
+    out = tmp_path / "out"
+    bench = subprocess.Popen([sys.executable, "-m", "apps.cli", "bench", "--target", str(smollm2_path), "--suite",
+                              str(two_category_suite), "--max-tokens", "8", "--drafters", "ngram", "--peers", "none",
+                              "--threads", "1", "--out", str(out)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines = []
+    for line in bench.stderr:  # off a terminal the progress bar prints each new label on a line
+        lines.append(line)
+        if "chat (2/2): plain" in line:
+            os.killpg(bench.pid, signal.SIGINT)  # as Ctrl-C does: the bench and its worker
+            break
+    lines += bench.stderr.readlines()
+    assert bench.wait(timeout=120) == 130, "".join(lines)
+    assert lines[-1].strip() == "interrupted" and not any("Traceback" in line for line in lines)
+    results = json.loads((out / "results.json").read_text())
+    assert results["rounds"]["num_completed"] == 1 and results["rounds"]["is_partial"]
+    assert {(row["system"], row["category"], row["round"]) for row in results["rows"]} == {
+        ("plain", "code", 0), ("pocketspec-ngram", "code", 0)}
+    report = (out / "report.md").read_text()
+    assert "(partial)" in report and "stopped after 1 of 2 rounds" in report and "## code" in report
+
+
+@pytest.mark.real_model
+def test_a_system_failing_in_a_later_round_loses_its_rows_and_the_others_go_on(smollm2_path, two_category_suite,
+                                                                               tmp_path):
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    replay = Path(__file__).parent / "data" / "llama_speculative_simple" / "max_tokens"
+    fake = tools / "llama-speculative-simple"  # replays a captured run, and fails on the second round's prompt
+    fake.write_text(f'#!/bin/sh\ncase "$*" in *"Say hello."*) echo "out of cheese" >&2; exit 3;; esac\n'
+                    f'cat "{replay}/stdout.txt"; cat "{replay}/stderr.txt" >&2\n')
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    result = run_cli("bench", "--target", str(smollm2_path), "--draft", str(smollm2_path), "--suite",
+                     str(two_category_suite), "--max-tokens", "8", "--drafters", "ngram", "--peers", "llama.cpp",
+                     "--llama-tools", str(tools), "--threads", "1", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    results = json.loads((out / "results.json").read_text())
+    failed = next(system for system in results["systems"] if system["name"] == "llama.cpp-speculative")
+    assert failed["status"] == "failed" and failed["reason"].startswith("round chat: ")
+    assert failed["reason"].endswith("exited with code 3: out of cheese")
+    assert {(row["system"], row["round"]) for row in results["rows"]} == {
+        (system, index) for system in ("plain", "pocketspec-ngram") for index in (0, 1)}
+    assert f"- llama.cpp-speculative: {failed['reason']}" in (out / "report.md").read_text()

@@ -81,3 +81,41 @@ def test_no_peer_columns_without_peers(results):
 
 def test_categories_keep_suite_order_with_overall_last(results):
     assert list(summaries_by_category(results)) == ["coding", "writing", OVERALL]
+
+
+def test_ratios_compare_only_the_rounds_both_systems_completed(results):
+    round_of = {"1": 0, "2": 1, "3": 2, "4": 2}
+    for row in results["rows"]:
+        row["round"] = round_of[row["prompt_id"]]
+        if row["system"] == "plain" and row["prompt_id"] == "2":
+            row["decode_seconds"] = 10.0  # the machine was slow during round 1
+    results["rows"] = [row for row in results["rows"]
+                       if not (row["system"] == "pocketspec-auto" and row["round"] == 1)]
+    table = speedups(results)
+    assert table["coding"]["pocketspec-auto"] == pytest.approx(2.0)  # round 0 only, not 20 / (100 / 15)
+    assert table[OVERALL]["pocketspec-auto"] == pytest.approx((240 / 12.5) / (250 / 15))
+    assert table["coding"]["pocketspec-auto@1GiB"] == pytest.approx((100 / 6.25) / (100 / 15))  # both rounds
+    overall = table_rows(build_report(results), "Overall")
+    assert overall["pocketspec-auto"]["× plain"] == f"{(240 / 12.5) / (250 / 15):.2f}×"
+
+
+def test_partial_report_says_so_with_the_rounds_completed_and_their_start_up_cost(results):
+    results["settings"]["max_prompts_per_round"] = 5
+    results["rounds"] = {"num_planned": 3, "num_completed": 1, "is_partial": True, "wall_seconds": 100.0}
+    results["systems"][0]["startup_seconds"] = [2.0, 1.0]
+    results["systems"][1]["startup_seconds"] = [3.0]
+    report = build_report(results)
+    assert report.startswith("# PocketSpec bench: fake.jsonl (partial)\n")
+    assert "Ran in 3 rounds (one per category, cut into groups of at most 5 prompts)" in report
+    assert "**Partial results: the run stopped after 1 of 3 rounds**" in report
+    assert "mean: plain 1.5 s, pocketspec-auto 3.0 s; the rounds after the first added 1.5 s (1.5% of the 100 s run)" \
+        in report
+
+
+def test_report_of_a_run_stopped_before_its_first_round_ended(results):
+    results["settings"]["max_prompts_per_round"] = 5
+    results["rounds"] = {"num_planned": 2, "num_completed": 0, "is_partial": True, "wall_seconds": 3.0}
+    results["rows"] = []
+    report = build_report(results)
+    assert "stopped after 0 of 2 rounds" in report and "No round completed: nothing was measured." in report
+    assert "## Overall" not in report

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from apps.peers.process import describe_failure, run_child
 
 MIB = 2**20
@@ -32,3 +34,10 @@ def test_lines_stdin_and_failures():
     assert describe_failure(run, "worker") == "worker exited with code 1: bad input"
     killed = run_child([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
     assert describe_failure(killed, "worker") == "worker ended by signal 9 (killed: out of memory?)"
+
+
+@pytest.mark.parametrize("code", ["import os, signal; os.kill(os.getpid(), signal.SIGINT)",
+                                  "raise KeyboardInterrupt", "raise SystemExit(130)"])
+def test_a_child_ended_by_ctrl_c_interrupts_the_parent_too(code):
+    with pytest.raises(KeyboardInterrupt):
+        run_child([sys.executable, "-c", code])

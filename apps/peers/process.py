@@ -8,6 +8,7 @@ from /proc while it runs instead; ru_maxrss from wait4 is the fallback elsewhere
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 POLL_SECONDS = 0.02
+INTERRUPTED_EXIT_CODE = 130  # what a program that handles Ctrl-C exits with
 
 
 @dataclass
@@ -56,7 +58,8 @@ def run_child(argv: list[str], *, stdin_text: str | None = None, timeout_seconds
               on_line=None) -> ChildRun:
     """Run argv to completion with its output in temporary files (no pipe can fill up).
 
-    on_line, when given, sees each line of stdout as it is written.
+    on_line, when given, sees each line of stdout as it is written. A child that Ctrl-C
+    ended raises KeyboardInterrupt here, as Ctrl-C in this process does.
     """
     with tempfile.TemporaryFile() as stdin_file, tempfile.TemporaryFile() as stdout_file, \
             tempfile.TemporaryFile() as stderr_file:
@@ -84,6 +87,9 @@ def run_child(argv: list[str], *, stdin_text: str | None = None, timeout_seconds
             process.wait()
             raise
         process.returncode = os.waitstatus_to_exitcode(status)
+        if process.returncode in (-signal.SIGINT, INTERRUPTED_EXIT_CODE):
+            # Ctrl-C reaches the child's process group too, and the child may end first
+            raise KeyboardInterrupt
         if reader is not None:
             reader.read()
         if not peak_bytes:

@@ -1,0 +1,48 @@
+"""The bench's rounds: prompts grouped by category, and in each round plain first, then the others."""
+
+from __future__ import annotations
+
+from apps.bench_rounds import plan_rounds, schedule
+from apps.bench_run import System
+from apps.bench_suite import DEFAULT_CATEGORY, SuitePrompt
+
+
+def prompts(*categories: str) -> list[SuitePrompt]:
+    return [SuitePrompt(str(number), category, f"prompt {number}") for number, category in enumerate(categories)]
+
+
+def systems() -> list[System]:
+    ngram = System("pocketspec-ngram", "pocketspec", "pocketspec", "pocketspec-ngram")
+    plain = System("plain", "plain", "pocketspec", "plain")
+    lookup = System("prompt-lookup", "peer", "prompt-lookup", "prompt-lookup")
+    skipped = System("llama.cpp-speculative", "peer", "llama-speculative", "llama.cpp-speculative")
+    skipped.skip("no draft model")
+    return [ngram, plain, skipped, lookup]
+
+
+def test_one_round_per_category_in_suite_order():
+    rounds = plan_rounds(prompts("coding", "writing", "coding", "math", "writing"), max_prompts_per_round=5)
+    assert [(round_.index, round_.label) for round_ in rounds] == [(0, "coding"), (1, "writing"), (2, "math")]
+    assert [[prompt.prompt_id for prompt in round_.prompts] for round_ in rounds] == [["0", "2"], ["1", "4"], ["3"]]
+
+
+def test_large_categories_and_suites_without_categories_are_cut_into_groups():
+    rounds = plan_rounds(prompts(*[DEFAULT_CATEGORY] * 7, "math"), max_prompts_per_round=3)
+    assert [round_.label for round_ in rounds] == [f"{DEFAULT_CATEGORY} 1/3", f"{DEFAULT_CATEGORY} 2/3",
+                                                   f"{DEFAULT_CATEGORY} 3/3", "math"]
+    assert [len(round_.prompts) for round_ in rounds] == [3, 3, 1, 1]
+
+
+def test_each_round_runs_plain_first_then_every_runnable_system_once():
+    rounds = plan_rounds(prompts("coding", "writing", "coding"), max_prompts_per_round=5)
+    runs = [(round_.label, system.name) for round_, system in schedule(rounds, systems())]
+    assert runs == [("coding", "plain"), ("coding", "pocketspec-ngram"), ("coding", "prompt-lookup"),
+                    ("writing", "plain"), ("writing", "pocketspec-ngram"), ("writing", "prompt-lookup")]
+
+
+def test_every_prompt_meets_every_runnable_system_exactly_once():
+    suite = prompts("a", "b", "a", "c", "a", "a", "b")
+    measured = [(prompt.prompt_id, system.name) for round_, system in schedule(plan_rounds(suite, 2), systems())
+                for prompt in round_.prompts]
+    assert sorted(measured) == sorted((prompt.prompt_id, name) for prompt in suite
+                                      for name in ("plain", "pocketspec-ngram", "prompt-lookup"))
