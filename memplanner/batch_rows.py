@@ -44,6 +44,16 @@ class BatchPlan:
         return sum(self.terms.values())
 
 
+def _hidden_bytes(shape: ModelShape, num_tokens: int) -> int:
+    """Hidden states of num_tokens tokens: the feed-forward's three wide tensors and a few model-wide ones."""
+    return num_tokens * (3 * max(shape.intermediate_size, shape.hidden_size) + 6 * shape.hidden_size) * FLOAT32_BYTES
+
+
+def _gathered_kv_bytes(shape: ModelShape, workload: BatchWorkload, kv_dtype: str) -> int:
+    """One layer's keys and values of one row, copied out of the cache (dequantized from int8)."""
+    return 2 * shape.num_kv_heads * workload.max_context * shape.head_dim * max(KV_DTYPE_BYTES[kv_dtype], 4)
+
+
 def forward_bytes_per_sequence(shape: ModelShape, workload: BatchWorkload, kv_dtype: str) -> int:
     """Activations one sequence adds to a decoding forward, at the longest context."""
     num_positions = workload.max_gamma + 1
@@ -52,17 +62,16 @@ def forward_bytes_per_sequence(shape: ModelShape, workload: BatchWorkload, kv_dt
     scores = 3 * rows * workload.max_context * FLOAT32_BYTES  # scores, probabilities and a temporary
     num_blocks = -(-workload.max_context // workload.key_block)
     partials = 2 * num_blocks * rows * shape.head_dim * FLOAT32_BYTES  # per-block products and their scan
-    gathered_kv = 2 * shape.num_kv_heads * workload.max_context * shape.head_dim * max(KV_DTYPE_BYTES[kv_dtype], 4)
-    hidden = num_positions * (3 * max(shape.intermediate_size, shape.hidden_size) + 6 * shape.hidden_size) * FLOAT32_BYTES
-    return logits + scores + partials + gathered_kv + hidden
+    hidden = _hidden_bytes(shape, num_positions)
+    return logits + scores + partials + _gathered_kv_bytes(shape, workload, kv_dtype) + hidden
 
 
 def prefill_bytes(shape: ModelShape, workload: BatchWorkload, kv_dtype: str) -> int:
     """Activations of one prefill chunk of n_batch tokens (SDPA with a [chunk, context] boolean mask)."""
     num_tokens = min(workload.n_batch, workload.max_context)
-    hidden = num_tokens * (3 * max(shape.intermediate_size, shape.hidden_size) + 6 * shape.hidden_size) * FLOAT32_BYTES
-    gathered_kv = 2 * shape.num_kv_heads * workload.max_context * shape.head_dim * max(KV_DTYPE_BYTES[kv_dtype], 4)
-    return hidden + num_tokens * workload.max_context + gathered_kv + shape.vocab_size * FLOAT32_BYTES
+    mask = num_tokens * workload.max_context
+    return (_hidden_bytes(shape, num_tokens) + mask + _gathered_kv_bytes(shape, workload, kv_dtype)
+            + shape.vocab_size * FLOAT32_BYTES)
 
 
 def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int, weights_format: str, kv_dtype: str,

@@ -10,7 +10,8 @@ from pocketspec.torch_model.kv_cache import StaticKVCache
 from pocketspec.torch_model.model import rope_angles
 
 ROPE = rope_angles(torch.arange(64), 1.0 / 10000 ** (torch.arange(0, 8, 2) / 8))
-ITEMS = [RowInput(row=2, start=5, tokens=[11, 12, 13], num_logits=3), RowInput(row=0, start=9, tokens=[21], num_logits=1)]
+ITEMS = [RowInput(row=2, start=5, tokens=[11, 12, 13], num_logits=3),
+         RowInput(row=0, start=9, tokens=[21], num_logits=1)]
 
 
 def _layout(shape: AttentionShape, items=ITEMS) -> BatchLayout:

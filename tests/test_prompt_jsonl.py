@@ -15,7 +15,8 @@ def _read(tmp_path, text: str) -> list[PromptLine]:
 
 
 def test_prompts_turns_seeds_and_blank_lines(tmp_path):
-    lines = _read(tmp_path, '{"prompt": "one"}\n\n{"turns": ["two"], "seed": 7}\n{"prompt": "three", "max_tokens": 5}\n')
+    text = '{"prompt": "one"}\n\n{"turns": ["two"], "seed": 7}\n{"prompt": "three", "max_tokens": 5}\n'
+    lines = _read(tmp_path, text)
     assert lines == [PromptLine(1, "one"), PromptLine(3, "two", seed=7), PromptLine(4, "three", max_tokens=5)]
 
 

@@ -29,7 +29,7 @@ class BatchedModel:
     def __init__(self, model: Transformer, *, num_rows: int, max_context: int, kv_dtype: str, n_batch: int,
                  settings: BatchSettings, tiles: TileShape | None = None, num_layers: int | None = None,
                  timer: AlignmentTimer | None = None):
-        """tiles: the TileShape of the model's RowTiledLinears (make_batch_invariant), None when not wrapped."""
+        """tiles: the TileShape of the model's RowTiled parts (make_batch_invariant), None when not wrapped."""
         if settings.is_batch_invariant and tiles is None:
             raise ValueError("batch-invariant decoding needs a model wrapped by make_batch_invariant")
         self.model, self.settings, self.tiles = model, settings, tiles
@@ -71,14 +71,16 @@ class BatchedModel:
             self.cached[item.row][item.start:] = item.tokens
         return _split(logits, layout.logits_counts)
 
-    def forward(self, rows: Sequence[int], tokens: Sequence[Sequence[int]], num_logits: Sequence[int]) -> list[np.ndarray]:
+    def forward(self, rows: Sequence[int], tokens: Sequence[Sequence[int]],
+                num_logits: Sequence[int]) -> list[np.ndarray]:
         """Append tokens[i] to row rows[i]; logits [num_logits[i], vocab] for each row's last tokens."""
         items = [RowInput(row, self.num_cached(row), list(row_tokens), count)
                  for row, row_tokens, count in zip(rows, tokens, num_logits)]
         tile_rows = self.settings.row_tile if self.settings.is_batch_invariant else 0
         return self._run(items, self.decode_shape, tile_rows)
 
-    def prefill(self, row: int, tokens: Sequence[int], should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
+    def prefill(self, row: int, tokens: Sequence[int],
+                should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
         """Append a prompt to `row` alone, in chunks of n_batch; logits [vocab] of its last token (None: stopped)."""
         if not tokens:
             raise ValueError("prefill needs at least one token")

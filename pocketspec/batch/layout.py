@@ -102,7 +102,10 @@ class BatchLayout:
         timer.seconds["layout"] += timer.now() - started
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: int) -> torch.Tensor:
-        """q [1, heads, N, head_dim], k and v [1, kv_heads, N, head_dim] of the packed tokens -> [1, heads, N, head_dim]."""
+        """Attention of the packed tokens: q [1, heads, N, head_dim], k and v [1, kv_heads, N, head_dim].
+
+        Returns [1, heads, N, head_dim].
+        """
         started = self.timer.now()
         cache.write_tokens(layer, self.write_rows, self.write_positions, k[0].transpose(0, 1), v[0].transpose(0, 1))
         keys, values = cache.read_rows(layer, self.cache_rows, self.key_length, q.dtype)

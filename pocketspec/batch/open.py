@@ -32,15 +32,6 @@ class OpenedBatch:
     tokenizer: object
     vocab_model: object
 
-    def memory_report(self) -> dict[str, int]:
-        report = {"target " + name: size for name, size in self.engine.target.memory_report().items()}
-        if self.engine.draft is not None:
-            draft = self.engine.draft.draft
-            report["draft kv_cache"] = draft.cache.num_bytes
-            if draft.model is not self.engine.target.model:
-                report["draft weights"] = draft.memory_report()["weights"]
-        return report
-
     def close(self) -> None:
         if self.vocab_model is not None:
             self.vocab_model.close()
