@@ -126,7 +126,8 @@ def measure(runner: Runner, mode: str, max_batch: int, scheduler: str, prompts, 
            "decode_tokens_per_second": round(num_tokens / max(seconds - engine.seconds["prefill"], 1e-9), 3),
            "mean_latency_seconds": round(float(latencies.mean()), 3),
            "p90_latency_seconds": round(float(np.percentile(latencies, 90)), 3),
-           "acceptance_rate": round(sum(result.stats.num_accepted for result in results) / max(num_drafted, 1), 4),
+           "num_drafted": num_drafted, "num_accepted": sum(result.stats.num_accepted for result in results),
+           "num_steps": engine.num_steps,
            "mean_rows_per_step": round(float(np.mean(engine.rows_per_step)), 2) if engine.rows_per_step else 0.0,
            "alignment_fraction": round(engine.alignment_seconds / seconds, 4),
            "layout_fraction": round(timer["layout"] / seconds, 4),
@@ -139,13 +140,13 @@ def measure(runner: Runner, mode: str, max_batch: int, scheduler: str, prompts, 
 
 
 COLUMNS = ["kernels", "scheduler", "mode", "batch", "pool rows", "tok/s", "decode tok/s", "mean latency s",
-           "p90 latency s", "acceptance", "rows/step", "alignment %", "target fwd %", "draft %", "verify %", "= alone"]
+           "p90 latency s", "accepted/drafted", "rows/step", "alignment %", "target fwd %", "draft %", "verify %", "= alone"]
 
 
 def table_row(row: dict) -> list:
     return [row["kernels"], row["scheduler"], row["mode"], row["batch"], row["pool_rows"], row["tokens_per_second"],
             row["decode_tokens_per_second"], row["mean_latency_seconds"], row["p90_latency_seconds"],
-            f"{row['acceptance_rate']:.0%}", row["mean_rows_per_step"], f"{100 * row['alignment_fraction']:.1f}",
+            f"{row['num_accepted']}/{row['num_drafted']}", row["mean_rows_per_step"], f"{100 * row['alignment_fraction']:.1f}",
             f"{100 * row['target_forward_fraction']:.1f}", f"{100 * row['draft_fraction']:.1f}",
             f"{100 * row['verification_fraction']:.1f}", f"{100 * row.get('equals_alone', float('nan')):.0f} %"]
 
@@ -155,7 +156,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--max-prompt-tokens", type=int, default=512)
+    parser.add_argument("--max-prompt-tokens", type=int, default=1024, help="longer prompts are skipped")
     parser.add_argument("--modes", nargs="+", default=["plain", "ngram", "self-skip"])
     parser.add_argument("--schedulers", nargs="+", default=["pad", "group"])
     parser.add_argument("--kernels", nargs="+", default=["invariant", "fast"])
