@@ -119,13 +119,7 @@ class BatchEngine:
             self.target.rollback(sequence.row, kept + 1 + verdict.num_accepted)
             sequence.accept(verdict.emitted(draft.tokens), self.is_end)
             controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted)
-            stats = sequence.stats
-            stats.num_steps += 1
-            stats.num_drafted += len(draft)
-            stats.num_accepted += verdict.num_accepted
-            stats.steps_by_drafter[choice.drafter] = stats.steps_by_drafter.get(choice.drafter, 0) + 1
-            stats.last_gamma = len(draft)
-            sequence.last_step = self.num_steps
+            sequence.record_step(self.num_steps, choice.drafter, len(draft), verdict.num_accepted)
         verified = time.perf_counter()
         self.seconds["draft"] += draft_seconds
         self.seconds["target_forward"] += verify_started - forward_started

@@ -64,9 +64,17 @@ class SequenceState:
                 self.stop_reason = "max_tokens"
                 return
 
-    def finish(self, stop_reason: str | None = None) -> BatchResult:
-        if stop_reason is not None and self.stop_reason is None:
-            self.stop_reason = stop_reason
+    def record_step(self, step: int, drafter: str, num_drafted: int, num_accepted: int) -> None:
+        stats = self.stats
+        stats.num_steps += 1
+        stats.num_drafted += num_drafted
+        stats.num_accepted += num_accepted
+        stats.steps_by_drafter[drafter] = stats.steps_by_drafter.get(drafter, 0) + 1
+        stats.last_gamma = num_drafted
+        self.last_step = step
+
+    def finish(self) -> BatchResult:
+        """The result; a sequence stopped before its end (or never admitted) counts as interrupted."""
         finished_at = time.perf_counter()
         self.stats.num_tokens = len(self.tokens)
         self.stats.seconds = finished_at - self.started_at
