@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from apps.backend_options import backend_options
+from apps.batch_generate import batch_options, run_batch, take_batch_options
 from apps.options import GENERATION, model_choice_options, runtime_options, sampling_options
 from apps.session import open_engine
 from pocketspec.chat_template import encode_chat, template_for
@@ -38,9 +39,17 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 @backend_options
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template (from GGUF metadata).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, stats.")
+@batch_options
 def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, top_p, top_k, seed,
              gamma, memory_budget, max_context, kv_type, threads, repack, exact_verify, chat, as_json, **backend_args):
-    """Generate a continuation of one prompt."""
+    """Generate a continuation of one prompt, or of every prompt of a JSONL file with --batch."""
+    batch_args = take_batch_options(backend_args)
+    if batch_args["batch"] is not None:
+        run_batch(target=target, draft=draft, pair=pair, prompt=prompt, prompt_file=prompt_file, max_tokens=max_tokens,
+                  temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, gamma=gamma,
+                  memory_budget=memory_budget, max_context=max_context, threads=threads, chat=chat,
+                  batch_args=batch_args, backend_args=backend_args)
+        return
     text = _read_prompt(prompt, prompt_file)
     with open_engine(
         target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,

@@ -19,10 +19,10 @@ from pocketspec.drafters.model import ModelDrafter
 from pocketspec.drafters.ngram import NgramDrafter
 from pocketspec.errors import UserError
 from pocketspec.prefix import common_prefix_length
-from pocketspec.sampling import distribution, distributions, sample
+from pocketspec.sampling import choose_token
 from pocketspec.settings import SamplingSettings, SpeculationSettings
 from pocketspec.stats import GenerationStats, peak_rss_bytes
-from pocketspec.verify import Verdict, verify_deterministic, verify_greedy, verify_sampled
+from pocketspec.verify import Verdict, verify_logits
 
 DRAFTERS = ("auto", "model", "ngram", "none")
 
@@ -85,17 +85,10 @@ class SpeculativeEngine:
         return exact_width - 1
 
     def _pick(self, logits: np.ndarray) -> int:
-        if self.sampling.is_greedy:
-            return int(np.argmax(logits))
-        return sample(distribution(logits, self.sampling), self.rng)
+        return choose_token(logits, self.sampling, self.rng)
 
     def _verify(self, draft: Draft, logits: np.ndarray) -> Verdict:
-        if self.sampling.is_greedy:
-            return verify_greedy(draft.tokens, np.argmax(logits, axis=-1))
-        target_probs = distributions(logits, self.sampling)
-        if draft.probs is None:
-            return verify_deterministic(draft.tokens, target_probs, self.rng)
-        return verify_sampled(draft.tokens, draft.probs, target_probs, self.rng)
+        return verify_logits(draft.tokens, draft.probs, logits, self.sampling, self.rng)
 
     def _prefill(self, prompt: Sequence[int], stats: GenerationStats, should_stop=None) -> int | None:
         room = self.target.max_context

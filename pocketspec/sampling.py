@@ -63,3 +63,10 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     cumulative = np.cumsum(probs)
     index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
     return min(index, probs.shape[-1] - 1)
+
+
+def choose_token(logits: np.ndarray, sampling: SamplingSettings, rng: np.random.Generator) -> int:
+    """The next token from logits [vocab]: the argmax at temperature 0, else a draw."""
+    if sampling.is_greedy:
+        return int(np.argmax(logits))
+    return sample(distribution(logits, sampling), rng)

@@ -100,3 +100,19 @@ class BenchSettings:
     # A round runs every system over one category's prompts (at most this many; a suite without
     # categories is cut into groups of this size), so the systems interleave in time.
     max_prompts_per_round: int = 5
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """Batched decoding (`--batch`, torch): how many sequences step together and how their forwards are shaped."""
+
+    max_batch: int = 8  # sequences per forward
+    num_rows: int = 0  # sequences held in the KV cache at once (0: max_batch); the scheduler picks among them
+    scheduler: str = "pad"  # pad: step the longest-waiting rows together | group: equal-length rows (EXSPEC)
+    # Batch-invariant kernels (pocketspec/torch_model/invariant.py): every generated token's
+    # logits are bit-identical whatever else shares its forward, so batched greedy output equals
+    # decoding each prompt alone. False uses the faster SDPA and one matmul per linear.
+    is_batch_invariant: bool = True
+    row_tile: int = 16  # rows per linear call when decoding; MKL takes slower paths below 16 rows
+    query_tile: int = 4  # queries per attention tile when decoding (batch-invariant)
+    key_block: int = 128  # keys per attention block; every row's key length is padded to a multiple

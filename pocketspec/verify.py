@@ -12,7 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from pocketspec.sampling import sample
+from pocketspec.sampling import distributions, sample
+from pocketspec.settings import SamplingSettings
 
 
 @dataclass(frozen=True)
@@ -77,3 +78,15 @@ def verify_deterministic(
         return Verdict(index, sample(residual, rng))
     num_draft = len(draft_tokens)
     return Verdict(num_draft, sample(target_probs[num_draft], rng))
+
+
+def verify_logits(draft_tokens: Sequence[int], draft_probs: np.ndarray | None, logits: np.ndarray,
+                  sampling: SamplingSettings, rng: np.random.Generator) -> Verdict:
+    """One step's rule from the target's logits [num_draft + 1, vocab]: greedy, a point-mass draft
+    (no probabilities, e.g. n-gram) or a sampled draft with its probabilities."""
+    if sampling.is_greedy:
+        return verify_greedy(draft_tokens, np.argmax(logits, axis=-1))
+    target_probs = distributions(logits, sampling)
+    if draft_probs is None:
+        return verify_deterministic(draft_tokens, target_probs, rng)
+    return verify_sampled(draft_tokens, draft_probs, target_probs, rng)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from pocketspec.sampling import distribution, sample
+from pocketspec.sampling import choose_token, distribution, sample
 from pocketspec.settings import SamplingSettings
 
 
@@ -37,3 +37,11 @@ def test_sample_is_reproducible_with_a_seed():
     first = [sample(probs, np.random.default_rng(11)) for _ in range(3)]
     second = [sample(probs, np.random.default_rng(11)) for _ in range(3)]
     assert first == second
+
+
+def test_choose_token_is_the_argmax_or_a_seeded_draw():
+    logits = np.array([0.5, 2.0, 1.0])
+    assert choose_token(logits, SamplingSettings(), np.random.default_rng(0)) == 1
+    sampling = SamplingSettings(temperature=1.0)
+    expected = sample(distribution(logits, sampling), np.random.default_rng(4))
+    assert choose_token(logits, sampling, np.random.default_rng(4)) == expected

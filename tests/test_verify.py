@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from pocketspec.verify import verify_deterministic, verify_greedy, verify_sampled
+from pocketspec.settings import SamplingSettings
+from pocketspec.verify import Verdict, verify_deterministic, verify_greedy, verify_logits, verify_sampled
 
 NUM_DRAWS = 40_000
 
@@ -90,3 +91,15 @@ def test_sampling_chi_square_detects_a_wrong_rule():
     for _ in range(5000):
         counts[int(rng.choice(3, p=draft))] += 1
     assert chisquare(counts, target * 5000).pvalue < 1e-6
+
+
+def test_verify_logits_picks_the_rule_for_the_sampling_and_the_draft():
+    logits = np.log(np.array([[0.1, 0.6, 0.3], [0.5, 0.25, 0.25]]))
+    greedy = verify_logits([1], None, logits, SamplingSettings(), np.random.default_rng(0))
+    assert greedy == Verdict(1, 0)
+    sampling = SamplingSettings(temperature=1.0)
+    point_mass = verify_logits([1], None, logits, sampling, np.random.default_rng(0))
+    assert point_mass == verify_deterministic([1], np.exp(logits), np.random.default_rng(0))
+    draft_probs = np.array([[0.2, 0.5, 0.3]])
+    sampled = verify_logits([1], draft_probs, logits, sampling, np.random.default_rng(3))
+    assert sampled == verify_sampled([1], draft_probs, np.exp(logits), np.random.default_rng(3))

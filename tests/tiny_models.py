@@ -107,3 +107,20 @@ def write_tiny_pair(folder: Path, seed: int = 0, draft_noise: float = 0.3, *, ar
     target = write_tiny_model(folder / f"tiny-target{suffix}.gguf", target_tensors, arch=arch, quant=quant, **shape)
     draft = write_tiny_model(folder / f"tiny-draft{suffix}.gguf", draft_tensors, arch=arch, quant=quant, **shape)
     return target, draft
+
+
+def write_near_tie_model(path: Path, seed: int = 0, relative_gap: float = 1e-6) -> Path:
+    """An F32 target whose output head comes in twin rows 2i, 2i + 1 that differ by `relative_gap`.
+
+    Every greedy choice is then a near-tie with its twin, closer than fp32 matmuls of different
+    shapes agree: the model on which decoding that is not batch-invariant visibly diverges.
+    Its other weights equal write_tiny_pair's target of the same seed, so that pair's draft suits it.
+    """
+    shape = dict(dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=128)
+    rng = np.random.default_rng(seed)
+    tensors = _weights(rng, len(_vocabulary()[0]), **shape)
+    head = tensors["output.weight"]
+    num_twins = len(head) // 2
+    noise = relative_gap * np.random.default_rng(seed + 1).standard_normal(head[1::2][:num_twins].shape)
+    head[1::2][:num_twins] = head[0::2][:num_twins] * (1 + noise).astype(np.float32)
+    return write_tiny_model(path, tensors, quant=None, **shape)

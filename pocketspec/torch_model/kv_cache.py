@@ -76,6 +76,25 @@ class StaticKVCache:
             values = (values.to(torch.float32) * self.value_scales[layer][:batch, :, :end]).to(dtype)
         return keys.to(dtype), values.to(dtype)
 
+    def write_tokens(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor) -> None:
+        """Store k and v [num_tokens, kv_heads, head_dim] of tokens at (rows[i], positions[i]) (batched decoding)."""
+        if self.is_int8:
+            self.keys[layer][rows, :, positions], self.key_scales[layer][rows, :, positions] = _quantize(k)
+            self.values[layer][rows, :, positions], self.value_scales[layer][rows, :, positions] = _quantize(v)
+        else:
+            self.keys[layer][rows, :, positions] = k.to(self.keys[layer].dtype)
+            self.values[layer][rows, :, positions] = v.to(self.values[layer].dtype)
+
+    def read_rows(self, layer: int, rows: torch.Tensor | slice, end: int,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the given rows at positions 0 .. end - 1, [len(rows), kv_heads, end, head_dim]."""
+        keys, values = self.keys[layer][rows, :, :end], self.values[layer][rows, :, :end]
+        if self.is_int8:
+            keys = keys.to(torch.float32) * self.key_scales[layer][rows, :, :end]
+            values = values.to(torch.float32) * self.value_scales[layer][rows, :, :end]
+        return keys.to(dtype), values.to(dtype)
+
     def shift(self, start: int, count: int, num_cached: int, inv_freq: torch.Tensor) -> None:
         """Drop positions start .. start + count - 1 and move the later ones down by `count`.
 

@@ -76,12 +76,15 @@ class Attention(nn.Module):
         self.wo = nn.Linear(config.num_heads * config.head_dim, config.dim, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, layer: int,
-                start: int) -> torch.Tensor:
+                start: int, layout=None) -> torch.Tensor:
         batch, num_tokens, _ = x.shape
         q = self.wq(x).view(batch, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if layout is not None:  # tokens of several sequences packed into one row (pocketspec/batch/layout.py)
+            out = layout.attend(q, k, v, cache, layer)
+            return self.wo(out.transpose(1, 2).reshape(batch, num_tokens, -1))
         cache.write(layer, start, k, v)
         keys, values = cache.read(layer, start + num_tokens, dtype=q.dtype)  # [batch, kv_heads, end, head_dim]
         # query i sits at position start + i and sees keys 0 .. start + i (a verify pass of γ + 1 rows)
@@ -112,8 +115,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x, cos, sin, cache, layer: int, start: int) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, start)
+    def forward(self, x, cos, sin, cache, layer: int, start: int, layout=None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, start, layout)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -139,16 +142,22 @@ class Transformer(nn.Module):
         return self.output(hidden)
 
     def forward(self, tokens: torch.Tensor, start: int, cache, logits_rows: torch.Tensor,
-                num_layers: int | None = None) -> torch.Tensor:
+                num_layers: int | None = None, layout=None) -> torch.Tensor:
         """tokens [batch, T] at positions start .. start + T - 1; logits [batch, len(logits_rows), vocab].
 
         num_layers < config.num_layers runs only the first layers before the head (a layer-skip draft).
+        With a `layout` (pocketspec/batch/layout.py), tokens [1, N] are the new tokens of several
+        sequences packed together: the layout gives each its position (`start` is unused) and
+        attends per sequence.
         """
         x = self.tok_embeddings(tokens)
-        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
-        cos, sin = rope_angles(positions, self.inv_freq)
+        if layout is not None:
+            cos, sin = layout.cos, layout.sin
+        else:
+            positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+            cos, sin = rope_angles(positions, self.inv_freq)
         for layer, block in enumerate(self.layers[:num_layers]):
-            x = block(x, cos, sin, cache, layer, start)
+            x = block(x, cos, sin, cache, layer, start, layout)
         if logits_rows.numel() == 0:
             return x.new_empty((tokens.shape[0], 0, self.config.vocab_size), dtype=torch.float32)
         return self.head(x[:, logits_rows]).float()

@@ -1,0 +1,107 @@
+"""One torch model and a static KV cache of several rows, each row one sequence with its own length.
+
+`forward` runs new tokens of any subset of rows in one pass (ragged lengths allowed)
+and returns each row's logits; `rollback` of a row is a length move, as for one
+sequence. A prompt is prefilled alone in its row, with the fast kernels: its KV cache
+is then a function of the prompt only, the same whether other rows are busy or not.
+Decoding forwards use the batch-invariant kernels when the settings ask for them.
+A self-skip draft is another BatchedModel over the same model with fewer layers.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from pocketspec.backends.llama_cpp_backend import ContextFullError
+from pocketspec.batch.layout import AlignmentTimer, AttentionShape, BatchLayout, RowInput, round_up
+from pocketspec.settings import BatchSettings
+from pocketspec.torch_model.invariant import TileShape
+from pocketspec.torch_model.kv_cache import StaticKVCache
+from pocketspec.torch_model.model import Transformer, rope_angles
+
+FAST_ATTENTION = AttentionShape(is_blockwise=False)
+
+
+class BatchedModel:
+    def __init__(self, model: Transformer, *, num_rows: int, max_context: int, kv_dtype: str, n_batch: int,
+                 settings: BatchSettings, tiles: TileShape | None = None, num_layers: int | None = None,
+                 timer: AlignmentTimer | None = None):
+        """tiles: the TileShape of the model's RowTiled parts (make_batch_invariant), None when not wrapped."""
+        if settings.is_batch_invariant and tiles is None:
+            raise ValueError("batch-invariant decoding needs a model wrapped by make_batch_invariant")
+        self.model, self.settings, self.tiles = model, settings, tiles
+        self.num_layers = num_layers or model.config.num_layers
+        self.max_context, self.n_batch = max_context, min(n_batch, max_context)
+        config = model.config
+        device = model.tok_embeddings.weight.device
+        # room for the padding of the last key block
+        capacity = round_up(max_context, settings.key_block) if settings.is_batch_invariant else max_context
+        self.cache = StaticKVCache(num_layers=self.num_layers, num_kv_heads=config.num_kv_heads,
+                                   head_dim=config.head_dim, max_context=capacity, kv_dtype=kv_dtype, device=device,
+                                   max_batch=num_rows)
+        # one table for every position: a position's rotation never depends on the batch
+        self.rope = rope_angles(torch.arange(capacity, device=device), model.inv_freq)
+        self.decode_shape = (AttentionShape(True, settings.key_block, settings.query_tile)
+                             if settings.is_batch_invariant else FAST_ATTENTION)
+        self.timer = timer or AlignmentTimer()
+        self.cached: list[list[int]] = [[] for _ in range(num_rows)]
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.cached)
+
+    def num_cached(self, row: int) -> int:
+        return len(self.cached[row])
+
+    @torch.inference_mode()
+    def _run(self, items: Sequence[RowInput], shape: AttentionShape, tile_rows: int) -> list[np.ndarray]:
+        for item in items:
+            if item.start + len(item.tokens) > self.max_context:
+                raise ContextFullError(f"row {item.row}: {item.start} + {len(item.tokens)} tokens exceed the "
+                                       f"{self.max_context}-token context")
+        if self.tiles is not None:
+            self.tiles.rows = tile_rows
+        layout = BatchLayout(items, rope=self.rope, shape=shape, timer=self.timer)
+        logits = self.model(layout.tokens, 0, self.cache, layout.logits_rows, num_layers=self.num_layers,
+                            layout=layout)[0]  # [sum of num_logits, vocab]
+        for item in items:
+            self.cached[item.row][item.start:] = item.tokens
+        return _split(logits, layout.logits_counts)
+
+    def forward(self, rows: Sequence[int], tokens: Sequence[Sequence[int]],
+                num_logits: Sequence[int]) -> list[np.ndarray]:
+        """Append tokens[i] to row rows[i]; logits [num_logits[i], vocab] for each row's last tokens."""
+        items = [RowInput(row, self.num_cached(row), list(row_tokens), count)
+                 for row, row_tokens, count in zip(rows, tokens, num_logits)]
+        tile_rows = self.settings.row_tile if self.settings.is_batch_invariant else 0
+        return self._run(items, self.decode_shape, tile_rows)
+
+    def prefill(self, row: int, tokens: Sequence[int],
+                should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
+        """Append a prompt to `row` alone, in chunks of n_batch; logits [vocab] of its last token (None: stopped)."""
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        for first in range(0, len(tokens), self.n_batch):
+            chunk = list(tokens[first:first + self.n_batch])
+            is_last = first + self.n_batch >= len(tokens)
+            logits = self._run([RowInput(row, self.num_cached(row), chunk, 1 if is_last else 0)], FAST_ATTENTION, 0)
+            if not is_last and should_stop is not None and should_stop():
+                return None
+        return logits[0][0]
+
+    def rollback(self, row: int, num_kept: int) -> None:
+        del self.cached[row][num_kept:]
+
+    def memory_report(self) -> dict[str, int]:
+        weight_bytes = sum(tensor.numel() * tensor.element_size()
+                           for tensor in [*self.model.parameters(), *self.model.buffers()])
+        return {"weights": weight_bytes, "kv_cache": self.cache.num_bytes}
+
+
+def _split(logits: torch.Tensor, counts: Sequence[int]) -> list[np.ndarray]:
+    array = logits.float().cpu().numpy()
+    bounds = np.cumsum([0, *counts])
+    return [array[start:end] for start, end in zip(bounds[:-1], bounds[1:])]

@@ -1,0 +1,80 @@
+"""A draft model for a batch: its rows mirror the target's, and it drafts γ tokens for every row at once.
+
+Like ModelDrafter, a row's draft cache follows the context lazily: before drafting it
+keeps its longest common prefix with the context and catches up in the first pass,
+which is ragged (one or two tokens per row after a step). Each row draws from its own
+sequence's generator. A draft needs no batch invariance: verification keeps the output
+exact whatever it proposes, so it runs the fast kernels.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from pocketspec.batch.batched_model import BatchedModel
+from pocketspec.batch.sequence import SequenceState
+from pocketspec.drafters.base import Draft
+from pocketspec.prefix import common_prefix_length
+from pocketspec.sampling import distribution, sample
+from pocketspec.settings import SamplingSettings
+
+
+class BatchModelDrafter:
+    def __init__(self, draft: BatchedModel, sampling: SamplingSettings):
+        self.draft, self.sampling = draft, sampling
+
+    def admit(self, row: int, prompt: Sequence[int]) -> None:
+        self.draft.rollback(row, 0)
+        self.draft.prefill(row, prompt)
+
+    def release(self, row: int) -> None:
+        self.draft.rollback(row, 0)
+
+    def _num_kept(self, sequence: SequenceState) -> int:
+        cached = self.draft.cached[sequence.row]
+        return min(common_prefix_length(cached, sequence.context), len(sequence.context) - 1)
+
+    def lag(self, sequence: SequenceState) -> int:
+        """Tokens the draft must feed before its first proposal for this sequence."""
+        return len(sequence.context) - self._num_kept(sequence) - 1
+
+    def fits(self, sequence: SequenceState, gamma: int) -> bool:
+        return len(sequence.context) + gamma <= self.draft.max_context
+
+    def _choose(self, logits: np.ndarray, rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
+        if self.sampling.is_greedy:
+            return int(np.argmax(logits)), None
+        probs = distribution(logits, self.sampling)
+        return sample(probs, rng), probs
+
+    def _timed_forward(self, rows, tokens, timings: list[tuple[int, float]]) -> list[np.ndarray]:
+        started = time.perf_counter()
+        logits = self.draft.forward(rows, tokens, [1] * len(rows))
+        timings.append((max(len(row_tokens) for row_tokens in tokens), time.perf_counter() - started))
+        return logits
+
+    def propose(self, sequences: Sequence[SequenceState], gamma: int) -> list[Draft]:
+        """γ draft tokens for each sequence, with their distributions when sampling."""
+        rows = [sequence.row for sequence in sequences]
+        feeds = []
+        for sequence in sequences:
+            num_kept = self._num_kept(sequence)
+            self.draft.rollback(sequence.row, num_kept)
+            feeds.append(sequence.context[num_kept:])
+        timings: list[tuple[int, float]] = []
+        logits = self._timed_forward(rows, feeds, timings)
+        tokens: list[list[int]] = [[] for _ in sequences]
+        probs: list[list[np.ndarray]] = [[] for _ in sequences]
+        for index in range(gamma):
+            for row_tokens, row_probs, row_logits, sequence in zip(tokens, probs, logits, sequences):
+                token, token_probs = self._choose(row_logits[0], sequence.rng)
+                row_tokens.append(token)
+                if token_probs is not None:
+                    row_probs.append(token_probs)
+            if index + 1 < gamma:
+                logits = self._timed_forward(rows, [[row_tokens[-1]] for row_tokens in tokens], timings)
+        return [Draft(tokens=row_tokens, probs=np.stack(row_probs) if row_probs else None, forward_timings=timings)
+                for row_tokens, row_probs in zip(tokens, probs)]

@@ -1,0 +1,193 @@
+"""Continuous batching: requests join free rows, step together in one verify forward, and leave when done.
+
+Each step the scheduler picks the sequences that run; the adaptive controller picks
+one drafter and one γ for them all (one controller per group size, since a forward's
+cost depends on how many rows it holds; acceptance is shared). Every row is then
+verified on its own by the pure rules of pocketspec/verify.py with its own generator,
+and rolled back on its own. A finished sequence frees its row for the next request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Callable, Sequence
+
+from pocketspec.batch.batched_model import BatchedModel
+from pocketspec.batch.drafting import BatchModelDrafter
+from pocketspec.batch.scheduler import Candidate, pick
+from pocketspec.batch.sequence import BatchResult, Request, SequenceState
+from pocketspec.controller import Choice, GammaController
+from pocketspec.drafters.base import Draft
+from pocketspec.drafters.ngram import NgramDrafter
+from pocketspec.errors import UserError
+from pocketspec.sampling import choose_token
+from pocketspec.settings import BatchSettings, SamplingSettings, SpeculationSettings
+from pocketspec.stats import peak_rss_bytes
+from pocketspec.verify import verify_logits
+
+TIMED_PARTS = ("prefill", "draft", "target_forward", "verification", "scheduling")
+
+
+class BatchEngine:
+    def __init__(self, target: BatchedModel, *, is_end: Callable[[int], bool], draft: BatchModelDrafter | None = None,
+                 sampling: SamplingSettings = SamplingSettings(),
+                 speculation: SpeculationSettings = SpeculationSettings(), batch: BatchSettings = BatchSettings()):
+        self.target, self.draft, self.is_end = target, draft, is_end
+        self.sampling, self.speculation, self.batch = sampling, speculation, batch
+        self.uses_ngram = speculation.drafter in ("auto", "ngram")
+        self.uses_model = draft is not None and speculation.drafter in ("auto", "model")
+        self.max_gamma = speculation.max_gamma if (self.uses_ngram or self.uses_model) else 0
+        self.max_batch = min(batch.max_batch, target.num_rows)
+        self._controllers: dict[int, GammaController] = {}
+        self.acceptance = self._controller(1).acceptance
+        self.seconds = dict.fromkeys(TIMED_PARTS, 0.0)
+        self.num_steps = 0
+        self.rows_per_step: list[int] = []
+
+    def _controller(self, group_size: int) -> GammaController:
+        """The controller for forwards of `group_size` rows; all of them share one acceptance estimate."""
+        if group_size not in self._controllers:
+            fixed_gamma = self.speculation.gamma if self.max_gamma > 0 else None
+            controller = GammaController(self.max_gamma, fixed_gamma=None if fixed_gamma is None
+                                         else min(fixed_gamma, self.max_gamma))
+            if self._controllers:
+                controller.acceptance = self.acceptance
+            self._controllers[group_size] = controller
+        return self._controllers[group_size]
+
+    def _admit(self, index: int, request: Request, row: int, submitted_at: float, should_stop) -> SequenceState:
+        if len(request.prompt) >= self.target.max_context:
+            raise UserError(f"prompt {index + 1} has {len(request.prompt)} tokens but the context holds "
+                            f"{self.target.max_context}: shorten it or raise --max-context")
+        ngram = NgramDrafter(self.speculation.ngram_min, self.speculation.ngram_max) if self.uses_ngram else None
+        sequence = SequenceState(index, request, row, ngram=ngram, submitted_at=submitted_at)
+        sequence.last_step = self.num_steps
+        if request.max_new_tokens <= 0:
+            sequence.stop_reason = "max_tokens"
+            return sequence
+        started = time.perf_counter()
+        self.target.rollback(row, 0)
+        logits = self.target.prefill(row, request.prompt, should_stop)
+        if self.uses_model and logits is not None:
+            self.draft.admit(row, request.prompt)
+        sequence.stats.prefill_seconds = time.perf_counter() - started
+        self.seconds["prefill"] += sequence.stats.prefill_seconds
+        if logits is None:
+            sequence.stop_reason = "interrupted"
+        else:
+            sequence.accept([choose_token(logits, self.sampling, sequence.rng)], self.is_end)
+        return sequence
+
+    def _drafts(self, choice: Choice, group: Sequence[SequenceState], ngram_tokens: list[list[int]],
+                caps: list[int]) -> list[Draft]:
+        if choice.drafter == "ngram":
+            return [Draft(tokens=tokens[:min(choice.gamma, cap)]) for tokens, cap in zip(ngram_tokens, caps)]
+        if choice.drafter != "model":
+            return [Draft(tokens=[]) for _ in group]
+        drafts = self.draft.propose(group, choice.gamma)
+        return [Draft(draft.tokens[:cap], None if draft.probs is None else draft.probs[:cap], draft.forward_timings)
+                for draft, cap in zip(drafts, caps)]
+
+    def _step(self, group: list[SequenceState]) -> None:
+        """One draft + verify step for `group`, every row in one target forward."""
+        step_started = time.perf_counter()
+        controller = self._controller(len(group))
+        caps = [max(0, sequence.max_gamma(self.target.max_context, self.target.num_cached(sequence.row)))
+                for sequence in group]
+        max_gamma = min(max(caps), controller.max_gamma)
+        ngram_tokens = [sequence.ngram.lookup(sequence.context, cap) if sequence.ngram is not None else []
+                        for sequence, cap in zip(group, caps)]
+        model_lag = None
+        if self.uses_model and all(self.draft.fits(sequence, max_gamma) for sequence in group):
+            model_lag = max(self.draft.lag(sequence) for sequence in group)
+        choice = controller.choose(ngram_available=max(map(len, ngram_tokens)), model_lag=model_lag,
+                                   max_gamma=max_gamma)
+        draft_started = time.perf_counter()
+        drafts = self._drafts(choice, group, ngram_tokens, caps)
+        draft_seconds = time.perf_counter() - draft_started
+        for width, seconds in (drafts[0].forward_timings if choice.drafter == "model" else []):
+            controller.draft_costs.observe(width, seconds)
+
+        num_cached = [self.target.num_cached(sequence.row) for sequence in group]
+        feeds = [[sequence.context[-1], *draft.tokens] for sequence, draft in zip(group, drafts)]
+        forward_started = time.perf_counter()
+        logits = self.target.forward([sequence.row for sequence in group], feeds, [len(feed) for feed in feeds])
+        verify_started = time.perf_counter()
+        for sequence, draft, row_logits, kept in zip(group, drafts, logits, num_cached):
+            verdict = verify_logits(draft.tokens, draft.probs, row_logits, self.sampling, sequence.rng)
+            self.target.rollback(sequence.row, kept + 1 + verdict.num_accepted)
+            sequence.accept(verdict.emitted(draft.tokens), self.is_end)
+            controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted)
+            sequence.record_step(self.num_steps, choice.drafter, len(draft), verdict.num_accepted)
+        verified = time.perf_counter()
+        self.seconds["draft"] += draft_seconds
+        self.seconds["target_forward"] += verify_started - forward_started
+        self.seconds["verification"] += verified - verify_started
+        controller.target_costs.observe(max(map(len, feeds)), verified - forward_started)
+        controller.observe_overhead(verified - step_started - (verified - forward_started) - draft_seconds)
+        self.num_steps += 1
+        self.rows_per_step.append(len(group))
+
+    def _release(self, sequence: SequenceState) -> BatchResult:
+        self.target.rollback(sequence.row, 0)
+        if self.uses_model:
+            self.draft.release(sequence.row)
+        result = sequence.finish()
+        result.stats.peak_rss_bytes = peak_rss_bytes()
+        return result
+
+    def run(self, requests: Sequence[Request], *, on_finished: Callable[[BatchResult], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> list[BatchResult]:
+        """Decode every request; results in input order. on_finished sees each result as its sequence ends."""
+        submitted_at = time.perf_counter()
+        waiting = deque(enumerate(requests))
+        free_rows = list(range(self.target.num_rows))
+        active: dict[int, SequenceState] = {}
+        results: list[BatchResult] = []
+
+        def finish(sequence: SequenceState) -> None:
+            free_rows.append(sequence.row)
+            active.pop(sequence.index, None)
+            results.append(self._release(sequence))
+            if on_finished is not None:
+                on_finished(results[-1])
+
+        while waiting or active:
+            if should_stop is not None and should_stop():
+                for sequence in sorted(active.values(), key=lambda sequence: sequence.index):
+                    sequence.stop_reason = sequence.stop_reason or "interrupted"
+                    finish(sequence)
+                for index, request in waiting:  # never admitted: no row
+                    results.append(SequenceState(index, request, -1, ngram=None, submitted_at=submitted_at).finish())
+                    if on_finished is not None:
+                        on_finished(results[-1])
+                break
+            while waiting and free_rows:
+                index, request = waiting.popleft()
+                sequence = self._admit(index, request, free_rows.pop(0), submitted_at, should_stop)
+                active[index] = sequence
+                if sequence.is_finished:
+                    finish(sequence)
+            if not active:
+                continue
+            scheduling_started = time.perf_counter()
+            candidates = [Candidate(index, len(sequence.context), sequence.last_step)
+                          for index, sequence in active.items()]
+            chosen = pick(candidates, max_batch=self.max_batch, policy=self.batch.scheduler, step=self.num_steps,
+                          length_bucket=self.target.decode_shape.key_block)
+            self.seconds["scheduling"] += time.perf_counter() - scheduling_started
+            group = sorted((active[index] for index in chosen), key=lambda sequence: sequence.row)
+            self._step(group)
+            for sequence in group:
+                if not sequence.is_finished and sequence.max_gamma(self.target.max_context,
+                                                                   self.target.num_cached(sequence.row)) < 0:
+                    sequence.stop_reason = "context_full"
+                if sequence.is_finished:
+                    finish(sequence)
+        return sorted(results, key=lambda result: result.index)
+
+    @property
+    def alignment_seconds(self) -> float:
+        """Seconds spent aligning rows (layouts, per-row KV scatter/gather, padding) in target forwards."""
+        return self.target.timer.total

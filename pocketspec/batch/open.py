@@ -1,0 +1,82 @@
+"""Opening a batch engine from model files and settings (the torch backend only).
+
+The target is wrapped in the batch-invariant linears when the settings ask for them.
+Drafters: n-gram (per sequence), `self-skip` (the target's first layers, with a KV
+cache of their own) or a same-vocabulary draft GGUF; `self-sparse` slides a window
+per sequence, which batched rows do not do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from pocketspec.backends.torch_backend import _load_tokenizer, resolve_kv_dtype, resolve_weights_format
+from pocketspec.batch.batched_model import BatchedModel
+from pocketspec.batch.drafting import BatchModelDrafter
+from pocketspec.batch.engine import BatchEngine
+from pocketspec.errors import UserError
+from pocketspec.loader import ModelChoice
+from pocketspec.settings import BatchSettings, ModelSettings, SamplingSettings, SpeculationSettings
+from pocketspec.torch_model.device import resolve_device
+from pocketspec.torch_model.invariant import TileShape, make_batch_invariant
+from pocketspec.torch_model.load import load_model
+
+BATCH_DRAFTS = ("auto", "ngram", "none", "self-skip")
+
+
+@dataclass
+class OpenedBatch:
+    engine: BatchEngine
+    tokenizer: object
+    vocab_model: object
+
+    def close(self) -> None:
+        if self.vocab_model is not None:
+            self.vocab_model.close()
+            self.vocab_model = None
+
+
+def _self_skip_layers(num_layers: int, speculation: SpeculationSettings) -> int:
+    num_kept = speculation.self_skip_layers or max(1, num_layers // 2)
+    if not 1 <= num_kept < num_layers:
+        raise UserError(f"--draft self-skip keeps 1 to {num_layers - 1} of the target's {num_layers} layers, "
+                        f"got {num_kept}")
+    return num_kept
+
+
+def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, speculation: SpeculationSettings,
+                      sampling: SamplingSettings, batch: BatchSettings) -> OpenedBatch:
+    if target_settings.backend != "torch":
+        raise UserError("--batch decodes on --backend torch; add --backend torch")
+    if choice.drafter not in BATCH_DRAFTS:
+        raise UserError(f"--batch drafts with ngram, self-skip, none or a draft model, not --draft {choice.drafter}")
+    device = resolve_device(target_settings.device)
+    if device.type == "cpu" and target_settings.num_threads:
+        torch.set_num_threads(target_settings.num_threads)
+    vocab_model, tokenizer = _load_tokenizer(choice.target_path)
+    weights = resolve_weights_format(target_settings.weights, device)
+    model = load_model(choice.target_path, weights, device)
+    tiles = TileShape(batch.row_tile) if batch.is_batch_invariant else None
+    if tiles is not None:
+        make_batch_invariant(model, tiles)
+    kv_dtype = resolve_kv_dtype(target_settings.torch_kv_type, model)
+    num_rows = batch.num_rows or batch.max_batch
+    rows = dict(num_rows=num_rows, max_context=target_settings.max_context, kv_dtype=kv_dtype,
+                n_batch=target_settings.n_batch)
+    target = BatchedModel(model, settings=batch, tiles=tiles, **rows)
+    draft_settings = replace(batch, is_batch_invariant=False)
+    draft = None
+    if choice.drafter == "self-skip" and speculation.drafter in ("auto", "model"):
+        num_layers = _self_skip_layers(model.config.num_layers, speculation)
+        draft = BatchedModel(model, settings=draft_settings, tiles=tiles, num_layers=num_layers, **rows)
+    elif choice.draft_path is not None and speculation.drafter in ("auto", "model"):
+        draft_model = load_model(choice.draft_path, weights, device)
+        draft = BatchedModel(draft_model, settings=draft_settings, **rows)
+    if speculation.drafter == "auto" and choice.drafter in ("ngram", "none"):
+        speculation = replace(speculation, drafter=choice.drafter)
+    drafter = BatchModelDrafter(draft, sampling) if draft is not None else None
+    engine = BatchEngine(target, is_end=tokenizer.is_end_of_generation, draft=drafter, sampling=sampling,
+                         speculation=speculation, batch=batch)
+    return OpenedBatch(engine, tokenizer, vocab_model)

@@ -1,0 +1,82 @@
+"""One request in the pool: its tokens, its own random stream and n-gram index, its stats and how it ended.
+
+Each request samples and verifies with its own generator seeded by its own seed, so
+what it draws never depends on which other requests share its steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from pocketspec.drafters.ngram import NgramDrafter
+from pocketspec.stats import GenerationStats
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: list[int]
+    max_new_tokens: int
+    seed: int = 0
+
+
+@dataclass
+class BatchResult:
+    index: int  # the request's place in the input
+    tokens: list[int]
+    stop_reason: str  # end_of_generation | max_tokens | context_full | interrupted
+    stats: GenerationStats  # seconds: from joining the pool to the last token
+    latency_seconds: float  # from submission (the start of the run) to the last token
+
+
+class SequenceState:
+    def __init__(self, index: int, request: Request, row: int, *, ngram: NgramDrafter | None, submitted_at: float):
+        self.index, self.request, self.row, self.ngram = index, request, row, ngram
+        self.context = list(request.prompt)  # once decoding, it ends with the pending token (not yet in the cache)
+        self.tokens: list[int] = []
+        self.stop_reason: str | None = None
+        self.rng = np.random.default_rng(request.seed)
+        self.stats = GenerationStats(num_prompt_tokens=len(request.prompt))
+        self.submitted_at = submitted_at
+        self.started_at = time.perf_counter()
+        self.last_step = -1  # the engine step this sequence last ran in (for the scheduler's fairness)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.stop_reason is not None
+
+    def max_gamma(self, max_context: int, num_cached: int) -> int:
+        """Most draft tokens this sequence can use now: its remaining tokens and its cache room."""
+        return min(self.request.max_new_tokens - len(self.tokens) - 1, max_context - num_cached - 1)
+
+    def accept(self, new_tokens: Sequence[int], is_end: Callable[[int], bool]) -> None:
+        """Add a step's tokens; stop at an end-of-generation token or at max_new_tokens."""
+        self.context.extend(new_tokens)
+        for token in new_tokens:
+            if is_end(token):
+                self.stop_reason = "end_of_generation"
+                return
+            self.tokens.append(token)
+            if len(self.tokens) >= self.request.max_new_tokens:
+                self.stop_reason = "max_tokens"
+                return
+
+    def record_step(self, step: int, drafter: str, num_drafted: int, num_accepted: int) -> None:
+        stats = self.stats
+        stats.num_steps += 1
+        stats.num_drafted += num_drafted
+        stats.num_accepted += num_accepted
+        stats.steps_by_drafter[drafter] = stats.steps_by_drafter.get(drafter, 0) + 1
+        stats.last_gamma = num_drafted
+        self.last_step = step
+
+    def finish(self) -> BatchResult:
+        """The result; a sequence stopped before its end (or never admitted) counts as interrupted."""
+        finished_at = time.perf_counter()
+        self.stats.num_tokens = len(self.tokens)
+        self.stats.seconds = finished_at - self.started_at
+        return BatchResult(self.index, list(self.tokens), self.stop_reason or "interrupted", self.stats,
+                           finished_at - self.submitted_at)

@@ -1,0 +1,92 @@
+"""`pocketspec generate --prompt-file FILE.jsonl --batch N` from the command line: outputs in input
+order that equal decoding each prompt alone, one-line errors, and a clean Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from test_cli_errors import assert_one_line_error, run_cli
+from tiny_models import write_tiny_pair
+
+PROMPTS = ["the cat is", "def return if else", "a of to", "while import print class self true", "in is it", "be at by"]
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    return str(write_tiny_pair(tmp_path_factory.mktemp("tiny_batch_cli"), quant=None)[0])
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": text, "max_tokens": 6 + 4 * index} for index, text in enumerate(PROMPTS)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return str(path)
+
+
+def _batch(tiny_target: str, prompt_file: str, *args: str):
+    return run_cli("generate", "--target", tiny_target, "--backend", "torch", "--prompt-file", prompt_file,
+                   "--threads", "1", "--max-context", "256", *args)
+
+
+def test_outputs_come_in_input_order_and_equal_each_prompt_alone(tiny_target, prompt_file, tmp_path):
+    alone = _batch(tiny_target, prompt_file, "--batch", "1", "--draft", "none")
+    output = tmp_path / "out.jsonl"
+    batched = _batch(tiny_target, prompt_file, "--batch", "3", "--draft", "ngram", "--gamma", "3",
+                     "--memory-budget", "64MiB", "--output", str(output))
+    assert alone.returncode == 0 and batched.returncode == 0, batched.stderr
+    expected = [json.loads(line) for line in alone.stdout.splitlines()]
+    got = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [line["index"] for line in got] == list(range(len(PROMPTS))) and batched.stdout == ""
+    assert [line["tokens"] for line in got] == [line["tokens"] for line in expected]
+    assert [len(line["tokens"]) for line in got] == [6 + 4 * index for index in range(len(PROMPTS))]
+    assert {"num_tokens", "latency_seconds", "acceptance_rate", "num_drafted", "num_accepted"} <= got[0]["stats"].keys()
+    assert "memory plan (batch)" in batched.stderr and "tok/s in all" in batched.stderr
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--batch", "2", "--backend", "llama.cpp"], ["--batch", "--backend torch"]),
+    (["--batch", "2", "--prompt", "hi"], ["--batch", "--prompt-file"]),
+    (["--batch", "2", "--draft", "self-sparse"], ["--draft self-sparse"]),
+    (["--batch", "2", "--memory-budget", "100KiB"], ["cannot hold even one sequence"]),
+    (["--batch", "0"], ["--batch"]),
+])
+def test_bad_batch_flags_are_one_line_errors(tiny_target, prompt_file, args, fragments):
+    assert_one_line_error(_batch(tiny_target, prompt_file, *args), *fragments)
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ('{"prompt": "ok"}\n{"prompt": "x"\n', ["line 2", "not JSON"]),
+    ('{"prompt": "ok"}\n{"prompt": ""}\n', ["line 2", "empty"]),
+    ('{"prompt": "ok"}\n{"prompt": "' + "the " * 300 + '"}\n', ["line 2", "tokens", "--max-context"]),
+])
+def test_bad_prompt_files_name_the_line(tiny_target, tmp_path, text, fragments):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    assert_one_line_error(_batch(tiny_target, str(path), "--batch", "2"), *fragments)
+
+
+def test_a_missing_prompt_file(tiny_target, tmp_path):
+    assert_one_line_error(_batch(tiny_target, str(tmp_path / "nope.jsonl"), "--batch", "2"), "nope.jsonl")
+
+
+def test_ctrl_c_writes_every_prompt_and_exits_130(tiny_target, tmp_path):
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in PROMPTS * 3))
+    process = subprocess.Popen([sys.executable, "-m", "apps.cli", "generate", "--target", tiny_target, "--backend",
+                                "torch", "--prompt-file", str(path), "--batch", "2", "--threads", "1",
+                                "--max-tokens", "400", "--max-context", "512", "--draft", "none"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first_line = process.stdout.readline()  # the first prompt is done: decoding is under way
+    process.send_signal(signal.SIGINT)
+    rest, stderr = process.communicate(timeout=120)
+    lines = [json.loads(line) for line in (first_line + rest).splitlines()]
+    assert process.returncode == 130, stderr
+    assert [line["index"] for line in lines] == list(range(len(PROMPTS) * 3))
+    assert lines[0]["stop_reason"] != "interrupted" and lines[-1]["stop_reason"] == "interrupted"
+    assert "interrupted" in stderr and "Traceback" not in stderr

@@ -1,0 +1,44 @@
+"""Reading a JSONL prompt file for --batch: what is accepted, and errors that name the line."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.prompt_jsonl import PromptLine, read_prompt_lines
+from pocketspec.errors import UserError
+
+
+def _read(tmp_path, text: str) -> list[PromptLine]:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(text, encoding="utf-8")
+    return read_prompt_lines(path)
+
+
+def test_prompts_turns_seeds_and_blank_lines(tmp_path):
+    text = '{"prompt": "one"}\n\n{"turns": ["two"], "seed": 7}\n{"prompt": "three", "max_tokens": 5}\n'
+    lines = _read(tmp_path, text)
+    assert lines == [PromptLine(1, "one"), PromptLine(3, "two", seed=7), PromptLine(4, "three", max_tokens=5)]
+
+
+@pytest.mark.parametrize("text, fragments", [
+    ('{"prompt": "ok"}\nnot json\n', ["line 2 is not JSON"]),
+    ('{"prompt": "ok"}\n{"prompt": "  "}\n', ["line 2", "empty"]),
+    ('["a list"]\n', ["line 1", '{"prompt": "..."}']),
+    ('{"text": "no prompt key"}\n', ["line 1", '{"prompt": "..."}']),
+    ('{"prompt": 3}\n', ["line 1", "must be a string"]),
+    ('{"turns": ["first", "second"]}\n', ["line 1 has 2 turns", "first turn only"]),
+    ('{"turns": []}\n', ["line 1", "one string"]),
+    ('{"prompt": "a", "seed": "x"}\n', ["line 1", "`seed`"]),
+    ('{"prompt": "a", "max_tokens": 0}\n', ["line 1", "`max_tokens`", "at least 1"]),
+    ("\n\n", ["holds no prompts"]),
+])
+def test_bad_lines_are_named(tmp_path, text, fragments):
+    with pytest.raises(UserError) as error:
+        _read(tmp_path, text)
+    for fragment in fragments:
+        assert fragment in str(error.value)
+
+
+def test_a_missing_file(tmp_path):
+    with pytest.raises(UserError, match="cannot read --prompt-file"):
+        read_prompt_lines(tmp_path / "nope.jsonl")
