@@ -91,8 +91,8 @@ def _plan(choice: ModelChoice, budget: str, target_settings: ModelSettings, spec
     if not plan.feasible:
         raise UserError(plan.reason)
     parts = ", ".join(f"{name} {format_bytes(size)}" for name, size in plan.terms.items())
-    notes = [f"memory plan (batch): {parts} = {format_bytes(plan.total_bytes)} of {format_bytes(budget_bytes)}, "
-             "plus the Python/torch runtime", *(f"memory plan (batch): {note}" for note in plan.notes)]
+    notes = [f"memory plan (batch): predicted peak {format_bytes(plan.total_bytes)} of {format_bytes(budget_bytes)} "
+             f"({parts})", *(f"memory plan (batch): {note}" for note in plan.notes)]
     return replace(batch, max_batch=plan.max_batch, num_rows=plan.num_rows), notes
 
 

@@ -1,6 +1,7 @@
 """How many sequences batched decoding can hold (KV cache rows) and step together within a memory budget.
 
-Pure arithmetic on model shapes, like torch_sizes.py. Weights are paid once; each
+Pure arithmetic on model shapes, like torch_sizes.py. On a CPU the process's own terms
+(torch, the tokenizer, the loading moment) come from torch_peak.py. Weights are paid once; each
 row of the pool costs its static KV cache (the target's, and the draft's); each
 sequence in a forward costs activations: its logits rows and the attention working
 set over the whole context (the batch-invariant attention keeps a query tile's scores,
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 
 from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes
+from memplanner.torch_peak import loading_bytes, process_terms
 from memplanner.torch_sizes import KV_DTYPE_BYTES, compute_dtype_bytes, torch_kv_bytes, torch_weight_bytes
 
 FLOAT32_BYTES = 4
@@ -90,24 +92,31 @@ def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int,
         per_row["draft KV"] = torch_kv_bytes(draft_shape, kv_dtype, workload.max_context)
     elif draft_layers:
         per_row["self-skip KV"] = torch_kv_bytes(shape, kv_dtype, workload.max_context, num_layers=draft_layers)
+    fixed = {**process_terms(shape, on_gpu), **fixed}
     fixed["prefill activations"] = prefill_bytes(shape, workload, kv_dtype)
     row_bytes = sum(per_row.values())
     sequence_bytes = forward_bytes_per_sequence(shape, workload, kv_dtype)
     fixed_bytes = sum(fixed.values())
+    # loading comes before the KV rows exist: the peak is the larger of the two moments
+    loading = loading_bytes(shape, weights_format, on_gpu)
     wanted_rows = max(workload.num_rows or workload.max_batch, workload.max_batch)
     for max_batch in range(workload.max_batch, 0, -1):
         room = budget_bytes - fixed_bytes - max_batch * sequence_bytes
         num_rows = min(wanted_rows, room // row_bytes) if room > 0 else 0
-        if num_rows >= max_batch:
+        fits_loading = budget_bytes >= fixed_bytes - fixed["prefill activations"] + loading
+        if num_rows >= max_batch and fits_loading:
             break
     else:
-        one_row = fixed_bytes + row_bytes + sequence_bytes
+        one_row = fixed_bytes - fixed["prefill activations"] + max(fixed["prefill activations"] + row_bytes
+                                                                   + sequence_bytes, loading)
         parts = ", ".join(f"{name} {format_bytes(size)}" for name, size in {**fixed, **per_row}.items())
         return BatchPlan(False, reason=f"--memory-budget {format_bytes(budget_bytes)} cannot hold even one sequence "
-                                       f"({parts}, activations {format_bytes(sequence_bytes)}: "
+                                       f"({parts}, activations {format_bytes(sequence_bytes)}, or while loading "
+                                       f"{format_bytes(loading)} beside the weights: "
                                        f"{format_bytes(one_row)}); lower --max-context or try --weights int8")
     terms = {**fixed, **{f"{name} × {num_rows} rows": size * num_rows for name, size in per_row.items()},
              f"activations × {max_batch}": sequence_bytes * max_batch}
+    terms["loading_excess"] = max(0, loading - sum(terms.values()) + fixed_bytes - fixed["prefill activations"])
     notes = []
     if max_batch < workload.max_batch:
         notes.append(f"--batch lowered from {workload.max_batch} to {max_batch} to fit")

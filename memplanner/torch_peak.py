@@ -33,6 +33,21 @@ def load_staging_bytes(weights_format: str) -> int:
     return LOAD_STAGING_CHUNKS.get(weights_format, 1) * DEQUANTIZE_CHUNK_BYTES
 
 
+def loading_bytes(shape: ModelShape, weights_format: str, on_gpu: bool) -> int:
+    """Beside the weights while loading: a chunk's staging, and on a CPU the GGUF mapped in full."""
+    return load_staging_bytes(weights_format) + (0 if on_gpu else shape.file_bytes)
+
+
+def process_terms(shape: ModelShape, on_gpu: bool) -> dict[str, int]:
+    """What a CPU process holds whatever it generates: torch, the tokenizer, the Python side.
+    None of it is in a GPU allocator's peak."""
+    if on_gpu:
+        return {}
+    return {"torch_runtime": TORCH_CPU_RUNTIME_BYTES,
+            "tokenizer": terms.runtime_overhead_bytes("cpu") + terms.model_metadata_bytes(shape),
+            "working_set": terms.GENERATION_WORKING_SET_BYTES}
+
+
 def dequantized_weight_bytes(shape: ModelShape, weights_format: str, compute_bytes: int, is_tied: bool) -> int:
     """int8/int4 linears dequantize their whole weight in every forward (quantize.py): the largest
     one, the output head when untied, in the compute dtype and once more for the scaling."""
@@ -79,12 +94,8 @@ def torch_peak_terms(shape: ModelShape, tensor_terms: dict[str, int], *, weights
     activations = max(prefill, verify) if on_gpu else int(CPU_ACTIVATION_FACTOR * max(prefill, verify))
     activations += dequantized_weight_bytes(shape, weights_format, compute_bytes, is_tied)
     kv_total = sum(value for name, value in tensor_terms.items() if name != "weights")
-    loading = load_staging_bytes(weights_format) + (0 if on_gpu else shape.file_bytes)
-    found = {} if on_gpu else {
-        "torch_runtime": TORCH_CPU_RUNTIME_BYTES,
-        "tokenizer": terms.runtime_overhead_bytes("cpu") + terms.model_metadata_bytes(shape),
-        "working_set": terms.GENERATION_WORKING_SET_BYTES,
-    }
+    loading = loading_bytes(shape, weights_format, on_gpu)
+    found = process_terms(shape, on_gpu)
     found.update(tensor_terms)
     found["activations"] = activations
     found["loading_excess"] = max(0, loading - kv_total - activations)

@@ -36,14 +36,24 @@ def test_an_ample_budget_gets_every_row_and_the_whole_batch(tiny):
 
 
 def test_a_tighter_budget_lowers_rows_then_the_batch_and_stays_inside(tiny):
-    generous = _plan(tiny, 1 << 30)
-    one = _plan(tiny, 1 << 30, replace(WORKLOAD, max_batch=1, num_rows=1))
+    # a long context, so the KV rows outweigh the loading moment (the GGUF mapped, a chunk staged)
+    long = replace(WORKLOAD, max_context=16384)
+    generous = _plan(tiny, 1 << 30, long)
+    one = _plan(tiny, 1 << 30, replace(long, max_batch=1, num_rows=1))
+    assert generous.terms["loading_excess"] == 0
     for budget in (generous.total_bytes - 1, (generous.total_bytes + one.total_bytes) // 2, one.total_bytes + 1):
-        plan = _plan(tiny, budget)
+        plan = _plan(tiny, budget, long)
         assert plan.feasible and plan.total_bytes <= budget
         assert 1 <= plan.max_batch <= plan.num_rows < 12 and plan.notes
-    fewer_rows = _plan(tiny, generous.total_bytes - 1)
+    fewer_rows = _plan(tiny, generous.total_bytes - 1, long)
     assert fewer_rows.max_batch == 8 and fewer_rows.num_rows == 11
+
+
+def test_the_loading_moment_is_a_floor_no_smaller_batch_goes_below(tiny):
+    _, shape, _ = tiny
+    generous = _plan(tiny, 1 << 30)  # a tiny model at 256 tokens: loading outweighs every KV row
+    assert generous.terms["loading_excess"] > 0
+    assert not _plan(tiny, generous.total_bytes - 1).feasible
 
 
 def test_a_budget_below_one_sequence_is_refused_with_the_terms(tiny):
