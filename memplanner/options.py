@@ -78,7 +78,7 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
     device = s.target_device
     found = {
         "runtime_overhead": terms.runtime_overhead_bytes(device),
-        "working_set": terms.GENERATION_WORKING_SET_BYTES,
+        "working_set": terms.working_set_bytes(target, s.logits_rows * batch),
         "target_weights": terms.mapped_weights_bytes(target, device),
         "target_repacked_weights": terms.repacked_weights_bytes(target, device) if s.repack_weights else 0,
         "target_metadata": terms.model_metadata_bytes(target),

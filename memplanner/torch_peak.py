@@ -45,7 +45,7 @@ def process_terms(shape: ModelShape, on_gpu: bool) -> dict[str, int]:
         return {}
     return {"torch_runtime": TORCH_CPU_RUNTIME_BYTES,
             "tokenizer": terms.runtime_overhead_bytes("cpu") + terms.model_metadata_bytes(shape),
-            "working_set": terms.GENERATION_WORKING_SET_BYTES}
+            "working_set": terms.GENERATION_WORKING_SET_BYTES}  # the logits copies are in activation_bytes
 
 
 def dequantized_weight_bytes(shape: ModelShape, weights_format: str, compute_bytes: int, is_tied: bool) -> int:
