@@ -6,14 +6,15 @@ benchmarked: later turns of Spec-Bench/MT-Bench need the model's own first answe
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from apps.jsonl_objects import read_jsonl_objects
 from pocketspec.errors import UserError
 
 DEFAULT_CATEGORY = "uncategorized"
+_SHAPE = "give `turns` (a list of strings) or `prompt` (a string), one object per line"
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,7 @@ class SuitePrompt:
     text: str  # the first user turn
 
 
-def _prompt_text(row, where: str) -> str:
-    if not isinstance(row, dict):
-        raise UserError(f"{where} is not a JSON object with `turns` or `prompt`")
+def _prompt_text(row: dict, where: str) -> str:
     if "turns" in row:
         turns = row["turns"]
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
@@ -40,24 +39,11 @@ def _prompt_text(row, where: str) -> str:
 
 def read_suite(path: Path) -> list[SuitePrompt]:
     """Every prompt in the file, in order; a bad file or line is one UserError naming both."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise UserError(f"--suite {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read --suite {path}: {error}") from None
     prompts = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path} line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise UserError(f"{where} is not JSON ({error.msg})") from None
-        text = _prompt_text(row, where)
-        prompt_id = row.get("question_id", row.get("id", number))
-        prompts.append(SuitePrompt(str(prompt_id), str(row.get("category") or DEFAULT_CATEGORY), text))
+    for line_number, row, where in read_jsonl_objects(path, "--suite", _SHAPE):
+        prompt_id = row.get("question_id", row.get("id", line_number))
+        prompts.append(SuitePrompt(str(prompt_id), str(row.get("category") or DEFAULT_CATEGORY),
+                                   _prompt_text(row, where)))
     if not prompts:
         raise UserError(f"--suite {path} holds no prompts")
     return prompts

@@ -9,11 +9,13 @@ of at least 1; default --max-tokens). Blank lines are skipped.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from apps.jsonl_objects import read_jsonl_objects
 from pocketspec.errors import UserError
+
+_SHAPE = 'give {"prompt": "..."} or {"turns": ["..."]}, one object per line'
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ def _text(row: dict, where: str) -> str:
                             "follows the model's reply to the earlier one); keep the first turn only")
         text = turns[0]
     else:
-        raise UserError(f'{where}: give {{"prompt": "..."}} or {{"turns": ["..."]}}')
+        raise UserError(f"{where}: {_SHAPE}")
     if not isinstance(text, str):
         raise UserError(f"{where}: the prompt must be a string, got {type(text).__name__}")
     if not text.strip():
@@ -55,23 +57,9 @@ def _whole_number(row: dict, key: str, where: str, minimum: int | None) -> int |
 
 
 def read_prompt_lines(path: Path) -> list[PromptLine]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read --prompt-file {path}: {error}") from None
-    prompts = []
-    for line_number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"--prompt-file {path} line {line_number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise UserError(f"{where} is not JSON ({error.msg}); --batch reads one JSON object per line") from None
-        if not isinstance(row, dict):
-            raise UserError(f'{where}: give {{"prompt": "..."}} or {{"turns": ["..."]}}')
-        prompts.append(PromptLine(line_number, _text(row, where), _whole_number(row, "seed", where, None),
-                                  _whole_number(row, "max_tokens", where, 1)))
+    prompts = [PromptLine(line_number, _text(row, where), _whole_number(row, "seed", where, None),
+                          _whole_number(row, "max_tokens", where, 1))
+               for line_number, row, where in read_jsonl_objects(path, "--prompt-file", _SHAPE)]
     if not prompts:
         raise UserError(f"--prompt-file {path} holds no prompts: write one JSON object per line")
     return prompts

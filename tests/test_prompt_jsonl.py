@@ -40,5 +40,5 @@ def test_bad_lines_are_named(tmp_path, text, fragments):
 
 
 def test_a_missing_file(tmp_path):
-    with pytest.raises(UserError, match="cannot read --prompt-file"):
+    with pytest.raises(UserError, match="--prompt-file .* does not exist"):
         read_prompt_lines(tmp_path / "nope.jsonl")
