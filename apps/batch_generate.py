@@ -67,6 +67,7 @@ def _plan(choice: ModelChoice, budget: str, target_settings: ModelSettings, spec
     from memplanner.batch_rows import BatchWorkload, kv_dtype_for, plan_batch
     from memplanner.shapes import shape_from_gguf
     from memplanner.sizes import format_bytes
+    from memplanner.torch_peak import heap_reserve_bytes
     from memplanner.torch_sizes import gguf_layout
     from pocketspec.batch.layout import round_up
 
@@ -91,8 +92,10 @@ def _plan(choice: ModelChoice, budget: str, target_settings: ModelSettings, spec
     if not plan.feasible:
         raise UserError(plan.reason)
     parts = ", ".join(f"{name} {format_bytes(size)}" for name, size in plan.terms.items())
-    notes = [f"memory plan (batch): predicted peak {format_bytes(plan.total_bytes)} of {format_bytes(budget_bytes)} "
-             f"({parts})", *(f"memory plan (batch): {note}" for note in plan.notes)]
+    reserve = heap_reserve_bytes(on_gpu)
+    kept_free = f" + {format_bytes(reserve)} kept free" if reserve else ""
+    notes = [f"memory plan (batch): predicted peak {format_bytes(plan.total_bytes)}{kept_free} of "
+             f"{format_bytes(budget_bytes)} ({parts})", *(f"memory plan (batch): {note}" for note in plan.notes)]
     return replace(batch, max_batch=plan.max_batch, num_rows=plan.num_rows), notes
 
 

@@ -4,7 +4,8 @@ The torch backend allocates its weights and static KV caches once, at load, so t
 sum is known exactly before loading (memplanner/torch_sizes.py); memplanner/torch_peak.py
 adds the torch library, the tokenizer, activations and the loading moment. When the peak does
 not fit, the prompt is processed in smaller chunks (n_batch) first; what still does not fit
-is refused with the breakdown.
+is refused with the breakdown. On a CPU the budget also keeps a small reserve free beside
+the peak (torch_peak.heap_reserve_bytes): the heap's peak varies from run to run.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import replace
 
 from memplanner.shapes import ModelShape, shape_from_gguf
 from memplanner.sizes import format_bytes
-from memplanner.torch_peak import torch_peak_terms
+from memplanner.torch_peak import heap_reserve_bytes, torch_peak_terms
 from memplanner.torch_sizes import gguf_layout, torch_memory_terms
 from memplanner.torch_split import TorchLayout
 from pocketspec.errors import UserError
@@ -68,22 +69,29 @@ def torch_peak(choice: ModelChoice, target_settings: ModelSettings, speculation:
                             kv_is_int8="int8" in kv_dtypes, on_gpu=layout.on_gpu, is_tied=layout.is_tied)
 
 
+def torch_reserve_bytes(target_settings: ModelSettings) -> int:
+    device = target_settings.devices[0] if target_settings.devices else target_settings.device
+    return heap_reserve_bytes(on_gpu=not device.startswith("cpu"))
+
+
 def check_torch_budget(choice: ModelChoice, budget_bytes: int, target_settings: ModelSettings,
                        speculation: SpeculationSettings) -> tuple[list[str], ModelSettings]:
     """Notes describing the plan and the settings sized to it; UserError when nothing fits."""
     notes = []
+    reserve = torch_reserve_bytes(target_settings)
+    kept_free = f" + {format_bytes(reserve)} kept free" if reserve else ""
     for n_batch in [target_settings.n_batch] + [n for n in N_BATCH_CHOICES if n < target_settings.n_batch]:
         sized = replace(target_settings, n_batch=n_batch, n_ubatch=min(n_batch, target_settings.n_ubatch))
         peak_terms = torch_peak(choice, sized, speculation)
         total = sum(peak_terms.values())
         parts = ", ".join(f"{name} {format_bytes(size)}" for name, size in peak_terms.items())
-        if total <= budget_bytes:
+        if total + reserve <= budget_bytes:
             if n_batch != target_settings.n_batch:
                 notes.append(f"memory plan (torch): prompt chunks n_batch {target_settings.n_batch} -> {n_batch}: "
                              "smaller activations, slower prompt processing")
-            notes.insert(0, f"memory plan (torch): predicted peak {format_bytes(total)} of "
+            notes.insert(0, f"memory plan (torch): predicted peak {format_bytes(total)}{kept_free} of "
                             f"{format_bytes(budget_bytes)} ({parts})")
             return notes, sized
     raise UserError(f"--memory-budget {format_bytes(budget_bytes)} is below the torch backend's predicted peak "
-                    f"{format_bytes(total)} ({parts}); try --weights int8 or int4, a smaller --max-context, "
+                    f"{format_bytes(total)}{kept_free} ({parts}); try --weights int8 or int4, a smaller --max-context, "
                     "or --torch-kv-type int8")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes
-from memplanner.torch_peak import loading_bytes, process_terms
+from memplanner.torch_peak import heap_reserve_bytes, loading_bytes, process_terms
 from memplanner.torch_sizes import KV_DTYPE_BYTES, compute_dtype_bytes, torch_kv_bytes, torch_weight_bytes
 
 FLOAT32_BYTES = 4
@@ -83,7 +83,9 @@ def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int,
     """The most rows (up to the wanted count) and the largest batch that fit, or why not even one does.
 
     draft_shape: a separate draft model; draft_layers: a self-skip draft's layers (its own KV cache only).
+    On a CPU the plan keeps torch_peak.heap_reserve_bytes free under the budget.
     """
+    usable_bytes = budget_bytes - heap_reserve_bytes(on_gpu)
     fixed = {"weights": torch_weight_bytes(shape, weights_format, is_tied=is_tied, has_qkv_bias=has_qkv_bias,
                                            on_gpu=on_gpu)}
     per_row = {"target KV": torch_kv_bytes(shape, kv_dtype, workload.max_context)}
@@ -101,9 +103,9 @@ def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int,
     loading = loading_bytes(shape, weights_format, on_gpu)
     wanted_rows = max(workload.num_rows or workload.max_batch, workload.max_batch)
     for max_batch in range(workload.max_batch, 0, -1):
-        room = budget_bytes - fixed_bytes - max_batch * sequence_bytes
+        room = usable_bytes - fixed_bytes - max_batch * sequence_bytes
         num_rows = min(wanted_rows, room // row_bytes) if room > 0 else 0
-        fits_loading = budget_bytes >= fixed_bytes - fixed["prefill activations"] + loading
+        fits_loading = usable_bytes >= fixed_bytes - fixed["prefill activations"] + loading
         if num_rows >= max_batch and fits_loading:
             break
     else:

@@ -27,6 +27,16 @@ LOAD_STAGING_CHUNKS = {"int8": 2, "int4": 2}  # float formats: one chunk
 # 118 MiB after an 8192-token int8 prefill of SmolLM2) and some temporaries are not in
 # activation_bytes: measured CPU peaks were up to 1.35x the formula (2026-11-23).
 CPU_ACTIVATION_FACTOR = 1.5
+# What a budget keeps free beyond the predicted CPU peak: glibc's heap does not return the
+# same amount twice. Repeated runs of one SmolLM2 configuration peaked up to 25 MiB apart,
+# and the largest peak above its prediction was 10 MiB (int8 weights and KV, context 8192),
+# 2026-11-23. A GPU allocator's peak repeats exactly: no reserve.
+CPU_HEAP_RESERVE_BYTES = 32 * 1024 * 1024
+
+
+def heap_reserve_bytes(on_gpu: bool) -> int:
+    """Kept free under the budget beside the predicted peak (not part of the prediction)."""
+    return 0 if on_gpu else CPU_HEAP_RESERVE_BYTES
 
 
 def load_staging_bytes(weights_format: str) -> int:

@@ -10,6 +10,7 @@ import torch
 
 from memplanner.batch_rows import BatchWorkload, forward_bytes_per_sequence, kv_dtype_for, plan_batch
 from memplanner.shapes import shape_from_gguf
+from memplanner.torch_peak import CPU_HEAP_RESERVE_BYTES
 from memplanner.torch_sizes import gguf_layout, torch_kv_bytes, torch_weight_bytes
 from tiny_models import write_tiny_pair
 
@@ -22,10 +23,23 @@ def tiny(tmp_path_factory):
     return path, shape_from_gguf(path), gguf_layout(path)[0]
 
 
-def _plan(tiny, budget_bytes: int, workload: BatchWorkload = WORKLOAD, **draft):
+def _plan(tiny, usable_bytes: int, workload: BatchWorkload = WORKLOAD, **draft):
+    """The plan for a CPU budget that leaves usable_bytes beside the heap reserve it keeps free."""
     _, shape, is_tied = tiny
-    return plan_batch(shape, workload, budget_bytes=budget_bytes, weights_format="fp32", kv_dtype="fp32",
-                      is_tied=is_tied, **draft)
+    return plan_batch(shape, workload, budget_bytes=usable_bytes + CPU_HEAP_RESERVE_BYTES, weights_format="fp32",
+                      kv_dtype="fp32", is_tied=is_tied, **draft)
+
+
+def test_a_cpu_budget_keeps_the_heap_reserve_free_and_a_gpu_budget_does_not(tiny):
+    _, shape, is_tied = tiny
+    one = replace(WORKLOAD, max_batch=1, num_rows=1)
+    least = _plan(tiny, 1 << 30, one).total_bytes
+    assert not plan_batch(shape, one, budget_bytes=least + CPU_HEAP_RESERVE_BYTES - 1, weights_format="fp32",
+                          kv_dtype="fp32", is_tied=is_tied).feasible
+    gpu = plan_batch(shape, one, budget_bytes=1 << 30, weights_format="fp32", kv_dtype="fp32", is_tied=is_tied,
+                     on_gpu=True)
+    assert plan_batch(shape, one, budget_bytes=gpu.total_bytes, weights_format="fp32", kv_dtype="fp32",
+                      is_tied=is_tied, on_gpu=True).feasible
 
 
 def test_an_ample_budget_gets_every_row_and_the_whole_batch(tiny):
