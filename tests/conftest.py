@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 from pathlib import Path
 
 import pytest
 
 from pocketspec.catalog import model_path
+
+# A shell without job control starts background commands (`make test &`, some CI runners)
+# with SIGINT ignored, and children inherit that: then no Ctrl-C test could interrupt
+# anything. Give the test run, and so every process it starts, the terminal's default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def require_model(name: str) -> Path:
