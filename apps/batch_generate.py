@@ -83,7 +83,7 @@ def _plan(choice: ModelChoice, budget: str, target_settings: ModelSettings, spec
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
     draft_layers = 0
     if choice.drafter == "self-skip":
-        draft_layers = speculation.self_skip_layers or max(1, shape.num_layers // 2)
+        draft_layers = speculation.skip_layers_kept(shape.num_layers)
     plan = plan_batch(shape, workload, budget_bytes=budget_bytes, weights_format=weights,
                       kv_dtype=kv_dtype_for(target_settings.torch_kv_type, weights, on_gpu), is_tied=is_tied,
                       has_qkv_bias=has_qkv_bias, on_gpu=on_gpu, draft_shape=draft_shape,

@@ -25,6 +25,17 @@ CPU_FLAGS_OF_INTEREST = ("avx", "avx2", "avx512f", "avx512_vnni", "amx_tile", "f
 BUILD_STAMP_NAME = "pocketspec-llama-build.json"
 
 
+def read_build_stamp() -> dict | None:
+    """What native/build_llama_cpp.sh recorded of this venv's llama.cpp build; None when it did not."""
+    stamp = Path(sys.prefix) / BUILD_STAMP_NAME
+    if not stamp.exists():
+        return None
+    try:
+        return json.loads(stamp.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {"error": f"unreadable build stamp {stamp}"}
+
+
 def _llama_report() -> dict:
     report: dict = {"version": None, "importable": False, "system_info": None, "build": None}
     try:
@@ -38,12 +49,7 @@ def _llama_report() -> dict:
         report["system_info"] = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
     except Exception as error:  # a broken native build can raise anything on import
         report["import_error"] = f"{type(error).__name__}: {error}"
-    stamp = Path(sys.prefix) / BUILD_STAMP_NAME
-    if stamp.exists():
-        try:
-            report["build"] = json.loads(stamp.read_text())
-        except (OSError, json.JSONDecodeError):
-            report["build"] = {"error": f"unreadable build stamp {stamp}"}
+    report["build"] = read_build_stamp()
     return report
 
 

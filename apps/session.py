@@ -10,7 +10,7 @@ import psutil
 
 from apps.backend_options import apply_backend_options
 from apps.options import MODEL, SPECULATION, parse_gamma, repack_allowed
-from apps.split_budget import AppliedSplit, apply_split, is_split
+from apps.split_budget import apply_split, is_split
 from pocketspec.loader import ModelChoice, choose_models, close_engine, draft_settings_for, load_engine
 from pocketspec.settings import ModelSettings, SamplingSettings
 from pocketspec.stats import GenerationStats, peak_rss_bytes
@@ -26,13 +26,11 @@ class Session:
     notes: list[str] = field(default_factory=list)
 
     def peak_memory_bytes(self) -> int:
-        """The allocator's peak on a GPU (torch backend); on a CPU, peak resident memory above the
-        process's baseline before any model loaded."""
-        device = getattr(self.engine.target, "device", None)
-        if getattr(device, "type", "cpu") == "cuda":
-            import torch
-
-            return int(torch.cuda.max_memory_allocated(device))
+        """The allocators' peaks, summed over every GPU the target uses (torch backend); on a CPU,
+        peak resident memory above the process's baseline before any model loaded."""
+        gpu_peaks = getattr(self.engine.target, "allocator_peaks", dict)()
+        if gpu_peaks:
+            return sum(gpu_peaks.values())
         return max(0, peak_rss_bytes() - self.baseline_rss_bytes)
 
     def memory_in_use_bytes(self) -> int:
@@ -68,12 +66,13 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
     budget_bytes = None
     draft_max_context = draft_device = None
     notes: list[str] = []
+    notes_after_loading: list[str] = []  # a split's plan is announced once loaded: a load error stays one line
     if is_split(target_settings.devices, memory_budget):
         applied = apply_split(choice, memory_budget, target_settings, speculation, max_new_tokens, temperature,
                               kv_type, repack=repack_allowed(repack))
         choice, target_settings, speculation = applied.choice, applied.target_settings, applied.speculation
         draft_max_context, draft_device, budget_bytes = applied.draft_max_context, applied.draft_device, applied.budget_bytes
-        session_plan, notes = applied, list(applied.notes)  # announced once loaded: a load error stays one line
+        session_plan, notes, notes_after_loading = applied, list(applied.notes), list(applied.notes)
     elif memory_budget is not None and target_settings.backend == "torch":
         from apps.budget import parse_budget
         from apps.torch_budget import check_torch_budget
@@ -103,7 +102,7 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
         speculation=speculation,
     )
     if announce:
-        for note in (session_plan.notes if isinstance(session_plan, AppliedSplit) else []) + engine.notes:
+        for note in notes_after_loading + engine.notes:
             click.echo(note, err=True)
     notes.extend(engine.notes)
     try:

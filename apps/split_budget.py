@@ -15,7 +15,7 @@ from apps.budget import settings_from_plan, workload_for
 from memplanner.planner import REPACK_EITHER
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
-from memplanner.split import DeviceBudget, even_layer_counts, parse_device_budgets, plan_split
+from memplanner.split import DeviceBudget, layer_counts, parse_device_budgets, plan_split
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import ModelSettings, SpeculationSettings
@@ -113,8 +113,8 @@ def apply_split(choice: ModelChoice, memory_budget: str | None, target_settings:
     _check_devices(target_settings)
     applied = AppliedSplit(choice, target_settings, speculation)
     if budgets is None:
-        counts = target_settings.layers_per_device or even_layer_counts(
-            shape_from_gguf(choice.target_path).num_layers, len(target_settings.devices))
+        counts = layer_counts(target_settings.layers_per_device, shape_from_gguf(choice.target_path).num_layers,
+                              len(target_settings.devices))
         mode = "row split: every device a slice of every block" if target_settings.split_mode == "row" else (
             "layer split: " + ", ".join(f"{device} {count} blocks" for device, count in
                                         zip(target_settings.devices, counts)))

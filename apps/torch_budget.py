@@ -31,6 +31,10 @@ def _compute_dtype(weights: str, on_gpu: bool) -> str:
     return "bf16" if on_gpu else "fp32"
 
 
+def _is_on_gpu(target_settings: ModelSettings) -> bool:
+    return not target_settings.all_devices[0].startswith("cpu")
+
+
 def _kv_dtype(kv_dtype: str, weights: str, on_gpu: bool) -> str:
     return _compute_dtype(weights, on_gpu) if kv_dtype == "auto" else kv_dtype
 
@@ -41,8 +45,7 @@ def torch_layout(choice: ModelChoice, target_settings: ModelSettings,
     if choice.drafter not in ("self-sparse", "self-skip", "ngram", "none"):
         raise UserError("--memory-budget with --backend torch plans self-drafts, n-grams or plain decoding; "
                         "use --draft self-sparse, self-skip, ngram or none")
-    device = target_settings.devices[0] if target_settings.devices else target_settings.device
-    on_gpu = not device.startswith("cpu")
+    on_gpu = _is_on_gpu(target_settings)
     weights = _compute_dtype(target_settings.weights, on_gpu) if target_settings.weights == "auto" else target_settings.weights
     kv_dtype = _kv_dtype(target_settings.torch_kv_type, weights, on_gpu)
     shape = shape_from_gguf(choice.target_path)
@@ -53,7 +56,7 @@ def torch_layout(choice: ModelChoice, target_settings: ModelSettings,
         self_draft=choice.drafter if choice.drafter.startswith("self-") else None,
         draft_kv_dtype=_kv_dtype(speculation.self_draft_kv_type, weights, on_gpu),
         draft_window=speculation.self_draft_window,
-        draft_layers=speculation.self_skip_layers or max(1, shape.num_layers // 2))
+        draft_layers=speculation.skip_layers_kept(shape.num_layers))
 
 
 def torch_peak(choice: ModelChoice, target_settings: ModelSettings, speculation: SpeculationSettings) -> dict[str, int]:
@@ -70,8 +73,7 @@ def torch_peak(choice: ModelChoice, target_settings: ModelSettings, speculation:
 
 
 def torch_reserve_bytes(target_settings: ModelSettings) -> int:
-    device = target_settings.devices[0] if target_settings.devices else target_settings.device
-    return heap_reserve_bytes(on_gpu=not device.startswith("cpu"))
+    return heap_reserve_bytes(_is_on_gpu(target_settings))
 
 
 def check_torch_budget(choice: ModelChoice, budget_bytes: int, target_settings: ModelSettings,

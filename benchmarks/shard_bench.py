@@ -50,7 +50,7 @@ def _planned(config: dict, settings, target_path: Path) -> dict[str, int]:
     from pocketspec.loader import ModelChoice
     from pocketspec.settings import SpeculationSettings
 
-    devices = [DeviceBudget(name, HUGE_BUDGET) for name in settings.devices or (settings.device,)]
+    devices = [DeviceBudget(name, HUGE_BUDGET) for name in settings.all_devices]
     shape, layout = torch_layout(ModelChoice(target_path, None, "none"), settings, SpeculationSettings())
     found = (plan_row_split(devices, shape, layout) if config["mode"] == "row"
              else plan_layer_split(devices, shape, layout, settings.layers_per_device))

@@ -88,6 +88,11 @@ def even_layer_counts(num_layers: int, num_devices: int) -> tuple[int, ...]:
     return tuple(num_layers // num_devices + (index < num_layers % num_devices) for index in range(num_devices))
 
 
+def layer_counts(planned: tuple[int, ...], num_layers: int, num_devices: int) -> tuple[int, ...]:
+    """Blocks per device: the plan's (`layers_per_device`), or an even split when there is none."""
+    return tuple(planned) or even_layer_counts(num_layers, num_devices)
+
+
 def _device_names(devices: str) -> list[str]:
     names = [name.strip() for name in devices.split(",") if name.strip()]
     if not names:

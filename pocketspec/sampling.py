@@ -67,6 +67,14 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
 
 def choose_token(logits: np.ndarray, sampling: SamplingSettings, rng: np.random.Generator) -> int:
     """The next token from logits [vocab]: the argmax at temperature 0, else a draw."""
+    return choose_with_probs(logits, sampling, rng)[0]
+
+
+def choose_with_probs(logits: np.ndarray, sampling: SamplingSettings,
+                      rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
+    """choose_token, with the distribution it drew from (None at temperature 0): a draft keeps it
+    for rejection sampling."""
     if sampling.is_greedy:
-        return int(np.argmax(logits))
-    return sample(distribution(logits, sampling), rng)
+        return int(np.argmax(logits)), None
+    probs = distribution(logits, sampling)
+    return sample(probs, rng), probs

@@ -43,6 +43,10 @@ class SpeculationSettings:
     self_draft_kv_type: str = "auto"  # self-sparse KV: auto (the target's dtype) | int8 | fp32 | bf16 | fp16
     self_skip_layers: int = 0  # self-skip: first layers the draft runs (0: half of them)
 
+    def skip_layers_kept(self, num_layers: int) -> int:
+        """The layers a self-skip draft runs for a target of num_layers (not yet checked against it)."""
+        return self.self_skip_layers or max(1, num_layers // 2)
+
 
 def default_num_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
@@ -77,6 +81,11 @@ class ModelSettings:
     @property
     def resolved_num_threads(self) -> int:
         return self.num_threads or default_num_threads()
+
+    @property
+    def all_devices(self) -> tuple[str, ...]:
+        """Every device the target uses: `devices`, or `device` alone; the first holds the embedding."""
+        return self.devices or (self.device,)
 
 
 @dataclass(frozen=True)

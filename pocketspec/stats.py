@@ -7,6 +7,18 @@ import sys
 from dataclasses import dataclass, field
 
 
+def vm_hwm_bytes(pid: int | str) -> int | None:
+    """A process's peak resident set size (VmHWM of /proc/PID/status); None where there is none."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def peak_rss_bytes() -> int:
     """Highest resident set size of this process's own address space so far.
 
@@ -15,13 +27,9 @@ def peak_rss_bytes() -> int:
     the new address space, so it is read first; ru_maxrss is the fallback elsewhere
     (KiB on Linux, bytes on macOS).
     """
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    peak = vm_hwm_bytes("self")
+    if peak is not None:
+        return peak
     max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return max_rss if sys.platform == "darwin" else max_rss * 1024
 

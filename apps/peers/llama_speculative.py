@@ -9,12 +9,10 @@ its special tokens) and reading back the generated text and the statistics it lo
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import re
-import sys
 from pathlib import Path
 
-from apps.doctor_cmd import BUILD_STAMP_NAME
+from apps.doctor_cmd import read_build_stamp
 from apps.peers.process import ChildRun, executable
 from pocketspec.catalog import pocketspec_home
 
@@ -37,10 +35,7 @@ def default_tools_dir() -> Path:
         version = importlib.metadata.version("llama-cpp-python")
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
-    accel = "cpu"
-    stamp = Path(sys.prefix) / BUILD_STAMP_NAME
-    if stamp.exists():
-        accel = json.loads(stamp.read_text()).get("accel", accel)
+    accel = (read_build_stamp() or {}).get("accel", "cpu")
     return pocketspec_home() / "llama-tools" / f"{version}-{accel}" / "bin"
 
 

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pocketspec.stats import vm_hwm_bytes
+
 POLL_SECONDS = 0.02
 INTERRUPTED_EXIT_CODE = 130  # what a program that handles Ctrl-C exits with
 
@@ -27,17 +29,6 @@ class ChildRun:
     stderr: str
     peak_rss_bytes: int
     seconds: float
-
-
-def _vm_hwm_bytes(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 class _LineReader:
@@ -76,7 +67,7 @@ def run_child(argv: list[str], *, stdin_text: str | None = None, timeout_seconds
                 pid, status, usage = os.wait4(process.pid, os.WNOHANG)
                 if pid:
                     break
-                peak_bytes = max(peak_bytes, _vm_hwm_bytes(process.pid) or 0)
+                peak_bytes = max(peak_bytes, vm_hwm_bytes(process.pid) or 0)
                 if reader is not None:
                     reader.read()
                 if timeout_seconds is not None and time.perf_counter() - started > timeout_seconds:

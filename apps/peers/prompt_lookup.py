@@ -13,8 +13,7 @@ from apps.bench_worker import emit, measured_row
 from pocketspec.prefix import common_prefix_length
 from pocketspec.stats import peak_rss_bytes
 
-NAME = "prompt-lookup"
-DESCRIPTION = "llama-cpp-python LlamaPromptLookupDecoding (its defaults: max_ngram_size 2, num_pred_tokens 10)"
+# LlamaPromptLookupDecoding runs with its defaults: max_ngram_size 2, num_pred_tokens 10
 
 
 def count_acceptance(proposals: list[tuple[int, list[int]]], sequence: list[int]) -> tuple[int, int, int]:

@@ -17,9 +17,7 @@ from apps.bench_worker import emit, measured_row
 from pocketspec.errors import UserError
 from pocketspec.stats import peak_rss_bytes
 
-NAME = "transformers"
-DESCRIPTION = "transformers assisted generation (assistant_model=, its default draft schedule), GGUF dequantized"
-TORCH_DTYPES = {"auto": "float32", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# assistant_model= with transformers' default draft schedule, on the GGUF pair dequantized
 
 
 def missing_requirement() -> str | None:
@@ -71,9 +69,15 @@ def run(job: dict) -> None:
     import transformers
     from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
+    from pocketspec.backends.torch_backend import resolve_weights_format
+    from pocketspec.torch_model.device import resolve_device
+    from pocketspec.torch_model.quantize import FLOAT_DTYPES
+
     torch.set_num_threads(job["num_threads"])
     device = job["options"].get("device", "cpu")
-    dtype = getattr(torch, TORCH_DTYPES.get(job["options"].get("weights", "auto"), "float32"))
+    # the float format PocketSpec's torch backend computes in for these options (int8/int4: float32)
+    weights = resolve_weights_format(job["options"].get("weights", "auto"), resolve_device(device))
+    dtype = FLOAT_DTYPES.get(weights, torch.float32)
     target = _load(job["target"], dtype, device)
     draft = _load(job["draft"], dtype, device)
     emit({"note": f"transformers {transformers.__version__}: {dtype} weights on {device}, "

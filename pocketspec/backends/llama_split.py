@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import llama_cpp
 
-from memplanner.split import even_layer_counts
+from memplanner.split import layer_counts
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
 
@@ -63,7 +63,7 @@ def llama_split(settings: ModelSettings, num_layers: int, max_devices: int) -> L
         raise UserError(f"--split-mode {settings.split_mode!r}: llama.cpp splits by layer or row")
     if settings.split_mode == "row" and first_gpu > 0:
         raise UserError("--split-mode row splits every matrix over GPUs; it cannot include a cpu device")
-    counts = settings.layers_per_device or even_layer_counts(num_layers, len(devices))
+    counts = layer_counts(settings.layers_per_device, num_layers, len(devices))
     shares = [0.0] * max_devices
     for device, count in zip(devices[first_gpu:], counts[first_gpu:]):
         shares[gpu_ordinal(device)] = float(count)

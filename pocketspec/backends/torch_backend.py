@@ -102,7 +102,7 @@ class TorchBackend:
     def open(cls, model_path: Path | str, settings: ModelSettings = ModelSettings(), *, shard=None,
              with_tokenizer: bool = True) -> "TorchBackend":
         """shard: this rank's tensor_parallel.TensorShard in a row split; followers need no tokenizer."""
-        device = resolve_device(settings.devices[0] if settings.devices else settings.device)
+        device = resolve_device(settings.all_devices[0])
         if device.type == "cpu" and settings.num_threads:
             torch.set_num_threads(settings.num_threads)
         model_path = Path(model_path)
@@ -198,7 +198,7 @@ class TorchBackend:
     def memory_by_device(self) -> dict[str, dict[str, int]]:
         """Weights and KV cache bytes on each named device (cpu:0, cuda:1, ...); a tensor shared twice counts once."""
         split: LayerSplit | None = getattr(self.model, "layer_split", None)
-        device_name = (self.settings.devices or (self.settings.device,))[0]
+        device_name = self.settings.all_devices[0]
         name_for = split.device_name_for if split is not None else (lambda parameter_name: device_name)
         found: dict[str, dict[str, int]] = {}
         if self._owns_model:
@@ -212,7 +212,7 @@ class TorchBackend:
     def allocator_peaks(self) -> dict[str, int]:
         """torch.cuda.max_memory_allocated of every GPU the model sits on, by device name (none on a CPU)."""
         split: LayerSplit | None = getattr(self.model, "layer_split", None)
-        names = split.device_names if split is not None else ((self.settings.devices or (self.settings.device,))[0],)
+        names = split.device_names if split is not None else self.settings.all_devices[:1]
         devices = {name: resolve_device(name) for name in names}
         return {name: int(torch.cuda.max_memory_allocated(device)) for name, device in devices.items()
                 if device.type == "cuda"}

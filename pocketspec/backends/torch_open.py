@@ -60,9 +60,14 @@ def open_self_draft(target, kind: str, target_settings: ModelSettings, speculati
         window = speculation.self_draft_window
         settings = replace(target_settings, max_context=min(window, target_settings.max_context), max_logits_rows=1)
         return target.self_draft(settings, kv_dtype=speculation.self_draft_kv_type)
-    num_layers = target.model.config.num_layers
-    num_kept = speculation.self_skip_layers or max(1, num_layers // 2)
+    num_kept = self_skip_layers(target.model.config.num_layers, speculation)
+    return target.self_draft(replace(target_settings, max_logits_rows=1), num_layers=num_kept)
+
+
+def self_skip_layers(num_layers: int, speculation: SpeculationSettings) -> int:
+    """The layers a self-skip draft runs; UserError when that is not a strict part of the target."""
+    num_kept = speculation.skip_layers_kept(num_layers)
     if not 1 <= num_kept < num_layers:
         raise UserError(f"--draft self-skip keeps 1 to {num_layers - 1} of the target's {num_layers} layers, "
                         f"got {num_kept}")
-    return target.self_draft(replace(target_settings, max_logits_rows=1), num_layers=num_kept)
+    return num_kept

@@ -27,8 +27,7 @@ FAST_ATTENTION = AttentionShape(is_blockwise=False)
 
 class BatchedModel:
     def __init__(self, model: Transformer, *, num_rows: int, max_context: int, kv_dtype: str, n_batch: int,
-                 settings: BatchSettings, tiles: TileShape | None = None, num_layers: int | None = None,
-                 timer: AlignmentTimer | None = None):
+                 settings: BatchSettings, tiles: TileShape | None = None, num_layers: int | None = None):
         """tiles: the TileShape of the model's RowTiled parts (make_batch_invariant), None when not wrapped."""
         if settings.is_batch_invariant and tiles is None:
             raise ValueError("batch-invariant decoding needs a model wrapped by make_batch_invariant")
@@ -46,7 +45,7 @@ class BatchedModel:
         self.rope = rope_angles(torch.arange(capacity, device=device), model.inv_freq)
         self.decode_shape = (AttentionShape(True, settings.key_block, settings.query_tile)
                              if settings.is_batch_invariant else FAST_ATTENTION)
-        self.timer = timer or AlignmentTimer()
+        self.timer = AlignmentTimer()
         self.cached: list[list[int]] = [[] for _ in range(num_rows)]
 
     @property

@@ -18,7 +18,7 @@ from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.sequence import SequenceState
 from pocketspec.drafters.base import Draft
 from pocketspec.prefix import common_prefix_length
-from pocketspec.sampling import distribution, sample
+from pocketspec.sampling import choose_with_probs
 from pocketspec.settings import SamplingSettings
 
 
@@ -44,12 +44,6 @@ class BatchModelDrafter:
     def fits(self, sequence: SequenceState, gamma: int) -> bool:
         return len(sequence.context) + gamma <= self.draft.max_context
 
-    def _choose(self, logits: np.ndarray, rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
-        if self.sampling.is_greedy:
-            return int(np.argmax(logits)), None
-        probs = distribution(logits, self.sampling)
-        return sample(probs, rng), probs
-
     def _timed_forward(self, rows, tokens, timings: list[tuple[int, float]]) -> list[np.ndarray]:
         started = time.perf_counter()
         logits = self.draft.forward(rows, tokens, [1] * len(rows))
@@ -70,7 +64,7 @@ class BatchModelDrafter:
         probs: list[list[np.ndarray]] = [[] for _ in sequences]
         for index in range(gamma):
             for row_tokens, row_probs, row_logits, sequence in zip(tokens, probs, logits, sequences):
-                token, token_probs = self._choose(row_logits[0], sequence.rng)
+                token, token_probs = choose_with_probs(row_logits[0], self.sampling, sequence.rng)
                 row_tokens.append(token)
                 if token_probs is not None:
                     row_probs.append(token_probs)

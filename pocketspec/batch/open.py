@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from pocketspec.backends.torch_backend import _load_tokenizer, resolve_kv_dtype, resolve_weights_format
+from pocketspec.backends.torch_open import self_skip_layers
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.engine import BatchEngine
@@ -38,14 +39,6 @@ class OpenedBatch:
             self.vocab_model = None
 
 
-def _self_skip_layers(num_layers: int, speculation: SpeculationSettings) -> int:
-    num_kept = speculation.self_skip_layers or max(1, num_layers // 2)
-    if not 1 <= num_kept < num_layers:
-        raise UserError(f"--draft self-skip keeps 1 to {num_layers - 1} of the target's {num_layers} layers, "
-                        f"got {num_kept}")
-    return num_kept
-
-
 def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, speculation: SpeculationSettings,
                       sampling: SamplingSettings, batch: BatchSettings) -> OpenedBatch:
     if target_settings.backend != "torch":
@@ -69,7 +62,7 @@ def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, sp
     draft_settings = replace(batch, is_batch_invariant=False)
     draft = None
     if choice.drafter == "self-skip" and speculation.drafter in ("auto", "model"):
-        num_layers = _self_skip_layers(model.config.num_layers, speculation)
+        num_layers = self_skip_layers(model.config.num_layers, speculation)
         draft = BatchedModel(model, settings=draft_settings, tiles=tiles, num_layers=num_layers, **rows)
     elif choice.draft_path is not None and speculation.drafter in ("auto", "model"):
         draft_model = load_model(choice.draft_path, weights, device)

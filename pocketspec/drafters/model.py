@@ -16,7 +16,7 @@ import numpy as np
 
 from pocketspec.drafters.base import Draft
 from pocketspec.prefix import common_prefix_length
-from pocketspec.sampling import distribution, sample
+from pocketspec.sampling import choose_with_probs
 from pocketspec.settings import SamplingSettings
 
 SINK_TOKENS = 4
@@ -68,12 +68,6 @@ class ModelDrafter:
         self._num_dropped += num_dropping
         return self._window(context), num_kept
 
-    def _choose(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
-        if self.sampling.is_greedy:
-            return int(np.argmax(logits)), None
-        probs = distribution(logits, self.sampling)
-        return sample(probs, self.rng), probs
-
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         window = self._window(context)
         num_kept = self._num_kept(window)
@@ -85,7 +79,7 @@ class ModelDrafter:
         tokens: list[int] = []
         probs: list[np.ndarray] = []
         for index in range(max_tokens):
-            token, token_probs = self._choose(logits)
+            token, token_probs = choose_with_probs(logits, self.sampling, self.rng)
             tokens.append(token)
             if token_probs is not None:
                 probs.append(token_probs)

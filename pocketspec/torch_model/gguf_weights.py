@@ -55,8 +55,6 @@ def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, head_dim // 2, 2, *rest).swapaxes(1, 2).reshape(weight.shape)
 
 
-
-
 def _dequantize(data: np.ndarray, tensor_type, shape) -> np.ndarray:
     return gguf.quants.dequantize(data, tensor_type).astype(np.float32, copy=False).reshape(shape)
 

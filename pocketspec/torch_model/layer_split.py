@@ -13,13 +13,14 @@ on a CPU the split, its caches and its hops run for real while moving nothing.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
 
-from memplanner.split import even_layer_counts
+from memplanner.split import layer_counts
 from pocketspec.errors import UserError
 from pocketspec.torch_model.device import resolve_device, resolve_devices
 from pocketspec.torch_model.model import Transformer
@@ -33,7 +34,7 @@ class LayerSplit:
     @classmethod
     def of(cls, device_names: tuple[str, ...], layers_per_device: tuple[int, ...], num_layers: int) -> "LayerSplit":
         """The plan's split (or an even one when it gives none), checked against the model."""
-        counts = layers_per_device or even_layer_counts(num_layers, len(device_names))
+        counts = layer_counts(layers_per_device, num_layers, len(device_names))
         if len(counts) != len(device_names) or sum(counts) != num_layers:
             raise UserError(f"the layer split {list(counts)} does not give {len(device_names)} devices "
                             f"the model's {num_layers} blocks")
@@ -48,15 +49,16 @@ class LayerSplit:
     def last_device(self) -> str:
         return self.device_names[-1]
 
-    def layer_device_names(self) -> list[str]:
+    @functools.cached_property
+    def layer_device_names(self) -> tuple[str, ...]:
         """The device name of every block, in order."""
-        return [name for name, count in zip(self.device_names, self.layers_per_device) for _ in range(count)]
+        return tuple(name for name, count in zip(self.device_names, self.layers_per_device) for _ in range(count))
 
     def device_name_for(self, parameter_name: str) -> str:
         """Where a parameter lives: `layers.N.*` with block N, the head at the end, the rest first."""
         parts = parameter_name.split(".")
         if parts[0] == "layers":
-            return self.layer_device_names()[int(parts[1])]
+            return self.layer_device_names[int(parts[1])]
         if parts[0] in ("norm", "output"):
             return self.last_device
         return self.first_device
@@ -85,7 +87,7 @@ def install_layer_split(model: Transformer, split: LayerSplit) -> None:
         # on one torch device (cpu:0, cpu:1) .to() returns the same tensor: no copy
         model.output.weight = nn.Parameter(weight.to(resolve_device(split.last_device)), requires_grad=False)
     previous = split.first_device
-    for block, name in zip(model.layers, split.layer_device_names()):
+    for block, name in zip(model.layers, split.layer_device_names):
         if name != previous:
             block.register_forward_pre_hook(_hop_to(resolve_device(name)), with_kwargs=True)
         previous = name

@@ -88,8 +88,7 @@ def _cut(shard, name: str, shape: tuple[int, ...], chunks):
 @functools.cache
 def _libc_malloc_trim():
     name = ctypes.util.find_library("c")
-    function = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    return function
+    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
 
 
 def release_freed_memory() -> None:

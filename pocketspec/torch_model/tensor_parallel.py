@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from memplanner.split import even_layer_counts
 from pocketspec.errors import UserError
 from pocketspec.torch_model.model import ModelConfig, Transformer
 from pocketspec.torch_model.quantize import Int4Linear, Int8Linear
@@ -35,9 +36,9 @@ COLUMN_SLICED = {"wo": "q", "w_down": "ffn"}  # input columns; their outputs are
 
 def shard_bounds(num_units: int, world_size: int, rank: int) -> tuple[int, int]:
     """[start, end) of this rank's units, as even as possible, the first ranks taking one more."""
-    base, extra = divmod(num_units, world_size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (rank < extra)
+    counts = even_layer_counts(num_units, world_size)
+    start = sum(counts[:rank])
+    return start, start + counts[rank]
 
 
 @dataclass(frozen=True)
