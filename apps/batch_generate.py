@@ -64,6 +64,7 @@ def _encode(tokenizer, text: str, chat: bool) -> list[int]:
 
 def _plan(choice: ModelChoice, budget: str, target_settings: ModelSettings, speculation, batch: BatchSettings):
     from apps.budget import parse_budget
+    from apps.torch_budget import is_on_gpu, weights_format_for
     from memplanner.batch_rows import BatchWorkload, kv_dtype_for, plan_batch
     from memplanner.shapes import shape_from_gguf
     from memplanner.sizes import format_bytes
@@ -72,8 +73,8 @@ def _plan(choice: ModelChoice, budget: str, target_settings: ModelSettings, spec
     from pocketspec.batch.layout import round_up
 
     budget_bytes = parse_budget(budget)
-    on_gpu = target_settings.device != "cpu"
-    weights = target_settings.weights if target_settings.weights != "auto" else ("bf16" if on_gpu else "fp32")
+    on_gpu = is_on_gpu(target_settings)
+    weights = weights_format_for(target_settings, on_gpu)
     shape = shape_from_gguf(choice.target_path)
     is_tied, has_qkv_bias = gguf_layout(choice.target_path)
     capacity = round_up(target_settings.max_context, batch.key_block)

@@ -151,19 +151,18 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, temp
         if system.status != "ok":
             click.echo(f"{system.name}: skipped: {system.reason}", err=True)
 
-    draft_name = choice.draft_path.name if choice.draft_path else None
     try:
         run_rounds(systems, job, progress)
         add_closing_notes(systems, job, progress.rows)
     except (KeyboardInterrupt, UserError) as stop:
         if isinstance(stop, KeyboardInterrupt) or progress.num_rounds_completed:
-            _write_outputs(out_dir, systems, progress, job, suite, draft_name, backend)
+            _write_outputs(out_dir, systems, progress, job, suite)
         raise
-    _write_outputs(out_dir, systems, progress, job, suite, draft_name, backend)
+    _write_outputs(out_dir, systems, progress, job, suite)
 
 
-def _write_outputs(out_dir: Path, systems: list[System], progress: BenchProgress, job: BenchJob, suite: Path,
-                   draft_name: str | None, backend: str) -> None:
+def _write_outputs(out_dir: Path, systems: list[System], progress: BenchProgress, job: BenchJob,
+                   suite: Path) -> None:
     from apps.bench_plots import write_plots
     from apps.doctor_cmd import collect_report
     from apps.report import machine_description
@@ -171,7 +170,8 @@ def _write_outputs(out_dir: Path, systems: list[System], progress: BenchProgress
     results = {
         "machine": {**machine_description(), "doctor": collect_report()},
         "settings": {"command": _command_line(), "suite": str(suite), "suite_name": suite.name,
-                     "target": job.target_path.name, "draft": draft_name, "backend": backend,
+                     "target": job.target_path.name, "draft": job.draft_path.name if job.draft_path else None,
+                     "backend": job.pocketspec_options["backend"],
                      "temperature": job.temperature, "top_k": job.top_k, "top_p": job.top_p, "seed": job.seed,
                      "max_tokens": job.max_tokens, "num_prompts": len(job.prompts), "num_threads": job.num_threads,
                      "max_context": job.max_context, "pocketspec_options": job.pocketspec_options,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from memplanner.batch_rows import kv_dtype_for
 from memplanner.shapes import ModelShape, shape_from_gguf
 from memplanner.sizes import format_bytes
 from memplanner.torch_peak import heap_reserve_bytes, torch_peak_terms
@@ -24,19 +25,15 @@ from pocketspec.settings import ModelSettings, SpeculationSettings
 N_BATCH_CHOICES = (512, 256, 128, 64)
 
 
-def _compute_dtype(weights: str, on_gpu: bool) -> str:
-    """What `auto` weights and KV dtypes become: a float format itself, else fp32 on a CPU and bf16 on a GPU."""
-    if weights in ("fp32", "bf16", "fp16"):
-        return weights
-    return "bf16" if on_gpu else "fp32"
-
-
-def _is_on_gpu(target_settings: ModelSettings) -> bool:
+def is_on_gpu(target_settings: ModelSettings) -> bool:
     return not target_settings.all_devices[0].startswith("cpu")
 
 
-def _kv_dtype(kv_dtype: str, weights: str, on_gpu: bool) -> str:
-    return _compute_dtype(weights, on_gpu) if kv_dtype == "auto" else kv_dtype
+def weights_format_for(target_settings: ModelSettings, on_gpu: bool) -> str:
+    """What `--weights` loads as: `auto` is fp32 on a CPU and bf16 on a GPU."""
+    if target_settings.weights == "auto":
+        return "bf16" if on_gpu else "fp32"
+    return target_settings.weights
 
 
 def torch_layout(choice: ModelChoice, target_settings: ModelSettings,
@@ -45,16 +42,16 @@ def torch_layout(choice: ModelChoice, target_settings: ModelSettings,
     if choice.drafter not in ("self-sparse", "self-skip", "ngram", "none"):
         raise UserError("--memory-budget with --backend torch plans self-drafts, n-grams or plain decoding; "
                         "use --draft self-sparse, self-skip, ngram or none")
-    on_gpu = _is_on_gpu(target_settings)
-    weights = _compute_dtype(target_settings.weights, on_gpu) if target_settings.weights == "auto" else target_settings.weights
-    kv_dtype = _kv_dtype(target_settings.torch_kv_type, weights, on_gpu)
+    on_gpu = is_on_gpu(target_settings)
+    weights = weights_format_for(target_settings, on_gpu)
+    kv_dtype = kv_dtype_for(target_settings.torch_kv_type, weights, on_gpu)
     shape = shape_from_gguf(choice.target_path)
     is_tied, has_qkv_bias = gguf_layout(choice.target_path)
     return shape, TorchLayout(
         weights_format=weights, kv_dtype=kv_dtype, max_context=target_settings.max_context, is_tied=is_tied,
         has_qkv_bias=has_qkv_bias, on_gpu=on_gpu,
         self_draft=choice.drafter if choice.drafter.startswith("self-") else None,
-        draft_kv_dtype=_kv_dtype(speculation.self_draft_kv_type, weights, on_gpu),
+        draft_kv_dtype=kv_dtype_for(speculation.self_draft_kv_type, weights, on_gpu),
         draft_window=speculation.self_draft_window,
         draft_layers=speculation.skip_layers_kept(shape.num_layers))
 
@@ -73,7 +70,7 @@ def torch_peak(choice: ModelChoice, target_settings: ModelSettings, speculation:
 
 
 def torch_reserve_bytes(target_settings: ModelSettings) -> int:
-    return heap_reserve_bytes(_is_on_gpu(target_settings))
+    return heap_reserve_bytes(is_on_gpu(target_settings))
 
 
 def check_torch_budget(choice: ModelChoice, budget_bytes: int, target_settings: ModelSettings,
