@@ -68,9 +68,10 @@ def _parse_budgets(text: str | None) -> list[tuple[str | None, int | None]]:
 
 
 def _peer_system(peer: str, job: BenchJob) -> System:
-    name, runner = PEERS[peer]
-    system = System(name, "peer", runner, name)
-    if runner in ("llama-speculative", "transformers") and job.draft_path is None:
+    name, runner, spec_type = PEERS[peer]
+    system = System(name, "peer", runner, name, spec_type=spec_type)
+    needs_draft = runner == "transformers" or spec_type == "draft-simple"
+    if needs_draft and job.draft_path is None:
         system.skip("needs a draft model: pass --pair or --draft NAME")
     elif runner == "llama-speculative" and (reason := missing_binary(job.llama_tools_dir)):
         system.skip(reason)

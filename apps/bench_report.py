@@ -38,6 +38,12 @@ def summarize(rows: list[dict]) -> dict:
     accepted = sum(row["num_accepted"] for row in counted)
     steps = sum(row["num_steps"] for row in counted)
     matches = [row["matches_plain"] for row in rows if row.get("matches_plain") is not None]
+    plain_steps = sum(row.get("steps_by_drafter", {}).get("none", 0) for row in rows)
+    plain_step_seconds = sum(row.get("step_seconds_by_drafter", {}).get("none", 0.0) for row in rows)
+    gammas: dict[int, int] = defaultdict(int)
+    for row in rows:
+        for gamma, count in row.get("steps_by_gamma", {}).items():
+            gammas[int(gamma)] += count
     return {
         "num_prompts": len(rows),
         "tokens_per_second": _rate(rows),
@@ -46,6 +52,10 @@ def summarize(rows: list[dict]) -> dict:
         "ttft_seconds": sum(row["ttft_seconds"] for row in rows) / len(rows),
         "peak_memory_bytes": max(row["peak_memory_bytes"] for row in rows),
         "match_rate": sum(matches) / len(matches) if matches else None,
+        "tokens_per_step": (accepted + steps) / steps if steps else None,
+        # mean time of a step that drafted nothing: what speculation costs where it cannot help
+        "plain_step_ms": 1000 * plain_step_seconds / plain_steps if plain_steps else None,
+        "common_gammas": sorted(gammas, key=gammas.get, reverse=True)[:3],
     }
 
 
@@ -84,7 +94,7 @@ def _cell(value, suffix: str = "") -> str:
 
 def _table(rows_by_system: dict[str, list[dict]], peers: list[str]) -> str:
     columns = ["system", "prompts", "tok/s", "× plain", *[f"× {peer}" for peer in peers],
-               "acceptance", "accepted/step", "TTFT s", "peak GiB", "matches plain"]
+               "acceptance", "tokens/step", "γ=0 step ms", "common γ", "TTFT s", "peak GiB", "matches plain"]
     rows = []
     for name, own_rows in rows_by_system.items():
         summary = summarize(own_rows)
@@ -92,7 +102,8 @@ def _table(rows_by_system: dict[str, list[dict]], peers: list[str]) -> str:
                   for other in ("plain", *peers)]
         rows.append([name, summary["num_prompts"], _cell(summary["tokens_per_second"]),
                      *[_cell(ratio, "×") for ratio in ratios],
-                     _cell(summary["acceptance_rate"]), _cell(summary["mean_accepted_per_step"]),
+                     _cell(summary["acceptance_rate"]), _cell(summary["tokens_per_step"]),
+                     _cell(summary["plain_step_ms"]), ",".join(map(str, summary["common_gammas"])) or "–",
                      _cell(summary["ttft_seconds"]), _cell(summary["peak_memory_bytes"] / 2**30),
                      "–" if summary["match_rate"] is None else f"{summary['match_rate']:.0%}"])
     return markdown_table(columns, rows)

@@ -26,6 +26,7 @@ class System:
     draft: str | None = None  # pocketspec: the --draft value; peers: the draft GGUF path
     budget: str | None = None
     budget_bytes: int | None = None
+    spec_type: str | None = None  # llama-speculative: llama.cpp's --spec-type (draft-simple, ngram-*)
     status: str = "ok"  # ok | skipped | failed
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -105,7 +106,8 @@ def _run_llama_speculative(system: System, job: BenchJob, prompts: list[SuitePro
     rows = []
     for prompt in prompts:
         argv = llama_speculative.command(
-            binary, job.target_path, job.draft_path, reference[prompt.prompt_id]["prompt_text"],
+            binary, job.target_path, job.draft_path if system.spec_type == "draft-simple" else None,
+            reference[prompt.prompt_id]["prompt_text"], spec_type=system.spec_type,
             max_tokens=job.max_tokens, num_threads=job.num_threads, max_context=job.max_context,
             temperature=job.temperature, top_k=job.top_k, top_p=job.top_p, seed=job.seed,
             draft_max=job.peer_draft_max)

@@ -79,6 +79,9 @@ def run_pocketspec(job: dict) -> None:
                               peak_rss_bytes=stats.peak_rss_bytes, num_drafted=stats.num_drafted,
                               num_accepted=stats.num_accepted, num_steps=stats.num_steps,
                               stop_reason=result.stop_reason, prompt_text=template.render(messages),
+                              steps_by_drafter=stats.steps_by_drafter,
+                              step_seconds_by_drafter=stats.step_seconds_by_drafter,
+                              steps_by_gamma={str(gamma): count for gamma, count in stats.steps_by_gamma.items()},
                               prompt_tokens=prompt_tokens,
                               text=tokenizer.decode(result.tokens)))
 

@@ -19,6 +19,8 @@ from pathlib import Path
 import click
 import psutil
 
+from apps.backend_options import backend_options
+from apps.options import model_choice_options
 from pocketspec.catalog import load_catalog, model_path, pocketspec_home
 
 CPU_FLAGS_OF_INTEREST = ("avx", "avx2", "avx512f", "avx512_vnni", "amx_tile", "f16c", "fma")
@@ -175,10 +177,35 @@ def _print_human(report: dict) -> None:
         click.echo(f"  {name:32} {'present' if model['downloaded'] else 'not downloaded'}")
 
 
+def _calibrate(target, draft, pair, threads, backend_options) -> None:
+    from apps.backend_options import apply_backend_options
+    from apps.options import SPECULATION
+    from pocketspec.calibrate import calibrate_models, describe_costs
+    from pocketspec.loader import choose_models
+    from pocketspec.settings import ModelSettings
+
+    choice = choose_models(target=target, draft=draft, pair=pair)
+    settings, _ = apply_backend_options(ModelSettings(num_threads=threads), SPECULATION, backend_options)
+    for costs in calibrate_models(choice.target_path, choice.draft_path, settings,
+                                  on_measure=lambda line: click.echo(line, err=True)):
+        click.echo(f"{json.loads(costs.key)['model']}:")
+        for line in describe_costs(costs):
+            click.echo(line)
+
+
 @click.command(name="doctor")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def doctor(as_json: bool) -> None:
+@click.option("--calibrate", is_flag=True,
+              help="Measure the models' forward costs by width and context on this machine again (the table "
+                   "the adaptive γ and the planner use; otherwise measured once at first use).")
+@model_choice_options
+@click.option("--threads", type=click.IntRange(min=0), default=0, help="With --calibrate: CPU threads (0: all).")
+@backend_options
+def doctor(as_json: bool, calibrate: bool, target, draft, pair, threads, **backend_args) -> None:
     """Report the llama.cpp build, CPU, GPUs, memory and downloaded models."""
+    if calibrate:
+        _calibrate(target, draft, pair, threads, backend_args)
+        return
     report = collect_report()
     if as_json:
         click.echo(json.dumps(report, indent=2))

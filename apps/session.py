@@ -58,9 +58,9 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
         max_context=max_context or MODEL.max_context,
         kv_type=kv_type or MODEL.kv_type,
         repack_weights=MODEL.repack_weights if repack is None else repack,
-        max_logits_rows=(fixed_gamma if fixed_gamma is not None else SPECULATION.max_gamma) + 1,
     )
     speculation = replace(SPECULATION, gamma=fixed_gamma, exact_verify=exact_verify)
+    target_settings = replace(target_settings, max_logits_rows=speculation.verify_width(choice.drafter != "none"))
     target_settings, speculation = apply_backend_options(target_settings, speculation, backend_options)
     session_plan = None
     budget_bytes = None
@@ -100,6 +100,7 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
         draft_settings=draft_settings_for(target_settings, draft_max_context, draft_device),
         sampling=sampling,
         speculation=speculation,
+        notify=(lambda line: click.echo(line, err=True)) if announce else None,
     )
     if announce:
         for note in notes_after_loading + engine.notes:

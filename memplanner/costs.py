@@ -12,6 +12,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
+from memplanner.measured_costs import MachineCosts
 from memplanner.shapes import ModelShape
 
 
@@ -55,10 +56,17 @@ def nearest_reference(shape: ModelShape, references=CPU_REFERENCES) -> Reference
 
 
 def forward_seconds(shape: ModelShape, width: int, references=CPU_REFERENCES, repacked: bool = True) -> float:
-    """Seconds for one forward pass of `width` tokens, scaled from the nearest reference model
-    (whose timings were taken with repacked weights)."""
-    reference = nearest_reference(shape, references)
-    seconds = interpolate(reference.seconds_by_width, width) * shape.weight_bytes / reference.weight_bytes
+    """Seconds for one forward pass of `width` tokens: from this machine's calibrated table when
+    `references` is a MachineCosts, else scaled from the nearest reference model (both timed with
+    repacked weights)."""
+    if isinstance(references, MachineCosts):
+        seconds = references.forward_seconds(shape, width)
+        references = CPU_REFERENCES
+    else:
+        seconds = None
+    if seconds is None:
+        reference = nearest_reference(shape, references)
+        seconds = interpolate(reference.seconds_by_width, width) * shape.weight_bytes / reference.weight_bytes
     if not repacked and shape.weight_bytes:
         seconds *= 1.0 + UNREPACKED_SLOWDOWN_PER_SHARE * shape.repacked_bytes / shape.weight_bytes
     return seconds

@@ -38,20 +38,28 @@ if [[ "$INSTALLED" == "$LLAMA_CPP_PYTHON_VERSION" && "${POCKETSPEC_FORCE_REBUILD
   exit 0
 fi
 
-PIP_FLAGS=()
-if [[ "$ACCEL" != "cpu" || "${POCKETSPEC_FORCE_REBUILD:-0}" == "1" ]]; then
-  # pip caches one wheel per version whatever CMAKE_ARGS were: for a GPU build that
-  # cached wheel would be the CPU one, so build from source.
-  PIP_FLAGS+=(--no-cache-dir --force-reinstall --no-deps)
-elif [[ -n "$INSTALLED" ]]; then
-  # Installed without a matching stamp (another version or accelerator): replace it.
-  PIP_FLAGS+=(--force-reinstall --no-deps)
+# pip's own cache keeps one wheel per version whatever CMAKE_ARGS built it, so a wheel built
+# for another CPU (or the CPU build, for a GPU) would come back. Built wheels are kept here
+# instead, one folder per version and CMake arguments.
+ARGS_HASH="$(printf '%s' "$CMAKE_ARGS" | sha1sum | cut -c1-12)"
+WHEEL_DIR="${POCKETSPEC_HOME:-$HOME/.cache/pocketspec}/wheels/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION-$ACCEL-$ARGS_HASH"
+if [[ "${POCKETSPEC_FORCE_REBUILD:-0}" == "1" ]]; then
+  rm -rf "$WHEEL_DIR"
 fi
-
-echo "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION for $ACCEL into $VENV (about 10 minutes on 2 cores)"
-echo "CMAKE_ARGS=$CMAKE_ARGS"
-CMAKE_ARGS="$CMAKE_ARGS" "$PIP" install ${PIP_FLAGS[@]+"${PIP_FLAGS[@]}"} "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
-"$PYTHON" -c "import llama_cpp" || { echo "error: llama_cpp does not import after the build" >&2; exit 1; }
+if ! compgen -G "$WHEEL_DIR/llama_cpp_python-*.whl" > /dev/null; then
+  echo "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION for $ACCEL (about 10 minutes on 2 cores)"
+  echo "CMAKE_ARGS=$CMAKE_ARGS"
+  mkdir -p "$WHEEL_DIR.partial"
+  CMAKE_ARGS="$CMAKE_ARGS" "$PIP" wheel --no-deps --no-cache-dir -w "$WHEEL_DIR.partial" \
+    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+  rm -rf "$WHEEL_DIR"
+  mv "$WHEEL_DIR.partial" "$WHEEL_DIR"
+fi
+"$PIP" install --force-reinstall --no-deps "$WHEEL_DIR"/llama_cpp_python-*.whl
+"$PIP" install "$(ls "$WHEEL_DIR"/llama_cpp_python-*.whl)"  # its dependencies, from the index
+# Importing is not enough: a kernel built for instructions this CPU lacks dies at backend init.
+"$PYTHON" -c "import llama_cpp; llama_cpp.llama_backend_init(); llama_cpp.llama_print_system_info()" \
+  || { echo "error: llama.cpp does not start after the build (CMAKE_ARGS=$CMAKE_ARGS)" >&2; exit 1; }
 
 write_stamp "$PYTHON" "$STAMP" package=llama-cpp-python "version=$LLAMA_CPP_PYTHON_VERSION" "accel=$ACCEL" \
   "cmake_args=$CMAKE_ARGS"

@@ -7,8 +7,21 @@
 LLAMA_CPP_PYTHON_VERSION="0.3.36"
 
 # GGML_NATIVE=ON (the default) picks the AMX kernels on CPUs that report AMX, and
-# llama.cpp 0.3.36 then segfaults in ggml_backend_amx_mul_mat at the first decode.
-PORTABLE_CPU_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON"
+# llama.cpp 0.3.36 then segfaults in ggml_backend_amx_mul_mat at the first decode. So the
+# instruction sets are named one by one, each only where this CPU has it: AVX-512 code on a
+# CPU without it (an AMD EPYC host of this workplace) dies with SIGILL at the first call.
+# POCKETSPEC_CPU_ARGS overrides the detection (e.g. to build for another machine).
+cpu_has() { grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | tr ' ' '\n' | grep -qx "$1"; }
+portable_cpu_args() {
+  if [[ -n "${POCKETSPEC_CPU_ARGS:-}" ]]; then echo "$POCKETSPEC_CPU_ARGS"; return; fi
+  local args="-DGGML_NATIVE=OFF"
+  local flag
+  for flag in avx:AVX avx2:AVX2 fma:FMA f16c:F16C avx512f:AVX512 avx512_vnni:AVX512_VNNI; do
+    if cpu_has "${flag%%:*}"; then args+=" -DGGML_${flag##*:}=ON"; else args+=" -DGGML_${flag##*:}=OFF"; fi
+  done
+  echo "$args"
+}
+PORTABLE_CPU_ARGS="$(portable_cpu_args)"
 
 # Prints the CMake arguments for one accelerator (cpu|cuda|rocm|vulkan); an unknown one
 # gives one line on stderr and status 2.

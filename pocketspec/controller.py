@@ -1,16 +1,22 @@
 """Adaptive draft length: before each step, choose the drafter and γ with the most expected tokens per second.
 
-Expected tokens per step with per-token acceptance α and γ drafted tokens is
-(1 − α^(γ+1)) / (1 − α). Costs come from this machine's own measurements
-(pocketspec/costs.py). γ = 0 (plain decoding) is always an option, so
-speculation never makes generation meaningfully slower.
+A draft model's tokens are accepted with one per-token rate α, so a step of γ drafted tokens
+yields (1 − α^(γ+1)) / (1 − α) tokens. A draftless proposal is scored token by token from its
+match evidence (pocketspec/drafters/ngram.py): with p_i the probability that token i is
+accepted, a step verifying its first γ tokens yields 1 + Σ_{i≤γ} Π_{j≤i} p_j. Costs are this
+machine's calibrated forward costs at the current depth (pocketspec/costs.py), so a width on a
+flat step of the cost curve loses to the widest width of that step. γ = 0 (plain decoding) is
+always an option, so speculation never makes generation meaningfully slower.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+from typing import Sequence
 
 from pocketspec.costs import CostTable
+from pocketspec.drafters.ngram import MatchEvidence
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -19,6 +25,15 @@ def expected_tokens_per_step(alpha: float, gamma: int) -> float:
     if alpha >= 1.0:
         return gamma + 1.0
     return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def expected_tokens_by_gamma(probabilities: Sequence[float]) -> list[float]:
+    """[E(0), E(1), ...]: tokens a step yields when it verifies the first γ tokens of a proposal."""
+    expected, survive = [1.0], 1.0
+    for probability in probabilities:
+        survive *= probability
+        expected.append(expected[-1] + survive)
+    return expected
 
 
 class AcceptanceEstimate:
@@ -43,6 +58,43 @@ class AcceptanceEstimate:
         return (self.num_accepted + weight * self.prior_rate) / (self.num_tried + weight)
 
 
+LENGTH_EDGES = (1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)  # lower edges of the match-length buckets
+SHARE_EDGES = (0.0, 0.5, 0.8, 0.999)  # lower edges of the continuation-share buckets
+
+
+def evidence_bucket(evidence: MatchEvidence) -> tuple[int, int]:
+    return (bisect.bisect_right(LENGTH_EDGES, evidence.match_length) - 1,
+            bisect.bisect_right(SHARE_EDGES, evidence.share) - 1)
+
+
+def prior_acceptance(evidence: MatchEvidence) -> float:
+    """Before any verify: longer and less ambiguous matches are likelier copies."""
+    return min(0.9, 0.15 + 0.04 * evidence.match_length) * (0.5 + 0.5 * evidence.share)
+
+
+class MatchAcceptance:
+    """P(a proposed token is accepted | its match evidence), learned online per evidence bucket."""
+
+    def __init__(self, prior_weight: float = 2.0, decay: float = 0.98):
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self._counts: dict[tuple[int, int], list[float]] = {}  # bucket -> [accepted, tried]
+
+    def probability(self, evidence: MatchEvidence) -> float:
+        accepted, tried = self._counts.get(evidence_bucket(evidence), (0.0, 0.0))
+        return (accepted + self.prior_weight * prior_acceptance(evidence)) / (tried + self.prior_weight)
+
+    def probabilities(self, evidence: Sequence[MatchEvidence]) -> list[float]:
+        return [self.probability(item) for item in evidence]
+
+    def observe(self, evidence: Sequence[MatchEvidence], num_accepted: int) -> None:
+        """The first num_accepted tokens were accepted; the next one (if any) was the first rejected."""
+        for index, item in enumerate(evidence[:num_accepted + 1]):
+            counts = self._counts.setdefault(evidence_bucket(item), [0.0, 0.0])
+            counts[0] = self.decay * counts[0] + (1.0 if index < num_accepted else 0.0)
+            counts[1] = self.decay * counts[1] + 1.0
+
+
 @dataclass(frozen=True)
 class Choice:
     drafter: str  # "none", "ngram" or "model"
@@ -51,17 +103,29 @@ class Choice:
 
 
 class GammaController:
-    """Picks (drafter, γ) per step from acceptance estimates and measured costs."""
+    """Picks (drafter, γ) per step from acceptance estimates and measured costs.
 
-    def __init__(self, max_gamma: int = 8, fixed_gamma: int | None = None, model_probe_interval: int = 32):
+    max_gamma caps a draft model's γ; max_draftless_gamma caps a draftless proposal's (its
+    tokens cost nothing to draft, so only the verify's width limits it).
+    """
+
+    def __init__(self, max_gamma: int = 8, fixed_gamma: int | None = None, model_probe_interval: int = 32,
+                 *, max_draftless_gamma: int | None = None, target_costs: CostTable | None = None,
+                 draft_costs: CostTable | None = None, ngram_prior: float = 0.4, model_prior: float = 0.7):
         self.max_gamma = max_gamma
+        self.max_draftless_gamma = max_gamma if max_draftless_gamma is None else max_draftless_gamma
         self.fixed_gamma = fixed_gamma
         self.model_probe_interval = model_probe_interval
-        self.target_costs = CostTable()
-        self.draft_costs = CostTable()
+        self.target_costs = target_costs or CostTable()
+        self.draft_costs = draft_costs or CostTable()
         self.step_overhead_seconds = 0.0
-        self.acceptance = {"ngram": AcceptanceEstimate(0.4), "model": AcceptanceEstimate(0.7)}
+        self.acceptance = {"ngram": AcceptanceEstimate(ngram_prior), "model": AcceptanceEstimate(model_prior)}
+        self.match_acceptance = MatchAcceptance()
         self._steps_since_model = 0
+
+    @property
+    def widest_gamma(self) -> int:
+        return max(self.max_gamma, self.max_draftless_gamma)
 
     def _rate(self, tokens: float, seconds: float) -> float:
         return tokens / (seconds + self.step_overhead_seconds)
@@ -69,37 +133,51 @@ class GammaController:
     def _model_seconds(self, gamma: int, draft_lag: int) -> float:
         return self.draft_costs.seconds(draft_lag + 1) + (gamma - 1) * self.draft_costs.seconds(1)
 
-    def options(self, *, ngram_available: int, model_lag: int | None, max_gamma: int) -> list[Choice]:
+    def _gammas(self, cap: int) -> range | list[int]:
+        if self.fixed_gamma is not None:
+            return [min(self.fixed_gamma, cap)]
+        return range(1, cap + 1)
+
+    def options(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
+                model_lag: int | None, max_gamma: int, depth: int = 0) -> list[Choice]:
         """Every (drafter, γ) this step could run, with its predicted tokens per second.
 
-        ngram_available: tokens the n-gram drafter can propose now; model_lag: tokens the
-        draft model must catch up on first (None when there is no draft model).
+        ngram_probs: each proposed draftless token's acceptance probability (else ngram_available
+        tokens at the n-gram drafter's single rate); model_lag: tokens the draft model must catch
+        up on first (None when there is no draft model).
         """
-        choices = [Choice("none", 0, self._rate(1.0, self.target_costs.seconds(1)))]
-        gammas = [min(self.fixed_gamma, max_gamma)] if self.fixed_gamma is not None else range(1, max_gamma + 1)
-        alpha_ngram = self.acceptance["ngram"].rate
-        for gamma in gammas:
-            if 1 <= gamma <= min(ngram_available, max_gamma):
-                tokens = expected_tokens_per_step(alpha_ngram, gamma)
-                choices.append(Choice("ngram", gamma, self._rate(tokens, self.target_costs.seconds(gamma + 1))))
+        verify = self.target_costs.seconds
+        choices = [Choice("none", 0, self._rate(1.0, verify(1, depth)))]
+        if ngram_probs is None:
+            alpha = self.acceptance["ngram"].rate
+            expected = [expected_tokens_per_step(alpha, gamma) for gamma in range(ngram_available + 1)]
+        else:
+            expected = expected_tokens_by_gamma(ngram_probs)
+        draftless_cap = min(len(expected) - 1, max_gamma, self.max_draftless_gamma)
+        for gamma in self._gammas(draftless_cap):
+            if gamma >= 1:
+                choices.append(Choice("ngram", gamma, self._rate(expected[gamma], verify(gamma + 1, depth))))
         if model_lag is not None:
             alpha_model = self.acceptance["model"].rate
-            for gamma in gammas:
-                if 1 <= gamma <= max_gamma:
-                    seconds = self._model_seconds(gamma, model_lag) + self.target_costs.seconds(gamma + 1)
+            for gamma in self._gammas(min(max_gamma, self.max_gamma)):
+                if gamma >= 1:
+                    seconds = self._model_seconds(gamma, model_lag) + verify(gamma + 1, depth)
                     tokens = expected_tokens_per_step(alpha_model, gamma)
                     choices.append(Choice("model", gamma, self._rate(tokens, seconds)))
         return choices
 
-    def choose(self, *, ngram_available: int, model_lag: int | None, max_gamma: int | None = None) -> Choice:
-        limit = self.max_gamma if max_gamma is None else min(max_gamma, self.max_gamma)
-        choices = self.options(ngram_available=ngram_available, model_lag=model_lag, max_gamma=limit)
+    def choose(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
+               model_lag: int | None, max_gamma: int | None = None, depth: int = 0) -> Choice:
+        limit = self.widest_gamma if max_gamma is None else min(max_gamma, self.widest_gamma)
+        choices = self.options(ngram_available=ngram_available, ngram_probs=ngram_probs, model_lag=model_lag,
+                               max_gamma=limit, depth=depth)
         if self.fixed_gamma is not None:
             drafted = [choice for choice in choices if choice.gamma > 0]
             # with a fixed γ, a model draft beats an n-gram one only when there is no n-gram match
             drafted.sort(key=lambda choice: choice.drafter != "ngram")
             return drafted[0] if drafted else choices[0]
-        best = max(choices, key=lambda choice: choice.predicted_tokens_per_second)
+        # ties go to the wider draft: on a flat step of the cost curve, more tokens for the same time
+        best = max(choices, key=lambda choice: (choice.predicted_tokens_per_second, choice.gamma))
         model_choices = [choice for choice in choices if choice.drafter == "model"]
         if model_choices and best.drafter != "model":
             self._steps_since_model += 1
@@ -112,9 +190,12 @@ class GammaController:
             self._steps_since_model = 0
         return best
 
-    def observe_step(self, *, drafter: str, num_drafted: int, num_accepted: int) -> None:
+    def observe_step(self, *, drafter: str, num_drafted: int, num_accepted: int,
+                     evidence: Sequence[MatchEvidence] | None = None) -> None:
         if drafter in self.acceptance and num_drafted > 0:
             self.acceptance[drafter].observe(num_accepted, num_drafted)
+        if evidence:
+            self.match_acceptance.observe(evidence[:num_drafted], num_accepted)
 
     def observe_overhead(self, seconds: float, smoothing: float = 0.1) -> None:
         self.step_overhead_seconds += smoothing * (max(seconds, 0.0) - self.step_overhead_seconds)

@@ -1,12 +1,18 @@
-"""Measured seconds per forward pass by width, learned online from this machine's own timings.
+"""Seconds per forward pass by width and cached depth: this machine's calibrated table, refined online.
 
-Widths never seen yet are predicted from a prior cost shape (relative to one
-token) scaled by what has been measured.
+With a calibrated table (memplanner/measured_costs.py, measured by pocketspec/calibrate.py)
+the prediction is the table's cost at that width and depth times a correction learned from
+the passes this run has timed: the machine's load drifts, the curve's shape does not.
+Without one, widths never seen are predicted from a prior cost shape (relative to one token)
+scaled by what has been measured.
 """
 
 from __future__ import annotations
 
+import math
+
 from memplanner.costs import CPU_REFERENCES, interpolate
+from memplanner.measured_costs import MeasuredCosts
 
 # Cost of a forward pass of w tokens relative to one token, from the planner's CPU
 # reference (qwen2.5-coder-1.5b, MODELS.md): a prior until this machine is measured.
@@ -15,16 +21,26 @@ CPU_PRIOR_RATIO = {width: seconds / _REFERENCE[1] for width, seconds in _REFEREN
 
 
 class CostTable:
-    """Seconds for one forward pass of `width` tokens on one backend."""
+    """Seconds for one forward pass of `width` tokens after `depth` cached tokens, on one backend."""
 
-    def __init__(self, prior_ratio: dict[int, float] | None = None, smoothing: float = 0.2):
+    def __init__(self, measured: MeasuredCosts | None = None, prior_ratio: dict[int, float] | None = None,
+                 smoothing: float = 0.2):
+        self.measured = measured
         self.prior_ratio = prior_ratio or CPU_PRIOR_RATIO
         self.smoothing = smoothing
         self._seconds_by_width: dict[int, float] = {}
         self._scale_sum = 0.0
         self._scale_count = 0
+        self._log_correction = 0.0  # log(observed / calibrated), smoothed
 
-    def observe(self, width: int, seconds: float) -> None:
+    def observe(self, width: int, seconds: float, depth: int = 0) -> None:
+        if width <= 0 or seconds <= 0:
+            return
+        if self.measured is not None:
+            predicted = self.measured.forward_seconds(width, depth)
+            if predicted > 0:
+                self._log_correction += self.smoothing * (math.log(seconds / predicted) - self._log_correction)
+            return
         previous = self._seconds_by_width.get(width)
         if previous is None:
             self._seconds_by_width[width] = seconds
@@ -35,11 +51,13 @@ class CostTable:
 
     @property
     def is_measured(self) -> bool:
-        return self._scale_count > 0
+        return self.measured is not None or self._scale_count > 0
 
-    def seconds(self, width: int) -> float:
+    def seconds(self, width: int, depth: int = 0) -> float:
         if width <= 0:
             return 0.0
+        if self.measured is not None:
+            return self.measured.forward_seconds(width, depth) * math.exp(self._log_correction)
         measured = self._seconds_by_width.get(width)
         if measured is not None:
             return measured

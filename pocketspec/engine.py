@@ -13,10 +13,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from memplanner.measured_costs import MeasuredCosts
 from pocketspec.controller import Choice, GammaController
+from pocketspec.costs import CostTable
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.model import ModelDrafter
-from pocketspec.drafters.ngram import NgramDrafter
+from pocketspec.drafters.ngram import NgramDrafter, Proposal
 from pocketspec.errors import UserError
 from pocketspec.prefix import common_prefix_length
 from pocketspec.sampling import choose_token
@@ -42,7 +44,10 @@ class SpeculativeEngine:
         draft_backend=None,
         sampling: SamplingSettings = SamplingSettings(),
         speculation: SpeculationSettings = SpeculationSettings(),
+        target_costs: MeasuredCosts | None = None,
+        draft_costs: MeasuredCosts | None = None,
     ):
+        """target_costs / draft_costs: this machine's calibrated forward costs (pocketspec/calibrate.py)."""
         if speculation.drafter not in DRAFTERS:
             raise UserError(f"unknown drafter {speculation.drafter!r}: use one of {', '.join(DRAFTERS)}")
         self.target = target
@@ -61,8 +66,11 @@ class SpeculativeEngine:
                 "round exactly like one-token decoding on this backend are used"
             )
             fixed_gamma = max_gamma
-        self.controller = GammaController(max_gamma, fixed_gamma=fixed_gamma)
-        self._shadow: tuple[int, list[int]] | None = None  # an unused n-gram proposal, scored later
+        model_max_gamma = min(max_gamma, max(speculation.max_gamma, fixed_gamma or 0))
+        self.controller = GammaController(
+            model_max_gamma, fixed_gamma=fixed_gamma, max_draftless_gamma=max_gamma,
+            target_costs=CostTable(target_costs), draft_costs=CostTable(draft_costs))
+        self._shadow: tuple[int, Proposal] | None = None  # an unused n-gram proposal, scored later
 
     def reseed(self, seed: int) -> None:
         """Restart the random stream shared by sampling, verification and the draft model."""
@@ -74,8 +82,7 @@ class SpeculativeEngine:
         """Largest γ whose verify pass (γ + 1 rows) reproduces one-token logits exactly."""
         if self.ngram is None and self.model is None:
             return 0
-        wanted = speculation.max_gamma if speculation.gamma is None else speculation.gamma
-        max_width = min(wanted + 1, self.target.max_logits_rows)
+        max_width = min(speculation.verify_width(), self.target.max_logits_rows)
         if not speculation.exact_verify:
             return max_width - 1
         exact_width = self.target.exact_verify_width(max_width)
@@ -110,13 +117,13 @@ class SpeculativeEngine:
         self._shadow = None
         return self._pick(logits)
 
-    def _draft(self, choice: Choice, context: list[int], ngram_tokens: list[int]) -> Draft:
+    def _draft(self, choice: Choice, context: list[int], proposal: Proposal) -> Draft:
         if choice.drafter == "ngram":
-            return Draft(tokens=ngram_tokens[: choice.gamma])
+            return Draft(tokens=proposal.tokens[: choice.gamma])
         if choice.drafter == "model":
             draft = self.model.propose(context, choice.gamma)
             for width, seconds in draft.forward_timings:
-                self.controller.draft_costs.observe(width, seconds)
+                self.controller.draft_costs.observe(width, seconds, self.model.backend.num_cached)
             return draft
         return Draft(tokens=[])
 
@@ -124,25 +131,29 @@ class SpeculativeEngine:
         """Check an n-gram proposal that was not used against the tokens that really came."""
         start, proposal = self._shadow
         num_seen = len(context) - start
-        num_matched = common_prefix_length(proposal, context[start:])
+        num_matched = common_prefix_length(proposal.tokens, context[start:])
         if num_matched < num_seen or num_matched == len(proposal):
-            self.controller.observe_step(drafter="ngram", num_drafted=len(proposal), num_accepted=num_matched)
+            self.controller.observe_step(drafter="ngram", num_drafted=len(proposal), num_accepted=num_matched,
+                                         evidence=proposal.evidence)
             self._shadow = None
 
     def _step(self, context: list[int], max_gamma: int, stats: GenerationStats) -> list[int]:
         """One draft + verify step; returns the tokens it adds to the context."""
         step_started = time.perf_counter()
-        max_gamma = min(max_gamma, self.controller.max_gamma)
-        ngram_tokens = self.ngram.lookup(context, max_gamma) if self.ngram is not None else []
+        max_gamma = min(max_gamma, self.controller.widest_gamma)
+        num_cached = self.target.num_cached
+        proposal = Proposal()
+        if self.ngram is not None:
+            proposal = self.ngram.propose_scored(context, min(max_gamma, self.controller.max_draftless_gamma))
         model_lag = None
         if self.model is not None and self.model.fits(context, max_gamma):
             model_lag = self.model.lag(context)
-        choice = self.controller.choose(ngram_available=len(ngram_tokens), model_lag=model_lag, max_gamma=max_gamma)
-        if ngram_tokens and choice.drafter != "ngram" and self._shadow is None:
-            self._shadow = (len(context), ngram_tokens)
-        draft = self._draft(choice, context, ngram_tokens)
+        choice = self.controller.choose(ngram_probs=self.controller.match_acceptance.probabilities(proposal.evidence),
+                                        model_lag=model_lag, max_gamma=max_gamma, depth=num_cached)
+        if proposal.tokens and choice.drafter != "ngram" and self._shadow is None:
+            self._shadow = (len(context), proposal)
+        draft = self._draft(choice, context, proposal)
 
-        num_cached = self.target.num_cached
         rows = [context[-1], *draft.tokens]
         verify_started = time.perf_counter()
         logits = self.target.forward(rows, range(len(rows)))  # [γ + 1, vocab]
@@ -150,15 +161,12 @@ class SpeculativeEngine:
         verify_seconds = time.perf_counter() - verify_started
         self.target.rollback(num_cached + 1 + verdict.num_accepted)
 
-        self.controller.target_costs.observe(len(rows), verify_seconds)
-        self.controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted)
+        self.controller.target_costs.observe(len(rows), verify_seconds, num_cached)
+        self.controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted,
+                                     evidence=proposal.evidence if choice.drafter == "ngram" else None)
         step_seconds = time.perf_counter() - step_started
         self.controller.observe_overhead(step_seconds - verify_seconds - draft.seconds)
-        stats.num_steps += 1
-        stats.num_drafted += len(draft)
-        stats.num_accepted += verdict.num_accepted
-        stats.steps_by_drafter[choice.drafter] = stats.steps_by_drafter.get(choice.drafter, 0) + 1
-        stats.last_gamma = len(draft)
+        stats.record_step(choice.drafter, len(draft), verdict.num_accepted, step_seconds)
         return verdict.emitted(draft.tokens)
 
     def generate(
@@ -205,6 +213,8 @@ class SpeculativeEngine:
                 break
             max_gamma = min(max_new_tokens - len(emitted) - 1, room)
             new_tokens = self._step(context, max_gamma, stats)
+        if self.ngram is not None:
+            self.ngram.remember(emitted)
         stats.num_tokens = len(emitted)
         stats.seconds = time.perf_counter() - started
         stats.peak_rss_bytes = peak_rss_bytes()

@@ -21,11 +21,13 @@ class ModelChoice:
     target_path: Path
     draft_path: Path | None
     drafter: str  # auto | ngram | none | self-sparse | self-skip  (auto: the controller mixes n-gram and draft model)
+    draft_is_explicit: bool = False  # the user named the draft model (--draft), not only a pair
 
 
 def choose_models(
     *, target: str | None, draft: str | None, pair: str | None, pull_if_missing: bool = False
 ) -> ModelChoice:
+    draft_is_explicit = draft is not None
     if pair is not None or target is None:
         pair_entry = resolve_pair(pair)
         target = target or pair_entry.target
@@ -37,7 +39,7 @@ def choose_models(
         return ModelChoice(target_path, None, draft)
     draft_path = resolve_model(draft, pull_if_missing=pull_if_missing)
     check_same_vocab(target_info, check_gguf(draft_path))
-    return ModelChoice(target_path, draft_path, "auto")
+    return ModelChoice(target_path, draft_path, "auto", draft_is_explicit)
 
 
 def draft_settings_for(target_settings: ModelSettings, draft_max_context: int | None = None,
@@ -59,8 +61,12 @@ def load_engine(
     draft_settings: ModelSettings | None = None,
     sampling: SamplingSettings = SamplingSettings(),
     speculation: SpeculationSettings = SpeculationSettings(),
+    notify=None,
 ):
-    """Load the backends and build the engine; the caller closes it with close_engine."""
+    """Load the backends and build the engine; the caller closes it with close_engine.
+
+    notify(line): told before a first-time cost measurement, which takes seconds to a minute.
+    """
     from pocketspec.engine import SpeculativeEngine
 
     is_self_draft = choice.drafter in SELF_DRAFTS
@@ -73,16 +79,57 @@ def load_engine(
     target_backend = open_backend(choice.target_path, target_settings)
     draft_backend = None
     try:
+        target_costs = _calibrated(target_backend, speculation, notify)
+        draft_costs = skip_reason = None
         if is_self_draft and speculation.drafter in ("auto", "model"):
             draft_backend = open_self_draft(target_backend, choice.drafter, target_settings, speculation)
         elif choice.draft_path is not None and speculation.drafter in ("auto", "model"):
-            draft_backend = open_backend(choice.draft_path, draft_settings or target_settings)
-        return SpeculativeEngine(target_backend, draft_backend=draft_backend, sampling=sampling, speculation=speculation)
+            draft_settings = draft_settings or target_settings
+            skip_reason = _draft_cannot_pay(choice, target_costs, draft_settings, speculation)
+            if skip_reason is None:
+                draft_backend = open_backend(choice.draft_path, draft_settings)
+                draft_costs = _calibrated(draft_backend, speculation, notify)
+        engine = SpeculativeEngine(target_backend, draft_backend=draft_backend, sampling=sampling,
+                                   speculation=speculation, target_costs=target_costs, draft_costs=draft_costs)
+        if skip_reason is not None:
+            engine.notes.append(skip_reason)
+        return engine
     except BaseException:
         if draft_backend is not None:
             draft_backend.close()
         target_backend.close()
         raise
+
+
+def _calibrated(backend, speculation: SpeculationSettings, notify):
+    """This machine's cost table for an adaptive run (measured once, then cached); None when γ is fixed."""
+    if speculation.drafter == "none" or speculation.gamma is not None or not hasattr(backend, "model_path"):
+        return None
+    from pocketspec.calibrate import calibrated_costs
+
+    return calibrated_costs(backend, min_width=backend.max_logits_rows, on_measure=notify)
+
+
+def _draft_cannot_pay(choice: ModelChoice, target_costs, draft_settings: ModelSettings,
+                      speculation: SpeculationSettings) -> str | None:
+    """Why a pair's draft model is not worth loading on this machine; None when it may pay or was asked for."""
+    if target_costs is None or choice.draft_is_explicit or speculation.drafter == "model":
+        return None
+    from memplanner.costs import DEFAULT_ALPHA
+    from memplanner.measured_costs import best_draft_model_speedup
+    from memplanner.shapes import shape_from_gguf
+    from pocketspec.calibrate import cached_costs
+
+    draft_costs = cached_costs(choice.draft_path, draft_settings)
+    if draft_costs is None:  # not measured yet: decoding streams the weights, so scale the target's curve
+        draft_bytes = shape_from_gguf(choice.draft_path).weight_bytes
+        target_bytes = target_costs.weight_bytes or shape_from_gguf(choice.target_path).weight_bytes
+        draft_costs = target_costs.scaled(draft_bytes / target_bytes, weight_bytes=draft_bytes)
+    speedup, _ = best_draft_model_speedup(target_costs, draft_costs, DEFAULT_ALPHA["model"], speculation.max_gamma)
+    if speedup > 1.0:
+        return None
+    return (f"draft model {choice.draft_path.name} not loaded: on this machine's measured costs it cannot beat "
+            f"plain decoding even at {DEFAULT_ALPHA['model']:.0%} acceptance; pass --draft NAME to load it anyway")
 
 
 def close_engine(engine) -> None:

@@ -29,9 +29,12 @@ class SpeculationSettings:
 
     drafter: str = "auto"  # auto | model | ngram | none | mixed
     gamma: int | None = None  # None: adaptive (`--gamma auto`)
-    max_gamma: int = 8
+    max_gamma: int = 8  # a draft model's longest draft: each of its tokens costs a draft forward
+    # A draftless proposal costs nothing to draft: only the verify's width limits it. On the
+    # 2-core CPU a verify of 16 rows costs what one of 8 does, so long accepted copies need room.
+    max_draftless_gamma: int = 31
     ngram_min: int = 2
-    ngram_max: int = 4
+    ngram_max: int = 6
     # llama.cpp's batched kernels round differently from its one-token kernels (on CPU,
     # every width past 256 cached tokens), so a verified greedy token can differ from plain
     # decoding where the target's two best logits are within that rounding. True caps
@@ -42,6 +45,16 @@ class SpeculationSettings:
     self_draft_window: int = 256  # self-sparse: KV positions the draft keeps (4 sinks + recent tokens)
     self_draft_kv_type: str = "auto"  # self-sparse KV: auto (the target's dtype) | int8 | fp32 | bf16 | fp16
     self_skip_layers: int = 0  # self-skip: first layers the draft runs (0: half of them)
+
+    def verify_width(self, drafts: bool = True) -> int:
+        """The widest verify a step may run: the target's logits rows (1 when nothing drafts)."""
+        if not drafts or self.drafter == "none":
+            return 1
+        if self.gamma is not None:
+            return self.gamma + 1
+        if self.drafter == "model":
+            return self.max_gamma + 1
+        return max(self.max_gamma, self.max_draftless_gamma) + 1
 
     def skip_layers_kept(self, num_layers: int) -> int:
         """The layers a self-skip draft runs for a target of num_layers (not yet checked against it)."""

@@ -45,8 +45,25 @@ class GenerationStats:
     num_drafted: int = 0
     num_accepted: int = 0
     steps_by_drafter: dict[str, int] = field(default_factory=dict)
+    step_seconds_by_drafter: dict[str, float] = field(default_factory=dict)  # whole steps, drafting included
+    steps_by_gamma: dict[int, int] = field(default_factory=dict)  # how often each draft length was verified
     last_gamma: int = 0
     peak_rss_bytes: int = 0
+
+    def record_step(self, drafter: str, num_drafted: int, num_accepted: int, seconds: float) -> None:
+        self.num_steps += 1
+        self.num_drafted += num_drafted
+        self.num_accepted += num_accepted
+        self.steps_by_drafter[drafter] = self.steps_by_drafter.get(drafter, 0) + 1
+        self.step_seconds_by_drafter[drafter] = self.step_seconds_by_drafter.get(drafter, 0.0) + seconds
+        self.steps_by_gamma[num_drafted] = self.steps_by_gamma.get(num_drafted, 0) + 1
+        self.last_gamma = num_drafted
+
+    @property
+    def plain_step_seconds(self) -> float:
+        """Mean seconds of a step that drafted nothing: what speculation costs when it cannot help."""
+        steps = self.steps_by_drafter.get("none", 0)
+        return self.step_seconds_by_drafter.get("none", 0.0) / steps if steps else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -86,5 +103,7 @@ class GenerationStats:
             "acceptance_rate": round(self.acceptance_rate, 4),
             "mean_accepted_per_step": round(self.mean_accepted_per_step, 4),
             "steps_by_drafter": dict(self.steps_by_drafter),
+            "steps_by_gamma": {str(gamma): count for gamma, count in sorted(self.steps_by_gamma.items())},
+            "plain_step_seconds": round(self.plain_step_seconds, 6),
             "peak_rss_bytes": self.peak_rss_bytes,
         }

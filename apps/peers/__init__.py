@@ -1,6 +1,8 @@
 """The peers `pocketspec bench` runs beside PocketSpec, one module each.
 
-- llama.cpp: llama.cpp's own `llama-speculative-simple` (built by native/build_llama_tools.sh)
+- llama.cpp: llama.cpp's own `llama-speculative-simple` with the draft model (built by
+  native/build_llama_tools.sh); llama.cpp-ngram-*: the same tool with its draftless drafters,
+  each at llama.cpp's default setting for it
 - prompt-lookup: llama-cpp-python's LlamaPromptLookupDecoding
 - transformers: transformers' assisted generation (the `peers` extra)
 """
@@ -9,14 +11,19 @@ from __future__ import annotations
 
 from pocketspec.errors import UserError
 
-# peer name -> (system name in the report, the runner that measures it)
+# peer name -> (system name in the report, the runner that measures it, llama.cpp's --spec-type)
 PEERS = {
-    "llama.cpp": ("llama.cpp-speculative", "llama-speculative"),
-    "prompt-lookup": ("prompt-lookup", "prompt-lookup"),
-    "transformers": ("transformers-assisted", "transformers"),
+    "llama.cpp": ("llama.cpp-speculative", "llama-speculative", "draft-simple"),
+    "llama.cpp-ngram-simple": ("llama.cpp-ngram-simple", "llama-speculative", "ngram-simple"),
+    "llama.cpp-ngram-map-k": ("llama.cpp-ngram-map-k", "llama-speculative", "ngram-map-k"),
+    "llama.cpp-ngram-mod": ("llama.cpp-ngram-mod", "llama-speculative", "ngram-mod"),
+    "prompt-lookup": ("prompt-lookup", "prompt-lookup", None),
+    "transformers": ("transformers-assisted", "transformers", None),
 }
 # The peers that run on the same kind of engine as each --backend
-DEFAULT_PEERS = {"llama.cpp": ("llama.cpp", "prompt-lookup"), "torch": ("transformers",)}
+DEFAULT_PEERS = {"llama.cpp": ("llama.cpp", "llama.cpp-ngram-simple", "llama.cpp-ngram-map-k", "llama.cpp-ngram-mod",
+                               "prompt-lookup"),
+                 "torch": ("transformers",)}
 
 
 def parse_peers(text: str, backend: str) -> list[str]:

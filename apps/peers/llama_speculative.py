@@ -49,16 +49,19 @@ def missing_binary(tools_dir: Path) -> str | None:
     return f"{TOOL} not found in {tools_dir}: run `make peers` (native/build_llama_tools.sh) or pass --llama-tools DIR"
 
 
-def command(binary: Path, target: Path, draft: Path, prompt_text: str, *, max_tokens: int, num_threads: int,
+def command(binary: Path, target: Path, draft: Path | None, prompt_text: str, *, max_tokens: int, num_threads: int,
             max_context: int, temperature: float, top_k: int, top_p: float, seed: int,
-            draft_max: int | None) -> list[str]:
+            draft_max: int | None, spec_type: str = "draft-simple") -> list[str]:
+    """draft: the draft GGUF for draft-simple; None for the draftless ngram-* types."""
     # It stops once it has more than -n tokens, so -n max_tokens - 1 gives at least max_tokens
     # (a last accepted draft can add a few more).
-    argv = [str(binary), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "-p", prompt_text,
-            "-n", str(max_tokens - 1), "-t", str(num_threads), "-td", str(num_threads), "-c", str(max_context),
+    argv = [str(binary), "-m", str(target), "--spec-type", spec_type, "-p", prompt_text,
+            "-n", str(max_tokens - 1), "-t", str(num_threads), "-c", str(max_context),
             "--temp", str(temperature), "--top-k", str(top_k), "--top-p", str(top_p), "--min-p", "0",
             "--seed", str(seed)]
-    if draft_max is not None:
+    if draft is not None:
+        argv += ["-md", str(draft), "-td", str(num_threads)]
+    if draft_max is not None and draft is not None:
         argv += ["--spec-draft-n-max", str(draft_max)]
     return argv
 

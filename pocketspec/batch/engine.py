@@ -114,13 +114,16 @@ class BatchEngine:
         forward_started = time.perf_counter()
         logits = self.target.forward([sequence.row for sequence in group], feeds, [len(feed) for feed in feeds])
         verify_started = time.perf_counter()
+        num_accepted = []
         for sequence, draft, row_logits, kept in zip(group, drafts, logits, num_cached):
             verdict = verify_logits(draft.tokens, draft.probs, row_logits, self.sampling, sequence.rng)
             self.target.rollback(sequence.row, kept + 1 + verdict.num_accepted)
             sequence.accept(verdict.emitted(draft.tokens), self.is_end)
             controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted)
-            sequence.record_step(self.num_steps, choice.drafter, len(draft), verdict.num_accepted)
+            num_accepted.append(verdict.num_accepted)
         verified = time.perf_counter()
+        for sequence, draft, accepted in zip(group, drafts, num_accepted):
+            sequence.record_step(self.num_steps, choice.drafter, len(draft), accepted, verified - step_started)
         self.seconds["draft"] += draft_seconds
         self.seconds["target_forward"] += verify_started - forward_started
         self.seconds["verification"] += verified - verify_started

@@ -64,13 +64,8 @@ class SequenceState:
                 self.stop_reason = "max_tokens"
                 return
 
-    def record_step(self, step: int, drafter: str, num_drafted: int, num_accepted: int) -> None:
-        stats = self.stats
-        stats.num_steps += 1
-        stats.num_drafted += num_drafted
-        stats.num_accepted += num_accepted
-        stats.steps_by_drafter[drafter] = stats.steps_by_drafter.get(drafter, 0) + 1
-        stats.last_gamma = num_drafted
+    def record_step(self, step: int, drafter: str, num_drafted: int, num_accepted: int, seconds: float) -> None:
+        self.stats.record_step(drafter, num_drafted, num_accepted, seconds)
         self.last_step = step
 
     def finish(self) -> BatchResult:

@@ -1,59 +1,166 @@
-"""Draftless prompt-lookup drafting: copy what followed the last occurrence of the current suffix.
+"""Draftless drafting by suffix match: continue the context the way its current suffix continued before.
 
-An incremental index maps every n-gram (n in [min_n, max_n]) to the position
-right after its latest occurrence, so a lookup costs O(max_n) per step.
+An incremental index maps every n-gram (n in [min_n, max_n]) of the context to the tokens
+that followed it, with counts and the latest position. A proposal walks token by token: the
+longest indexed suffix of (context + proposal so far) picks the most frequent continuation
+(the latest on ties). Each proposed token carries its evidence, as SuffixDecoding
+(arXiv 2411.04975) scores its speculation tree: the matched length (extended backwards past
+max_n along the source, so a long verbatim copy is seen as one) and the share of that
+continuation among the suffix's continuations. The controller turns evidence into an
+acceptance probability learned online.
+
+A bounded corpus of earlier outputs (other requests, earlier `--batch` prompts) is indexed
+the same way and consulted beside the context; it survives `reset()`.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from pocketspec.drafters.base import Draft
+
+MAX_MATCH_LENGTH = 32  # backward extension stops here: longer matches are scored alike
+CORPUS_MAX_TOKENS = 1 << 16
+
+
+@dataclass
+class MatchEvidence:
+    """Why one proposed token was proposed."""
+
+    match_length: int  # tokens of the suffix that matched where the continuation was seen
+    share: float  # this continuation's count over every continuation of that suffix
+
+
+@dataclass
+class Proposal:
+    tokens: list[int] = field(default_factory=list)
+    evidence: list[MatchEvidence] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class SuffixIndex:
+    """n-gram -> {next token: [count, latest end]} over one token stream."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self.continuations: dict[tuple[int, ...], dict[int, list[int]]] = {}
+
+    def extend(self, new_tokens: Sequence[int]) -> None:
+        start = len(self.tokens)
+        self.tokens.extend(new_tokens)
+        tokens = self.tokens
+        # An n-gram ending at `end` continues with tokens[end]; the stream's own suffix has no
+        # continuation yet, so a lookup never finds itself.
+        for end in range(max(start, 1), len(tokens)):
+            following = tokens[end]
+            if following < 0:  # a corpus separator is never proposed
+                continue
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                entry = self.continuations.setdefault(tuple(tokens[end - n:end]), {})
+                seen = entry.get(following)
+                if seen is None:
+                    entry[following] = [1, end]
+                else:
+                    seen[0] += 1
+                    seen[1] = end
+
+    def backward_match(self, suffix: Sequence[int], source_end: int, matched: int) -> int:
+        """How far `suffix` (already matched for `matched` tokens) agrees with tokens before source_end."""
+        tokens = self.tokens
+        length = matched
+        while (length < MAX_MATCH_LENGTH and length < len(suffix) and source_end - length - 1 >= 0
+               and tokens[source_end - length - 1] == suffix[-length - 1]):
+            length += 1
+        return length
 
 
 class NgramDrafter:
     name = "ngram"
     has_probs = False
 
-    def __init__(self, min_n: int = 2, max_n: int = 4):
+    def __init__(self, min_n: int = 2, max_n: int = 6):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n = min_n
         self.max_n = max_n
+        self._corpus = SuffixIndex(min_n, max_n)
+        self._corpus_documents: deque[list[int]] = deque()
         self.reset()
 
     def reset(self) -> None:
-        self._tokens: list[int] = []
-        self._continuation_at: dict[tuple[int, ...], int] = {}
+        self._context = SuffixIndex(self.min_n, self.max_n)
+
+    def remember(self, tokens: Sequence[int]) -> None:
+        """Keep a finished output for later requests; the oldest are dropped past CORPUS_MAX_TOKENS."""
+        if len(tokens) <= self.min_n:
+            return
+        self._corpus_documents.append(list(tokens))
+        if sum(map(len, self._corpus_documents)) > CORPUS_MAX_TOKENS:
+            while sum(map(len, self._corpus_documents)) > CORPUS_MAX_TOKENS // 2:
+                self._corpus_documents.popleft()
+            self._corpus = SuffixIndex(self.min_n, self.max_n)
+            for document in self._corpus_documents:
+                self._corpus.extend(document)
+                self._corpus.tokens.append(-1)  # a separator no n-gram crosses
+            return
+        self._corpus.extend(tokens)
+        self._corpus.tokens.append(-1)
 
     def _index(self, context: Sequence[int]) -> None:
-        num_indexed = len(self._tokens)
+        indexed = self._context.tokens
+        num_indexed = len(indexed)
         recent = max(0, num_indexed - self.max_n)
-        if len(context) < num_indexed or list(context[recent:num_indexed]) != self._tokens[recent:]:
+        if len(context) < num_indexed or list(context[recent:num_indexed]) != indexed[recent:]:
             self.reset()  # the context was rewritten, not extended
             num_indexed = 0
-        self._tokens.extend(context[num_indexed:])
-        # An n-gram ending at `end` continues at `end`; the context's own suffix
-        # (end == len) is left out so a lookup never finds itself.
-        for end in range(num_indexed, len(self._tokens)):
-            for n in range(self.min_n, min(self.max_n, end) + 1):
-                self._continuation_at[tuple(self._tokens[end - n:end])] = end
+        self._context.extend(context[num_indexed:])
+
+    def _next(self, walked: list[int]) -> tuple[int, MatchEvidence] | None:
+        for n in range(min(self.max_n, len(walked)), self.min_n - 1, -1):
+            key = tuple(walked[-n:])
+            in_context = self._context.continuations.get(key)
+            in_corpus = self._corpus.continuations.get(key)
+            if not in_context and not in_corpus:
+                continue
+            counts: dict[int, int] = {token: seen[0] for token, seen in (in_corpus or {}).items()}
+            for token, seen in (in_context or {}).items():
+                counts[token] = counts.get(token, 0) + seen[0]
+
+            def rank(token: int) -> tuple[int, int]:
+                latest = in_context.get(token) if in_context else None
+                return counts[token], latest[1] if latest else -1
+
+            token = max(counts, key=rank)
+            latest = in_context.get(token) if in_context else None
+            length = n
+            if latest is not None and n == self.max_n:
+                length = self._context.backward_match(walked, latest[1], n)
+            return token, MatchEvidence(length, counts[token] / sum(counts.values()))
+        return None
+
+    def propose_scored(self, context: Sequence[int], max_tokens: int) -> Proposal:
+        proposal = Proposal()
+        if max_tokens <= 0 or len(context) < self.min_n:
+            return proposal
+        self._index(context)
+        walked = list(context[-MAX_MATCH_LENGTH - 1:])
+        for _ in range(max_tokens):
+            found = self._next(walked)
+            if found is None:
+                break
+            token, evidence = found
+            proposal.tokens.append(token)
+            proposal.evidence.append(evidence)
+            walked.append(token)
+        return proposal
 
     def lookup(self, context: Sequence[int], max_tokens: int) -> list[int]:
-        if max_tokens <= 0 or len(context) < self.min_n:
-            return []
-        self._index(context)
-        for n in range(min(self.max_n, len(context)), self.min_n - 1, -1):
-            start = self._continuation_at.get(tuple(context[-n:]))
-            if start is not None:
-                proposal = list(self._tokens[start:start + max_tokens])
-                # A match that ends close to the end is a repetition with period len - start:
-                # continue it periodically instead of stopping at the end of the context.
-                period = len(self._tokens) - start
-                while len(proposal) < max_tokens:
-                    proposal.append(proposal[len(proposal) - period])
-                return proposal
-        return []
+        return self.propose_scored(context, max_tokens).tokens
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         return Draft(tokens=self.lookup(context, max_tokens))

@@ -1,0 +1,98 @@
+"""Match-aware drafting: evidence per proposed token, acceptance learned per evidence, widths from the cost curve."""
+
+import random
+
+from memplanner.measured_costs import MeasuredCosts
+from pocketspec.controller import GammaController, MatchAcceptance, expected_tokens_by_gamma
+from pocketspec.costs import CostTable
+from pocketspec.drafters.ngram import MatchEvidence, NgramDrafter
+
+STEPPED = {1: 0.037, 2: 0.059, 3: 0.080, 4: 0.097, **{w: 0.222 for w in range(5, 9)},
+           **{w: 0.226 for w in range(9, 17)}, **{w: 0.45 for w in range(17, 33)}}
+
+
+def _controller() -> GammaController:
+    return GammaController(max_gamma=8, max_draftless_gamma=31,
+                           target_costs=CostTable(MeasuredCosts("test", {0: dict(STEPPED)})))
+
+
+def test_a_long_verbatim_copy_has_long_match_evidence():
+    code = list(range(100, 160))
+    context = [1, 2, 3] + code + [7, 8] + code[:20]
+    proposal = NgramDrafter(min_n=2, max_n=6).propose_scored(context, 10)
+    assert proposal.tokens == code[20:30]
+    assert all(evidence.match_length >= 20 for evidence in proposal.evidence)
+    assert all(evidence.share == 1.0 for evidence in proposal.evidence)
+
+
+def test_an_ambiguous_suffix_has_a_split_share():
+    context = [5, 6, 1, 5, 6, 2, 5, 6, 1, 9, 5, 6]
+    proposal = NgramDrafter(min_n=2, max_n=2).propose_scored(context, 1)
+    assert proposal.tokens == [1]
+    assert proposal.evidence[0].share == 2 / 3
+
+
+def test_earlier_outputs_are_proposed_for_a_new_request():
+    drafter = NgramDrafter(min_n=2, max_n=4)
+    drafter.remember([40, 41, 42, 43, 44, 45])
+    drafter.reset()  # a new request: the context index is cleared, the corpus stays
+    assert drafter.lookup([9, 40, 41], 3) == [42, 43, 44]
+
+
+def test_the_corpus_forgets_its_oldest_outputs_past_its_bound(monkeypatch):
+    import pocketspec.drafters.ngram as ngram
+
+    monkeypatch.setattr(ngram, "CORPUS_MAX_TOKENS", 20)
+    drafter = NgramDrafter(min_n=2, max_n=2)
+    drafter.remember([70, 71, 72])
+    for start in range(0, 30, 5):
+        drafter.remember(list(range(1000 + start, 1005 + start)))
+    assert drafter.lookup([9, 70, 71], 1) == []
+    assert drafter.lookup([9, 1025, 1026], 2) == [1027, 1028]
+
+
+def test_proposals_never_contain_the_corpus_separator():
+    drafter = NgramDrafter(min_n=1, max_n=3)
+    rng = random.Random(0)
+    for _ in range(20):
+        drafter.remember([rng.randrange(5) for _ in range(8)])
+    for _ in range(50):
+        context = [rng.randrange(5) for _ in range(rng.randrange(2, 12))]
+        assert all(token >= 0 for token in drafter.lookup(context, 10))
+
+
+def test_acceptance_is_learned_per_evidence_bucket():
+    acceptance = MatchAcceptance(prior_weight=1.0, decay=1.0)
+    long_copy, guess = MatchEvidence(24, 1.0), MatchEvidence(2, 0.5)
+    for _ in range(100):
+        acceptance.observe([long_copy] * 10, num_accepted=10)
+        acceptance.observe([guess, guess], num_accepted=0)
+    assert acceptance.probability(long_copy) > 0.95
+    assert acceptance.probability(guess) < 0.05
+
+
+def test_a_confident_copy_verifies_the_widest_efficient_width():
+    controller = _controller()
+    choice = controller.choose(ngram_probs=[0.97] * 31, model_lag=None)
+    assert choice.drafter == "ngram"
+    assert choice.gamma + 1 in (16, 32)  # never 5-15 rows, which cost what 16 do
+
+
+def test_a_doubtful_proposal_stays_on_the_cheap_widths_or_plain():
+    controller = _controller()
+    choice = controller.choose(ngram_probs=[0.5] * 31, model_lag=None)
+    assert choice.gamma + 1 <= 4
+
+
+def test_nothing_to_draft_means_plain_decoding():
+    assert _controller().choose(ngram_probs=[], model_lag=None).drafter == "none"
+
+
+def test_expected_tokens_follow_the_survival_products():
+    assert expected_tokens_by_gamma([0.5, 0.5, 1.0]) == [1.0, 1.5, 1.75, 2.0]
+
+
+def test_the_draftless_cap_and_the_model_cap_are_separate():
+    controller = _controller()
+    assert controller.choose(ngram_probs=[1.0] * 31, model_lag=None, max_gamma=10).gamma <= 10
+    assert max(choice.gamma for choice in controller.options(ngram_probs=[], model_lag=0, max_gamma=31)) <= 8

@@ -1,0 +1,64 @@
+"""This machine's cost table: lookups by width and depth, efficient widths, and the draft-model verdict."""
+
+import json
+
+import pytest
+
+from memplanner.measured_costs import (MeasuredCosts, best_draft_model_speedup, load_measured_costs,
+                                       save_measured_costs)
+
+# The 2-core CPU's shape (issue 13's llama-bench table): 5-8 rows cost what 16 do.
+STEPPED = {1: 0.037, 2: 0.059, 3: 0.080, 4: 0.097, 5: 0.220, 6: 0.221, 7: 0.222, 8: 0.222,
+           **{width: 0.226 for width in range(9, 17)}}
+
+
+def _table(depth_rows=None) -> MeasuredCosts:
+    return MeasuredCosts("test", depth_rows or {0: dict(STEPPED), 512: {w: s * 1.2 for w, s in STEPPED.items()}})
+
+
+def test_depths_interpolate_and_widths_do_not():
+    table = _table()
+    assert table.forward_seconds(4, 0) == pytest.approx(0.097)
+    assert table.forward_seconds(4, 256) == pytest.approx(0.097 * 1.1)
+    assert table.forward_seconds(4, 1024) == pytest.approx(0.097 * 1.4)  # the last slope goes on
+
+
+def test_a_width_between_measured_ones_costs_the_next_measured_width():
+    table = MeasuredCosts("test", {0: {1: 0.01, 4: 0.03, 16: 0.05}})
+    assert table.forward_seconds(2) == pytest.approx(0.03)
+    assert table.forward_seconds(32) == pytest.approx(0.10)
+
+
+def test_efficient_widths_leave_out_the_flat_step():
+    efficient = _table().efficient_widths(0)
+    assert efficient[:4] == [1, 2, 3, 4]
+    assert not set(range(5, 16)) & set(efficient)
+    assert 16 in efficient
+
+
+def test_round_trip_through_json(tmp_path):
+    path = tmp_path / "costs" / "table.json"
+    save_measured_costs(_table(), path)
+    assert load_measured_costs(path) == _table()
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", json.dumps({"key": "k", "seconds": {}}),
+                                  json.dumps({"key": "k", "seconds": {"0": {}}}),
+                                  json.dumps({"key": "k", "seconds": {"x": {"1": 1}}})])
+def test_an_unreadable_table_is_measured_again_not_trusted(tmp_path, text):
+    path = tmp_path / "table.json"
+    path.write_text(text)
+    assert load_measured_costs(path) is None
+
+
+def test_a_draft_model_cannot_pay_when_verifying_two_rows_costs_almost_two_tokens():
+    target = _table()
+    draft = target.scaled(0.45)
+    speedup, _ = best_draft_model_speedup(target, draft, alpha=0.8, max_gamma=8)
+    assert speedup < 1.0
+
+
+def test_a_draft_model_pays_when_verification_is_nearly_free():
+    target = MeasuredCosts("gpu", {0: {width: 0.020 * (1 + 0.02 * (width - 1)) for width in range(1, 10)}})
+    speedup, gamma = best_draft_model_speedup(target, target.scaled(0.2), alpha=0.8, max_gamma=8)
+    assert speedup > 1.5 and gamma >= 3
