@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memplanner.defaults import ACCEPTANCE_PRIORS, MAX_GAMMA
 from pocketspec.costs import CostTable
 
 
@@ -53,14 +54,14 @@ class Choice:
 class GammaController:
     """Picks (drafter, γ) per step from acceptance estimates and measured costs."""
 
-    def __init__(self, max_gamma: int = 8, fixed_gamma: int | None = None, model_probe_interval: int = 32):
+    def __init__(self, max_gamma: int = MAX_GAMMA, fixed_gamma: int | None = None, model_probe_interval: int = 32):
         self.max_gamma = max_gamma
         self.fixed_gamma = fixed_gamma
         self.model_probe_interval = model_probe_interval
         self.target_costs = CostTable()
         self.draft_costs = CostTable()
         self.step_overhead_seconds = 0.0
-        self.acceptance = {"ngram": AcceptanceEstimate(0.4), "model": AcceptanceEstimate(0.7)}
+        self.acceptance = {name: AcceptanceEstimate(ACCEPTANCE_PRIORS[name]) for name in ("ngram", "model")}
         self._steps_since_model = 0
 
     def _rate(self, tokens: float, seconds: float) -> float:

@@ -5,13 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pocketspec.backends.torch_open import SELF_DRAFTS, check_self_draft, open_backend, open_self_draft
+from pocketspec.backends.torch_open import check_self_draft, open_backend, open_self_draft
 from pocketspec.catalog import resolve_model, resolve_pair
 from pocketspec.errors import UserError
 from pocketspec.gguf_check import check_gguf, check_same_vocab
-from pocketspec.settings import ModelSettings, SamplingSettings, SpeculationSettings
-
-DRAFTLESS = ("ngram", "none")
+from pocketspec.settings import DRAFTLESS, SELF_DRAFTS, ModelSettings, SamplingSettings, SpeculationSettings
 
 
 @dataclass(frozen=True)
@@ -20,7 +18,7 @@ class ModelChoice:
 
     target_path: Path
     draft_path: Path | None
-    drafter: str  # auto | ngram | none | self-sparse | self-skip  (auto: the controller mixes n-gram and draft model)
+    drafter: str  # auto (a draft model: the controller mixes it with n-grams), or one of DRAFTLESS or SELF_DRAFTS
 
 
 def choose_models(

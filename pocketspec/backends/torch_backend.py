@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from memplanner.torch_sizes import resolve_weights_format as resolve_format_for
 from pocketspec.backends.llama_cpp_backend import ContextFullError
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
@@ -29,10 +30,8 @@ DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp
 
 
 def resolve_weights_format(weights: str, device: torch.device) -> str:
-    """`auto` is fp32 on a CPU (exact greedy verification) and bf16 on a GPU."""
-    if weights != "auto":
-        return weights
-    return "fp32" if device.type == "cpu" else "bf16"
+    """What `weights` loads as on this device (memplanner.torch_sizes.resolve_weights_format)."""
+    return resolve_format_for(weights, on_gpu=device.type != "cpu")
 
 
 def resolve_kv_dtype(kv_dtype: str, model: Transformer) -> str:
