@@ -15,17 +15,13 @@ from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
 
 from pocketspec.backends import llama_logs
 from pocketspec.backends.llama_split import apply_llama_split, llama_split
-from pocketspec.errors import UserError
+from pocketspec.errors import ContextFullError, UserError  # ContextFullError: importable from here too
 from pocketspec.settings import ModelSettings
 from pocketspec.tokenizer import Tokenizer
 
 KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 
 _backend_ready = False
-
-
-class ContextFullError(RuntimeError):
-    """The KV cache has no room for the tokens asked for."""
 
 
 def _init_llama() -> None:

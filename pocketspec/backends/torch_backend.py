@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from memplanner.torch_sizes import resolve_weights_format as resolve_format_for
-from pocketspec.backends.llama_cpp_backend import ContextFullError
-from pocketspec.errors import UserError
+from pocketspec.errors import ContextFullError, UserError
 from pocketspec.settings import ModelSettings
 from pocketspec.torch_model.device import resolve_device
 from pocketspec.torch_model.kv_cache import KV_DTYPES, StaticKVCache
