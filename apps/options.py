@@ -12,6 +12,7 @@ SAMPLING = SamplingSettings()
 SPECULATION = SpeculationSettings()
 MODEL = ModelSettings()
 GENERATION = GenerationSettings()
+LARGEST_GAMMA = 32  # the longest draft --gamma and plan's --max-gamma accept
 
 
 def model_choice_options(function):
@@ -39,9 +40,9 @@ def parse_gamma(value: str) -> int | None:
     try:
         gamma = int(value)
     except ValueError:
-        raise UserError(f"--gamma must be `auto` or a whole number from 0 to 32, got {value!r}") from None
-    if not 0 <= gamma <= 32:
-        raise UserError(f"--gamma must be `auto` or a whole number from 0 to 32, got {gamma}")
+        raise UserError(f"--gamma must be `auto` or a whole number from 0 to {LARGEST_GAMMA}, got {value!r}") from None
+    if not 0 <= gamma <= LARGEST_GAMMA:
+        raise UserError(f"--gamma must be `auto` or a whole number from 0 to {LARGEST_GAMMA}, got {gamma}")
     return gamma
 
 

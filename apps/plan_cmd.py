@@ -6,8 +6,8 @@ import json
 
 import click
 
-from apps.options import (GENERATION, MODEL, SAMPLING, SPECULATION, model_choice_options, repack_allowed,
-                          repack_option)
+from apps.options import (GENERATION, LARGEST_GAMMA, MODEL, SAMPLING, SPECULATION, model_choice_options,
+                          repack_allowed, repack_option)
 from memplanner.defaults import ACCEPTANCE_PRIORS
 from memplanner.device import detect_device
 from memplanner.planner import Plan, Workload, plan
@@ -100,7 +100,7 @@ def _plan_devices(devices, memory_budget, target_shape, draft_shape, workload, a
               show_default=True, help="Prompt + generated tokens.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=GENERATION.max_new_tokens, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=SAMPLING.temperature, show_default=True)
-@click.option("--max-gamma", type=click.IntRange(min=1, max=32), default=SPECULATION.max_gamma, show_default=True)
+@click.option("--max-gamma", type=click.IntRange(min=1, max=LARGEST_GAMMA), default=SPECULATION.max_gamma, show_default=True)
 @click.option("--alpha", type=click.FloatRange(min=0.0, max=1.0), default=None,
               help=f"Expected per-token acceptance of the draft model [default: {ACCEPTANCE_PRIORS['model']}].")
 @repack_option
