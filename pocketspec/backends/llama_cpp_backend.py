@@ -13,6 +13,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
 
+from memplanner.defaults import LLAMA_KV_TYPES
 from pocketspec.backends import llama_logs
 from pocketspec.backends.base import CachedTokens
 from pocketspec.backends.llama_split import apply_llama_split, llama_split
@@ -20,7 +21,7 @@ from pocketspec.errors import ContextFullError, UserError
 from pocketspec.settings import ModelSettings
 from pocketspec.tokenizer import Tokenizer
 
-KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+KV_TYPES = {name: getattr(llama_cpp, f"GGML_TYPE_{name.upper()}") for name in LLAMA_KV_TYPES}  # f16 -> GGML_TYPE_F16
 
 _backend_ready = False
 
