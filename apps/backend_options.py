@@ -7,14 +7,14 @@ from dataclasses import fields, replace
 
 import click
 
+from memplanner.defaults import ATTENTION_SINK_TOKENS
 from memplanner.split import parse_devices
+from memplanner.torch_sizes import AUTO, resolve_weights_format
 from pocketspec.errors import UserError
-from pocketspec.settings import ModelSettings, SpeculationSettings
+from pocketspec.settings import TORCH_KV_TYPES, TORCH_WEIGHTS, ModelSettings, SpeculationSettings
 
 MODEL = ModelSettings()
 SPECULATION = SpeculationSettings()
-TORCH_WEIGHTS = ("auto", "fp32", "bf16", "fp16", "int8", "int4")
-TORCH_KV_TYPES = ("auto", "fp32", "bf16", "fp16", "int8")
 _MODEL_FIELDS = {field.name for field in fields(ModelSettings)}
 
 
@@ -31,13 +31,15 @@ def backend_options(function):
                      help="With --devices: layer gives each device a run of blocks; row splits every matrix over "
                           "them (tensor parallel; torch: one process per device, or run under torchrun)."),
         click.option("--weights", type=click.Choice(TORCH_WEIGHTS), default=MODEL.weights, show_default=True,
-                     help="torch weight format (auto: fp32 on CPU, bf16 on GPU); int8/int4 quantize on load."),
+                     help=f"torch weight format (auto: {resolve_weights_format(AUTO, on_gpu=False)} on a CPU, "
+                          f"{resolve_weights_format(AUTO, on_gpu=True)} on a GPU); int8/int4 quantize on load."),
         click.option("--torch-kv-type", type=click.Choice(TORCH_KV_TYPES), default=MODEL.torch_kv_type,
                      show_default=True, help="torch KV cache dtype (auto: the weights' compute dtype)."),
         click.option("--compile/--no-compile", "compile", default=MODEL.compile, show_default=True,
                      help="torch.compile the torch model's forward (for GPUs)."),
         click.option("--self-draft-window", type=click.IntRange(min=16), default=SPECULATION.self_draft_window,
-                     show_default=True, help="--draft self-sparse: KV positions the draft keeps (4 sinks + recent)."),
+                     show_default=True,
+                     help=f"--draft self-sparse: KV positions the draft keeps ({ATTENTION_SINK_TOKENS} sinks + recent)."),
         click.option("--self-draft-kv-type", type=click.Choice(TORCH_KV_TYPES), default=SPECULATION.self_draft_kv_type,
                      show_default=True, help="--draft self-sparse: the draft's KV dtype."),
         click.option("--self-skip-layers", type=click.IntRange(min=0), default=SPECULATION.self_skip_layers,

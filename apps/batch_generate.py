@@ -64,17 +64,16 @@ def _encode(tokenizer, text: str, chat: bool) -> list[int]:
 
 def _plan(choice: ModelChoice, budget: str, target_settings: ModelSettings, speculation, batch: BatchSettings):
     from apps.budget import parse_budget
-    from apps.torch_budget import is_on_gpu, weights_format_for
     from memplanner.batch_rows import BatchWorkload, kv_dtype_for, plan_batch
     from memplanner.shapes import shape_from_gguf
     from memplanner.sizes import format_bytes
     from memplanner.torch_peak import heap_reserve_bytes
-    from memplanner.torch_sizes import gguf_layout
+    from memplanner.torch_sizes import gguf_layout, resolve_weights_format
     from pocketspec.batch.layout import round_up
 
     budget_bytes = parse_budget(budget)
-    on_gpu = is_on_gpu(target_settings)
-    weights = weights_format_for(target_settings, on_gpu)
+    on_gpu = target_settings.is_on_gpu
+    weights = resolve_weights_format(target_settings.weights, on_gpu)
     shape = shape_from_gguf(choice.target_path)
     is_tied, has_qkv_bias = gguf_layout(choice.target_path)
     capacity = round_up(target_settings.max_context, batch.key_block)
@@ -120,10 +119,25 @@ class OrderedWriter:
             self.next_index += 1
 
 
+def refuse_single_prompt_flags(*, kv_type: str | None, repack: bool | None, exact_verify: bool) -> None:
+    """The llama.cpp and one-prompt flags that batched decoding on torch has no use for: refused, not dropped."""
+    if kv_type is not None:
+        raise UserError(f"--kv-type {kv_type} sizes llama.cpp's KV cache and --batch runs on torch: "
+                        "use --torch-kv-type instead")
+    if repack is not None:
+        flag = "--repack" if repack else "--no-repack"
+        raise UserError(f"{flag} applies to llama.cpp's weights and --batch runs on torch: leave it out")
+    if exact_verify:
+        raise UserError("--exact-verify applies to one prompt at a time, not --batch: leave it out "
+                        "(--batch-invariant keeps each prompt's tokens independent of the batch)")
+
+
 def run_batch(*, target, draft, pair, prompt, prompt_file, max_tokens, temperature, top_p, top_k, seed, gamma,
-              memory_budget, max_context, threads, chat, batch_args: dict, backend_args: dict) -> None:
+              memory_budget, max_context, threads, kv_type, repack, exact_verify, chat, batch_args: dict,
+              backend_args: dict) -> None:
     from pocketspec.batch.open import open_batch_engine
 
+    refuse_single_prompt_flags(kv_type=kv_type, repack=repack, exact_verify=exact_verify)
     if prompt is not None or prompt_file is None:
         raise UserError("--batch reads its prompts from --prompt-file FILE (one JSON object per line), not --prompt")
     lines = read_prompt_lines(prompt_file)

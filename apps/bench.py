@@ -28,13 +28,13 @@ from apps.peers.llama_speculative import default_tools_dir, missing_binary
 from apps.peers.transformers_assisted import missing_requirement as transformers_missing
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models
-from pocketspec.settings import BenchSettings, default_num_threads
+from pocketspec.settings import SELF_DRAFTS, BenchSettings, default_num_threads
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SUITE = REPO / "benchmarks" / "data" / "spec_bench.jsonl"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "bench"
 BENCH = BenchSettings()
-DRAFTERS = ("auto", "ngram", "self-sparse", "self-skip")
+DRAFTERS = ("auto", "ngram", *SELF_DRAFTS)  # auto: the draft model (--pair/--draft) with n-grams
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
@@ -127,7 +127,7 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, temp
     backend = backend_args["backend"]
     choice = choose_models(target=target, draft=draft, pair=pair)
     if drafters is None:
-        drafters = draft if draft in ("ngram", "self-sparse", "self-skip") else BENCH.drafters
+        drafters = draft if draft in DRAFTERS[1:] else BENCH.drafters
     drafter_specs = _parse_drafters(drafters, backend, choice.draft_path)
     budgets = _parse_budgets(memory_budget)
     peers = parse_peers(peers_text, backend)

@@ -52,8 +52,9 @@ def run_pocketspec(job: dict) -> None:
     from pocketspec.chat_template import encode_chat, template_for
 
     with open_engine(target=job["target"], draft=job["draft"], pair=None, temperature=job["temperature"],
-                     seed=job["seed"], threads=job["num_threads"], max_context=job["max_context"],
-                     max_new_tokens=job["max_tokens"], announce=False, **job["options"]) as session:
+                     top_k=job["top_k"], top_p=job["top_p"], seed=job["seed"], threads=job["num_threads"],
+                     max_context=job["max_context"], max_new_tokens=job["max_tokens"], announce=False,
+                     **job["options"]) as session:
         for note in session.notes:
             emit({"note": note})
         engine = session.engine

@@ -9,14 +9,13 @@ import click
 
 from apps.chat_repl import Chat, Repl, note, stats_line, stop_note
 from apps.backend_options import backend_options
-from apps.options import model_choice_options, runtime_options, sampling_options
+from apps.options import GENERATION, model_choice_options, runtime_options, sampling_options
 from apps.session import open_engine
 from pocketspec.catalog import models_dir
 from pocketspec.conversation import Conversation, Replayed, assistant_record, header_record
 from pocketspec.errors import UserError
 from pocketspec.transcript import TranscriptWriter, load_transcript, new_transcript_path
 
-DEFAULT_MAX_REPLY_TOKENS = 512
 NUM_MESSAGES_SHOWN_ON_RESUME = 6
 
 
@@ -61,7 +60,7 @@ def _answer_piped(chat: Chat, session, message: str, show_stats: bool) -> None:
 @click.option("--system", "system_prompt", default=None, help="System prompt (default: the chat template's own, if any).")
 @click.option("--resume", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Continue a transcript from POCKETSPEC_HOME/chats/ (or one written by /save).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_REPLY_TOKENS, show_default=True,
+@click.option("--max-tokens", type=click.IntRange(min=1), default=GENERATION.max_reply_tokens, show_default=True,
               help="Longest reply, in tokens.")
 @sampling_options
 @runtime_options

@@ -1,4 +1,4 @@
-"""The `pocketspec` command: a click group whose subcommands live in apps/*_cmd.py."""
+"""The `pocketspec` command: a click group of the subcommands that apps.COMMAND_MODULES name, with one-line errors."""
 
 from __future__ import annotations
 

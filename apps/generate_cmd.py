@@ -47,8 +47,9 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
     if batch_args["batch"] is not None:
         run_batch(target=target, draft=draft, pair=pair, prompt=prompt, prompt_file=prompt_file, max_tokens=max_tokens,
                   temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, gamma=gamma,
-                  memory_budget=memory_budget, max_context=max_context, threads=threads, chat=chat,
-                  batch_args=batch_args, backend_args=backend_args)
+                  memory_budget=memory_budget, max_context=max_context, threads=threads, kv_type=kv_type,
+                  repack=repack, exact_verify=exact_verify, chat=chat, batch_args=batch_args,
+                  backend_args=backend_args)
         return
     text = _read_prompt(prompt, prompt_file)
     with open_engine(

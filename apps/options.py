@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from memplanner.defaults import LLAMA_KV_TYPES
 from pocketspec.errors import UserError
 from pocketspec.settings import GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings
 
@@ -11,6 +12,7 @@ SAMPLING = SamplingSettings()
 SPECULATION = SpeculationSettings()
 MODEL = ModelSettings()
 GENERATION = GenerationSettings()
+LARGEST_GAMMA = 32  # the longest draft --gamma and plan's --max-gamma accept
 
 
 def model_choice_options(function):
@@ -38,9 +40,9 @@ def parse_gamma(value: str) -> int | None:
     try:
         gamma = int(value)
     except ValueError:
-        raise UserError(f"--gamma must be `auto` or a whole number from 0 to 32, got {value!r}") from None
-    if not 0 <= gamma <= 32:
-        raise UserError(f"--gamma must be `auto` or a whole number from 0 to 32, got {gamma}")
+        raise UserError(f"--gamma must be `auto` or a whole number from 0 to {LARGEST_GAMMA}, got {value!r}") from None
+    if not 0 <= gamma <= LARGEST_GAMMA:
+        raise UserError(f"--gamma must be `auto` or a whole number from 0 to {LARGEST_GAMMA}, got {gamma}")
     return gamma
 
 
@@ -62,7 +64,8 @@ def runtime_options(function):
                                  "differ where the target's two best logits are within kernel rounding.")(function)
     function = repack_option(function)
     function = click.option("--threads", type=click.IntRange(min=0), default=MODEL.num_threads, help="CPU threads (0: all this process may use).")(function)
-    function = click.option("--kv-type", type=click.Choice(["f16", "q8_0", "q4_0"]), default=None, help="KV cache type (default: the plan's choice, else f16).")(function)
+    function = click.option("--kv-type", type=click.Choice(LLAMA_KV_TYPES), default=None,
+                            help=f"KV cache type (default: the plan's choice, else {MODEL.kv_type}).")(function)
     function = click.option("--max-context", type=click.IntRange(min=64, max=131072), default=None, help=f"Target context in tokens [default: {MODEL.max_context}].")(function)
     function = click.option("--memory-budget", default=None, help="Memory budget for everything, e.g. 512MiB, 3GiB, 3.5G.")(function)
     function = click.option("--gamma", default="auto", show_default=True, help="Draft length: `auto` (adaptive) or a fixed N.")(function)

@@ -6,13 +6,14 @@ import json
 
 import click
 
-from apps.options import (GENERATION, MODEL, SAMPLING, SPECULATION, model_choice_options, repack_allowed,
-                          repack_option)
+from apps.options import (GENERATION, LARGEST_GAMMA, MODEL, SAMPLING, SPECULATION, model_choice_options,
+                          repack_allowed, repack_option)
+from memplanner.defaults import ACCEPTANCE_PRIORS
 from memplanner.device import detect_device
 from memplanner.planner import Plan, Workload, plan
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes, parse_size
-from memplanner.split import SplitPlan, parse_device_budgets, plan_split
+from memplanner.split import SplitPlan, is_per_device_budget, parse_device_budgets, plan_split
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models
 
@@ -99,15 +100,15 @@ def _plan_devices(devices, memory_budget, target_shape, draft_shape, workload, a
               show_default=True, help="Prompt + generated tokens.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=GENERATION.max_new_tokens, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=SAMPLING.temperature, show_default=True)
-@click.option("--max-gamma", type=click.IntRange(min=1, max=32), default=SPECULATION.max_gamma, show_default=True)
+@click.option("--max-gamma", type=click.IntRange(min=1, max=LARGEST_GAMMA), default=SPECULATION.max_gamma, show_default=True)
 @click.option("--alpha", type=click.FloatRange(min=0.0, max=1.0), default=None,
-              help="Expected per-token acceptance of the draft model [default: 0.8].")
+              help=f"Expected per-token acceptance of the draft model [default: {ACCEPTANCE_PRIORS['model']}].")
 @repack_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan_command(target, draft, pair, memory_budget, devices, max_context, max_tokens, temperature, max_gamma,
                  alpha, repack, as_json):
     """Show which settings fit a memory budget, every memory term, and the predicted speed."""
-    is_split = devices is not None or (memory_budget is not None and ("," in memory_budget or "=" in memory_budget))
+    is_split = devices is not None or is_per_device_budget(memory_budget)
     if is_split and memory_budget is None:
         raise UserError("--devices needs --memory-budget: one size per device, e.g. 6GiB,4GiB")
     try:

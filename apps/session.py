@@ -9,8 +9,9 @@ import click
 import psutil
 
 from apps.backend_options import apply_backend_options
-from apps.options import MODEL, SPECULATION, parse_gamma, repack_allowed
-from apps.split_budget import apply_split, is_split
+from apps.options import GENERATION, MODEL, SPECULATION, parse_gamma, repack_allowed
+from apps.split_budget import apply_split
+from memplanner.split import is_split
 from pocketspec.loader import ModelChoice, choose_models, close_engine, draft_settings_for, load_engine
 from pocketspec.settings import ModelSettings, SamplingSettings
 from pocketspec.stats import GenerationStats, peak_rss_bytes
@@ -46,7 +47,8 @@ class Session:
 
 @contextlib.contextmanager
 def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, seed=0, gamma="auto",
-                memory_budget=None, max_context=None, kv_type=None, threads=0, max_new_tokens=128,
+                memory_budget=None, max_context=None, kv_type=None, threads=0,
+                max_new_tokens=GENERATION.max_new_tokens,
                 repack=None, exact_verify=SPECULATION.exact_verify, announce=True,
                 pull_if_missing=False, **backend_options):
     """backend_options: the flags of apps.backend_options (--backend, --device, --weights, ...)."""
@@ -75,10 +77,11 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
         session_plan, notes, notes_after_loading = applied, list(applied.notes), list(applied.notes)
     elif memory_budget is not None and target_settings.backend == "torch":
         from apps.budget import parse_budget
-        from apps.torch_budget import check_torch_budget
+        from apps.torch_budget import TorchBudgetPlan, check_torch_budget
 
         budget_bytes = parse_budget(memory_budget)
         notes, target_settings = check_torch_budget(choice, budget_bytes, target_settings, speculation)
+        session_plan = TorchBudgetPlan(tuple(notes))
         if announce:
             for note in notes:
                 click.echo(note, err=True)

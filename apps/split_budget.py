@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from apps.budget import settings_from_plan, workload_for
+from memplanner.device import is_gpu
 from memplanner.planner import REPACK_EITHER
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
@@ -36,11 +37,6 @@ class AppliedSplit:
         return "\n".join(self.notes)
 
 
-def is_split(devices: tuple[str, ...], memory_budget: str | None) -> bool:
-    """Several devices, or a budget that names devices or gives one size per device."""
-    return len(devices) > 1 or (memory_budget is not None and ("," in memory_budget or "=" in memory_budget))
-
-
 def _share_note(device: str, first: int, count: int, terms: dict[str, int], budget_bytes: int | None) -> str:
     blocks = f"target blocks {first}-{first + count - 1}" if count else "no target blocks"
     parts = ", ".join(f"{name} {format_bytes(size)}" for name, size in terms.items())
@@ -49,7 +45,7 @@ def _share_note(device: str, first: int, count: int, terms: dict[str, int], budg
 
 
 def _check_devices(settings: ModelSettings) -> None:
-    has_gpu = any(not device.startswith("cpu") for device in settings.devices)
+    has_gpu = any(is_gpu(device) for device in settings.devices)
     if settings.backend == "llama.cpp" and has_gpu:
         import llama_cpp
 

@@ -10,40 +10,39 @@ the peak (torch_peak.heap_reserve_bytes): the heap's peak varies from run to run
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from memplanner.batch_rows import kv_dtype_for
 from memplanner.shapes import ModelShape, shape_from_gguf
 from memplanner.sizes import format_bytes
 from memplanner.torch_peak import heap_reserve_bytes, torch_peak_terms
-from memplanner.torch_sizes import gguf_layout, torch_memory_terms
+from memplanner.torch_sizes import gguf_layout, resolve_weights_format, torch_memory_terms
 from memplanner.torch_split import TorchLayout
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
-from pocketspec.settings import ModelSettings, SpeculationSettings
+from pocketspec.settings import DRAFTLESS, SELF_DRAFTS, ModelSettings, SpeculationSettings
 
 N_BATCH_CHOICES = (512, 256, 128, 64)
 
 
-def is_on_gpu(target_settings: ModelSettings) -> bool:
-    return not target_settings.all_devices[0].startswith("cpu")
+@dataclass(frozen=True)
+class TorchBudgetPlan:
+    """The torch backend's plan as chat's /budget shows it: the notes check_torch_budget wrote."""
 
+    notes: tuple[str, ...]
 
-def weights_format_for(target_settings: ModelSettings, on_gpu: bool) -> str:
-    """What `--weights` loads as: `auto` is fp32 on a CPU and bf16 on a GPU."""
-    if target_settings.weights == "auto":
-        return "bf16" if on_gpu else "fp32"
-    return target_settings.weights
+    def describe(self) -> str:
+        return "\n".join(self.notes)
 
 
 def torch_layout(choice: ModelChoice, target_settings: ModelSettings,
                  speculation: SpeculationSettings) -> tuple[ModelShape, TorchLayout]:
     """The target's shape and what the torch backend will allocate for it; refuses a draft model."""
-    if choice.drafter not in ("self-sparse", "self-skip", "ngram", "none"):
+    if choice.drafter not in (*SELF_DRAFTS, *DRAFTLESS):
         raise UserError("--memory-budget with --backend torch plans self-drafts, n-grams or plain decoding; "
                         "use --draft self-sparse, self-skip, ngram or none")
-    on_gpu = is_on_gpu(target_settings)
-    weights = weights_format_for(target_settings, on_gpu)
+    on_gpu = target_settings.is_on_gpu
+    weights = resolve_weights_format(target_settings.weights, on_gpu)
     kv_dtype = kv_dtype_for(target_settings.torch_kv_type, weights, on_gpu)
     shape = shape_from_gguf(choice.target_path)
     is_tied, has_qkv_bias = gguf_layout(choice.target_path)
@@ -70,7 +69,7 @@ def torch_peak(choice: ModelChoice, target_settings: ModelSettings, speculation:
 
 
 def torch_reserve_bytes(target_settings: ModelSettings) -> int:
-    return heap_reserve_bytes(is_on_gpu(target_settings))
+    return heap_reserve_bytes(target_settings.is_on_gpu)
 
 
 def check_torch_budget(choice: ModelChoice, budget_bytes: int, target_settings: ModelSettings,

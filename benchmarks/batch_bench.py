@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from apps.report import write_results  # noqa: E402
-from pocketspec.backends.torch_backend import _load_tokenizer  # noqa: E402
+from pocketspec.backends.torch_backend import _load_tokenizer, resolve_weights_format  # noqa: E402
 from pocketspec.batch.batched_model import BatchedModel  # noqa: E402
 from pocketspec.batch.drafting import BatchModelDrafter  # noqa: E402
 from pocketspec.batch.engine import BatchEngine  # noqa: E402
@@ -71,11 +71,11 @@ def spec_bench_prompts(tokenizer, num_prompts: int, max_prompt_tokens: int) -> l
 
 def load_target(args, device: torch.device):
     if args.shape is None:
-        return load_model(model_path(MODEL), "fp32" if device.type == "cpu" else "bf16", device)
+        return load_model(model_path(MODEL), resolve_weights_format("auto", device), device)
     from torch_gpu_roofline import SHAPES, random_model
 
     config = replace(SHAPES[args.shape], vocab_size=49152)  # SmolLM2's tokenizer reads its prompts
-    return random_model(config, "fp32" if device.type == "cpu" else "bf16", device)
+    return random_model(config, resolve_weights_format("auto", device), device)
 
 
 class Runner:
@@ -88,7 +88,7 @@ class Runner:
         self.tiles = TileShape(self.settings.row_tile) if is_batch_invariant else None
         if self.tiles is not None:
             make_batch_invariant(self.model, self.tiles)
-        self.kv_dtype = "fp32" if device.type == "cpu" else "bf16"
+        self.kv_dtype = resolve_weights_format("auto", device)  # the KV cache in the weights' own dtype
         self.synchronize = torch.cuda.synchronize if device.type == "cuda" else None
 
     def engine(self, mode: str, max_batch: int, scheduler: str, max_context: int) -> BatchEngine:

@@ -61,11 +61,12 @@ def prompt_text(model: str, num_tokens: int) -> str:
 def run(model: str, device: str, weights: str, context: int, kv: str, drafter: str) -> dict:
     from memplanner.sizes import format_bytes
 
+    from memplanner.device import is_gpu
     from memplanner.torch_peak import heap_reserve_bytes
 
     terms = predicted_terms(model, device, weights, context, kv, drafter)
     predicted = sum(terms.values())
-    budget = predicted + heap_reserve_bytes(on_gpu=not device.startswith("cpu"))  # the least budget the plan accepts
+    budget = predicted + heap_reserve_bytes(on_gpu=is_gpu(device))  # the least budget the plan accepts
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as prompt_file:
         # leave room for the new tokens, a verify pass and the chat-free raw prompt's BOS
         prompt_file.write(prompt_text(model, context - NEW_TOKENS - 16))

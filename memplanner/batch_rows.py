@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memplanner.defaults import MAX_GAMMA
 from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes
 from memplanner.torch_peak import heap_reserve_bytes, loading_bytes, process_terms
-from memplanner.torch_sizes import KV_DTYPE_BYTES, compute_dtype_bytes, torch_kv_bytes, torch_weight_bytes
+from memplanner.torch_sizes import (AUTO, KV_DTYPE_BYTES, compute_dtype_bytes, compute_format, torch_kv_bytes,
+                                    torch_weight_bytes)
 
 FLOAT32_BYTES = 4
 
@@ -26,7 +28,7 @@ class BatchWorkload:
     max_context: int  # per sequence, already rounded up to the key block
     max_batch: int  # sequences per forward wanted
     num_rows: int = 0  # sequences held at once wanted (0: max_batch)
-    max_gamma: int = 8
+    max_gamma: int = MAX_GAMMA
     query_tile: int = 4
     key_block: int = 128
     n_batch: int = 512
@@ -129,6 +131,4 @@ def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int,
 
 def kv_dtype_for(kv_dtype: str, weights_format: str, on_gpu: bool) -> str:
     """What `auto` KV means: the weights' compute dtype (fp32 on a CPU for the integer formats)."""
-    if kv_dtype != "auto":
-        return kv_dtype
-    return {4: "fp32", 2: "bf16" if weights_format != "fp16" else "fp16"}[compute_dtype_bytes(weights_format, on_gpu)]
+    return compute_format(weights_format, on_gpu) if kv_dtype == AUTO else kv_dtype

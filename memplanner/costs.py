@@ -1,7 +1,7 @@
 """Step-cost model: seconds per forward pass by width, and the tokens/s a plan should reach.
 
-Reference tables are llama.cpp CPU timings from MODELS.md (2-core x86_64, llama-cpp-python
-0.3.36, 2026-11-21). Other models are scaled by weight bytes from the nearest reference,
+The reference tables (CPU_REFERENCES) are llama.cpp CPU timings by batch width, measured on
+a 2-core x86_64 CPU with llama-cpp-python 0.3.36 on 2026-11-21. Other models are scaled by weight bytes from the nearest reference,
 since CPU decoding is bound by streaming the weights. Widths between table entries are
 interpolated linearly; past the last entry the last slope is extended.
 """
@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from memplanner.measured_costs import MachineCosts
+from memplanner.defaults import ACCEPTANCE_PRIORS
 from memplanner.shapes import ModelShape
 
 
@@ -34,7 +35,6 @@ CPU_REFERENCES = (
 # (56 % of its bytes repackable), one-token decoding took 1.25x as long unrepacked.
 UNREPACKED_SLOWDOWN_PER_SHARE = 0.45
 NGRAM_DRAFT_SECONDS = 0.0002  # one n-gram lookup in Python per drafted token: ~0 next to a forward pass
-DEFAULT_ALPHA = {"model": 0.8, "ngram": 0.3, "none": 0.0}  # per-token acceptance, qwen-coder pair
 
 
 def interpolate(table: dict[int, float], width: int) -> float:
@@ -93,6 +93,6 @@ def tokens_per_second(target: ModelShape, draft: ModelShape | None, drafter: str
         draft_step = NGRAM_DRAFT_SECONDS
     else:
         raise ValueError(f"unknown drafter {drafter!r}: use model, ngram or none")
-    alpha = DEFAULT_ALPHA[drafter] if alpha is None else alpha
+    alpha = ACCEPTANCE_PRIORS[drafter] if alpha is None else alpha
     step_seconds = gamma * draft_step + forward_seconds(target, gamma + 1, references, repacked)
     return expected_tokens_per_step(alpha, gamma) / step_seconds

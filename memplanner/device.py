@@ -10,6 +10,11 @@ from dataclasses import dataclass
 import psutil
 
 
+def is_gpu(device: str) -> bool:
+    """cuda[:N] and rocm[:N] are GPUs; cpu and cpu:N (devices simulated on one CPU) are not."""
+    return not device.startswith("cpu")
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     kind: str  # "cpu" | "cuda"

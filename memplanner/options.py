@@ -15,21 +15,20 @@ from dataclasses import dataclass, replace
 
 from memplanner import terms
 from memplanner.costs import CPU_REFERENCES, tokens_per_second
+from memplanner.defaults import ATTENTION_SINK_TOKENS, LLAMA_KV_TYPES, MAX_GAMMA, MAX_NEW_TOKENS
 from memplanner.shapes import ModelShape
 
 UBATCH_CHOICES = (512, 256, 128, 64)
 DRAFT_CONTEXT_CHOICES = (2048, 1024, 512, 256)  # besides the full context
-KV_PREFERENCE = ("f16", "q8_0", "q4_0")  # quantized KV changes outputs slightly: last resort
-ATTENTION_SINK_TOKENS = 4
-DRAFTER_UPSIDE = {"ngram": 2, "none": 1, "model": 0}  # StreamingLLM keeps the first tokens plus a recent window
+DRAFTER_UPSIDE = {"ngram": 2, "none": 1, "model": 0}  # at equal speed: see Candidate.preference
 
 
 @dataclass(frozen=True)
 class Workload:
     max_context: int  # prompt + generated tokens per sequence
-    max_new_tokens: int = 256
+    max_new_tokens: int = MAX_NEW_TOKENS
     batch_size: int = 1
-    max_gamma: int = 8
+    max_gamma: int = MAX_GAMMA
     temperature: float = 0.0
 
 
@@ -67,7 +66,7 @@ class Candidate:
         A draft model at no predicted gain is last: it costs its weights.
         """
         s = self.settings
-        return (round(self.tokens_per_second, 9), -KV_PREFERENCE.index(s.target_kv_type), DRAFTER_UPSIDE[s.drafter],
+        return (round(self.tokens_per_second, 9), -LLAMA_KV_TYPES.index(s.target_kv_type), DRAFTER_UPSIDE[s.drafter],
                 s.draft_kv_window, s.n_ubatch, s.max_gamma, s.repack_weights, -self.peak_bytes)
 
 
@@ -133,7 +132,7 @@ def _candidate_settings(target: ModelShape, draft: ModelShape | None, workload: 
                 windows = [(target_ctx, workload.max_context)]
                 windows += [(ctx, ctx - gamma - 1) for ctx in DRAFT_CONTEXT_CHOICES
                             if ctx - gamma - 1 < workload.max_context and ctx - gamma - 1 > 4 * ATTENTION_SINK_TOKENS]
-            for kv_type in KV_PREFERENCE:
+            for kv_type in LLAMA_KV_TYPES:
                 for draft_ctx, window in windows:
                     for n_ubatch in UBATCH_CHOICES:
                         yield PlanSettings(drafter, gamma, target_ctx, kv_type, draft_ctx, window,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass, field
 
-from memplanner.costs import DEFAULT_ALPHA
+from memplanner.defaults import ACCEPTANCE_PRIORS
 from memplanner.device import DeviceInfo
 from memplanner.options import (UBATCH_CHOICES, Candidate, PlanSettings, Workload, candidate_settings,
                                 evaluate, repack_choices)
@@ -50,7 +50,7 @@ class Plan:
 
 def _alpha_table(alpha: float | dict[str, float] | None) -> tuple:
     """A float sets the model drafter's acceptance; a dict sets any drafter's."""
-    table = dict(DEFAULT_ALPHA)
+    table = dict(ACCEPTANCE_PRIORS)
     if isinstance(alpha, dict):
         table.update(alpha)
     elif alpha is not None:
@@ -81,7 +81,7 @@ def _plain_minimum(target: ModelShape, workload: Workload, device_kind: str,
                             min(UBATCH_CHOICES), min(UBATCH_CHOICES), 1, workload.batch_size,
                             device_kind, device_kind,
                             repack_weights=min(repack_choices(target, None, device_kind, repack)))
-    return evaluate(settings, target, None, workload, dict(DEFAULT_ALPHA))
+    return evaluate(settings, target, None, workload, dict(ACCEPTANCE_PRIORS))
 
 
 def min_budget_any(target: ModelShape, workload: Workload, device: DeviceInfo | str | None = None,

@@ -16,6 +16,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from memplanner import terms
+from memplanner.device import is_gpu
 from memplanner.options import Candidate, PlanSettings, Workload
 from memplanner.planner import REPACK_EITHER, _alpha_table, _candidates, _degradations
 from memplanner.shapes import ModelShape
@@ -35,7 +36,17 @@ class DeviceBudget:
     @property
     def kind(self) -> str:
         """What the memory terms depend on: ROCm builds of torch and llama.cpp use CUDA's terms."""
-        return "cpu" if self.name.startswith("cpu") else "cuda"
+        return "cuda" if is_gpu(self.name) else "cpu"
+
+
+def is_per_device_budget(memory_budget: str | None) -> bool:
+    """A budget that names devices (cuda:0=6GiB,...) or gives one size per device (6GiB,4GiB)."""
+    return memory_budget is not None and ("," in memory_budget or "=" in memory_budget)
+
+
+def is_split(devices: tuple[str, ...], memory_budget: str | None) -> bool:
+    """Whether the target is split: several devices, or a per-device budget."""
+    return len(devices) > 1 or is_per_device_budget(memory_budget)
 
 
 def parse_device_budgets(devices: str | None, budgets: str) -> list[DeviceBudget]:

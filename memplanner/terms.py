@@ -1,4 +1,4 @@
-"""One pure function per memory term, in bytes, for the llama.cpp backend (plus torch KV).
+"""One pure function per memory term, in bytes, for the llama.cpp backend (torch: torch_sizes.py).
 
 Sizes are what llama.cpp allocates (its logged buffer sizes) or what RSS shows after a
 model is loaded; benchmarks/calibrate_memory.py checked them against llama-cpp-python
@@ -8,13 +8,12 @@ model is loaded; benchmarks/calibrate_memory.py checked them against llama-cpp-p
 from __future__ import annotations
 
 from memplanner import constants
+from memplanner.defaults import LLAMA_KV_TYPES
 from memplanner.shapes import ModelShape
 
 FLOAT32_BYTES = 4
-# llama.cpp KV cache types: (elements per block, bytes per block)
-LLAMA_KV_TYPES = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
-# torch KV dtypes: bytes per element; int8 adds one bf16 scale per (token, head)
-TORCH_KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "int8": 1}
+# Each of defaults.LLAMA_KV_TYPES: (elements per block, bytes per block)
+KV_TYPE_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
 # Python objects of a generation beside llama.cpp's buffers: token lists, glibc arenas of the
 # decode threads; the numpy copy of the verified logits rows is counted apart (working_set_bytes).
 # The memory grid of 2026-11-23 left 1.6-5.8 MiB of SmolLM2 runs and 0-1.6 MiB of the 1.5B
@@ -32,7 +31,7 @@ def kv_row_bytes(kv_type: str, num_elements: int) -> int:
     """Bytes of one K (or V) row of num_elements in a llama.cpp KV type (whole blocks)."""
     if kv_type not in LLAMA_KV_TYPES:
         raise ValueError(f"unknown KV type {kv_type!r}: use one of {', '.join(LLAMA_KV_TYPES)}")
-    block_elements, block_bytes = LLAMA_KV_TYPES[kv_type]
+    block_elements, block_bytes = KV_TYPE_BLOCKS[kv_type]
     return -(-num_elements // block_elements) * block_bytes
 
 
@@ -42,12 +41,6 @@ def kv_cache_bytes(shape: ModelShape, n_ctx: int, type_k: str = "f16", type_v: s
     row_elements = shape.kv_elements_per_token
     per_token = kv_row_bytes(type_k, row_elements) + kv_row_bytes(type_v or type_k, row_elements)
     return num_seqs * shape.num_layers * padded_context(n_ctx) * per_token
-
-
-def kv_cache_bytes_torch(shape: ModelShape, n_ctx: int, dtype: str = "bf16", batch_size: int = 1) -> int:
-    """A static torch KV buffer [layers, 2, batch, kv_heads, n_ctx, head_dim], not padded."""
-    per_head = shape.head_dim * TORCH_KV_BYTES[dtype] + (2 if dtype == "int8" else 0)
-    return shape.num_layers * 2 * batch_size * shape.num_kv_heads * n_ctx * per_head
 
 
 def mapped_weights_bytes(shape: ModelShape, device_kind: str = "cpu") -> int:

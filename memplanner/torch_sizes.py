@@ -16,6 +16,8 @@ from memplanner.shapes import ModelShape
 FLOAT_FORMAT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 WEIGHT_FORMATS = ("fp32", "bf16", "fp16", "int8", "int4")
 KV_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
+KV_DTYPES = tuple(KV_DTYPE_BYTES)
+AUTO = "auto"  # --weights: from the device; KV dtypes: the weights' compute format
 INT8_KV_SCALE_BYTES = 4  # one float32 scale per (head, position), for keys and values each
 INT4_GROUP_SIZE = 32
 BIASED_QKV_ARCHS = ("qwen2",)
@@ -27,10 +29,20 @@ def gguf_layout(path) -> tuple[bool, bool]:
     return "output.weight" not in names, "blk.0.attn_q.bias" in names
 
 
-def compute_dtype_bytes(weights_format: str, on_gpu: bool = False) -> int:
+def compute_format(weights_format: str, on_gpu: bool = False) -> str:
+    """The float format activations run in: the weights' own, else (int8, int4, auto) fp32 on a CPU and bf16 on a GPU."""
     if weights_format in FLOAT_FORMAT_BYTES:
-        return FLOAT_FORMAT_BYTES[weights_format]
-    return 2 if on_gpu else 4
+        return weights_format
+    return "bf16" if on_gpu else "fp32"
+
+
+def resolve_weights_format(weights: str, on_gpu: bool) -> str:
+    """What `--weights` loads as: `auto` is fp32 on a CPU (exact greedy verification) and bf16 on a GPU."""
+    return compute_format(weights, on_gpu) if weights == AUTO else weights
+
+
+def compute_dtype_bytes(weights_format: str, on_gpu: bool = False) -> int:
+    return FLOAT_FORMAT_BYTES[compute_format(weights_format, on_gpu)]
 
 
 def linear_bytes(num_in: int, num_out: int, weights_format: str, compute_bytes: int,

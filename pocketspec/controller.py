@@ -15,6 +15,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
+from memplanner.defaults import ACCEPTANCE_PRIORS, MAX_GAMMA
 from pocketspec.costs import CostTable
 from pocketspec.drafters.ngram import MatchEvidence
 
@@ -109,9 +110,9 @@ class GammaController:
     tokens cost nothing to draft, so only the verify's width limits it).
     """
 
-    def __init__(self, max_gamma: int = 8, fixed_gamma: int | None = None, model_probe_interval: int = 32,
+    def __init__(self, max_gamma: int = MAX_GAMMA, fixed_gamma: int | None = None, model_probe_interval: int = 32,
                  *, max_draftless_gamma: int | None = None, target_costs: CostTable | None = None,
-                 draft_costs: CostTable | None = None, ngram_prior: float = 0.4, model_prior: float = 0.7):
+                 draft_costs: CostTable | None = None):
         self.max_gamma = max_gamma
         self.max_draftless_gamma = max_gamma if max_draftless_gamma is None else max_draftless_gamma
         self.fixed_gamma = fixed_gamma
@@ -119,7 +120,7 @@ class GammaController:
         self.target_costs = target_costs or CostTable()
         self.draft_costs = draft_costs or CostTable()
         self.step_overhead_seconds = 0.0
-        self.acceptance = {"ngram": AcceptanceEstimate(ngram_prior), "model": AcceptanceEstimate(model_prior)}
+        self.acceptance = {name: AcceptanceEstimate(ACCEPTANCE_PRIORS[name]) for name in ("ngram", "model")}
         self.match_acceptance = MatchAcceptance()
         self._steps_since_model = 0
 

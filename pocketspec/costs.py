@@ -15,7 +15,7 @@ from memplanner.costs import CPU_REFERENCES, interpolate
 from memplanner.measured_costs import MeasuredCosts
 
 # Cost of a forward pass of w tokens relative to one token, from the planner's CPU
-# reference (qwen2.5-coder-1.5b, MODELS.md): a prior until this machine is measured.
+# reference (qwen2.5-coder-1.5b, memplanner.costs.CPU_REFERENCES): a prior until this machine is measured.
 _REFERENCE = CPU_REFERENCES[0].seconds_by_width
 CPU_PRIOR_RATIO = {width: seconds / _REFERENCE[1] for width, seconds in _REFERENCE.items()}
 

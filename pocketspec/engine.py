@@ -22,11 +22,9 @@ from pocketspec.drafters.ngram import NgramDrafter, Proposal
 from pocketspec.errors import UserError
 from pocketspec.prefix import common_prefix_length
 from pocketspec.sampling import choose_token
-from pocketspec.settings import SamplingSettings, SpeculationSettings
+from pocketspec.settings import DRAFTERS, SamplingSettings, SpeculationSettings
 from pocketspec.stats import GenerationStats, peak_rss_bytes
 from pocketspec.verify import Verdict, verify_logits
-
-DRAFTERS = ("auto", "model", "ngram", "none")
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Errors meant for people: the CLI prints the message as one line and exits with code 2."""
+"""The runtime's own errors: UserError is meant for people (the CLI prints it as one line and exits
+with code 2); ContextFullError is a backend refusing tokens its KV cache has no room for."""
 
 
 class UserError(Exception):
@@ -8,3 +9,7 @@ class UserError(Exception):
     """
 
     exit_code = 2
+
+
+class ContextFullError(RuntimeError):
+    """The KV cache has no room for the tokens asked for."""

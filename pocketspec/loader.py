@@ -5,13 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pocketspec.backends.torch_open import SELF_DRAFTS, check_self_draft, open_backend, open_self_draft
+from pocketspec.backends.torch_open import check_self_draft, open_backend, open_self_draft
 from pocketspec.catalog import resolve_model, resolve_pair
 from pocketspec.errors import UserError
 from pocketspec.gguf_check import check_gguf, check_same_vocab
-from pocketspec.settings import ModelSettings, SamplingSettings, SpeculationSettings
-
-DRAFTLESS = ("ngram", "none")
+from pocketspec.settings import DRAFTLESS, SELF_DRAFTS, ModelSettings, SamplingSettings, SpeculationSettings
 
 
 @dataclass(frozen=True)
@@ -20,7 +18,7 @@ class ModelChoice:
 
     target_path: Path
     draft_path: Path | None
-    drafter: str  # auto | ngram | none | self-sparse | self-skip  (auto: the controller mixes n-gram and draft model)
+    drafter: str  # auto (a draft model: the controller mixes it with n-grams), or one of DRAFTLESS or SELF_DRAFTS
     draft_is_explicit: bool = False  # the user named the draft model (--draft), not only a pair
 
 
@@ -115,7 +113,7 @@ def _draft_cannot_pay(choice: ModelChoice, target_costs, draft_settings: ModelSe
     """Why a pair's draft model is not worth loading on this machine; None when it may pay or was asked for."""
     if target_costs is None or choice.draft_is_explicit or speculation.drafter == "model":
         return None
-    from memplanner.costs import DEFAULT_ALPHA
+    from memplanner.defaults import ACCEPTANCE_PRIORS
     from memplanner.measured_costs import best_draft_model_speedup
     from memplanner.shapes import shape_from_gguf
     from pocketspec.calibrate import cached_costs
@@ -125,11 +123,11 @@ def _draft_cannot_pay(choice: ModelChoice, target_costs, draft_settings: ModelSe
         draft_bytes = shape_from_gguf(choice.draft_path).weight_bytes
         target_bytes = target_costs.weight_bytes or shape_from_gguf(choice.target_path).weight_bytes
         draft_costs = target_costs.scaled(draft_bytes / target_bytes, weight_bytes=draft_bytes)
-    speedup, _ = best_draft_model_speedup(target_costs, draft_costs, DEFAULT_ALPHA["model"], speculation.max_gamma)
+    speedup, _ = best_draft_model_speedup(target_costs, draft_costs, ACCEPTANCE_PRIORS["model"], speculation.max_gamma)
     if speedup > 1.0:
         return None
     return (f"draft model {choice.draft_path.name} not loaded: on this machine's measured costs it cannot beat "
-            f"plain decoding even at {DEFAULT_ALPHA['model']:.0%} acceptance; pass --draft NAME to load it anyway")
+            f"plain decoding even at {ACCEPTANCE_PRIORS['model']:.0%} acceptance; pass --draft NAME to load it anyway")
 
 
 def close_engine(engine) -> None:

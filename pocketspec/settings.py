@@ -1,12 +1,23 @@
 """One dataclass per concern, each the single home of its defaults.
 
-CLI flags read their defaults from here (apps/options.py), so defaults never drift.
+CLI flags read their defaults from here (apps/options.py), so defaults never drift; what the
+planner shares with the runtime comes from memplanner.defaults.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+from memplanner.defaults import LLAMA_KV_TYPES, MAX_DRAFTLESS_GAMMA, MAX_GAMMA, MAX_NEW_TOKENS
+from memplanner.device import is_gpu
+from memplanner.torch_sizes import AUTO, KV_DTYPES, WEIGHT_FORMATS
+
+DRAFTERS = ("auto", "model", "ngram", "none")  # SpeculationSettings.drafter; auto: the controller picks per step
+DRAFTLESS = ("ngram", "none")  # --draft values that load no draft model
+SELF_DRAFTS = ("self-sparse", "self-skip")  # --draft values where the torch target drafts for itself
+TORCH_WEIGHTS = (AUTO, *WEIGHT_FORMATS)  # --weights
+TORCH_KV_TYPES = (AUTO, *KV_DTYPES)  # --torch-kv-type, --self-draft-kv-type
 
 
 @dataclass(frozen=True)
@@ -27,12 +38,12 @@ class SamplingSettings:
 class SpeculationSettings:
     """What drafts tokens and how many per step."""
 
-    drafter: str = "auto"  # auto | model | ngram | none | mixed
+    drafter: str = "auto"  # one of DRAFTERS
     gamma: int | None = None  # None: adaptive (`--gamma auto`)
-    max_gamma: int = 8  # a draft model's longest draft: each of its tokens costs a draft forward
+    max_gamma: int = MAX_GAMMA  # a draft model's longest draft: each of its tokens costs a draft forward
     # A draftless proposal costs nothing to draft: only the verify's width limits it. On the
     # 2-core CPU a verify of 16 rows costs what one of 8 does, so long accepted copies need room.
-    max_draftless_gamma: int = 31
+    max_draftless_gamma: int = MAX_DRAFTLESS_GAMMA
     ngram_min: int = 2
     ngram_max: int = 6
     # llama.cpp's batched kernels round differently from its one-token kernels (on CPU,
@@ -42,8 +53,8 @@ class SpeculationSettings:
     # llama.cpp's CPU backend means plain decoding.
     exact_verify: bool = False
     # --draft self-sparse / self-skip (torch backend): the target drafts for itself
-    self_draft_window: int = 256  # self-sparse: KV positions the draft keeps (4 sinks + recent tokens)
-    self_draft_kv_type: str = "auto"  # self-sparse KV: auto (the target's dtype) | int8 | fp32 | bf16 | fp16
+    self_draft_window: int = 256  # self-sparse: KV positions the draft keeps (attention sinks + recent tokens)
+    self_draft_kv_type: str = AUTO  # self-sparse KV: one of TORCH_KV_TYPES (auto: the target's compute format)
     self_skip_layers: int = 0  # self-skip: first layers the draft runs (0: half of them)
 
     def verify_width(self, drafts: bool = True) -> int:
@@ -73,8 +84,8 @@ class ModelSettings:
     max_context: int = 4096
     n_batch: int = 512
     n_ubatch: int = 512
-    kv_type: str = "f16"  # f16 | q8_0 | q4_0
-    max_logits_rows: int = 9  # verify width: max_gamma + 1
+    kv_type: str = LLAMA_KV_TYPES[0]  # one of LLAMA_KV_TYPES
+    max_logits_rows: int = MAX_GAMMA + 1  # verify width: max_gamma + 1
     use_mmap: bool = True
     gpu_layers: int = 0  # -1 offloads every layer on a CUDA/ROCm/Vulkan build
     # llama.cpp's repacked weights decode one token faster on x86 CPUs, but its batched
@@ -82,8 +93,8 @@ class ModelSettings:
     repack_weights: bool = True
     backend: str = "llama.cpp"  # llama.cpp | torch
     device: str = "cpu"  # torch: cpu | cuda | cuda:N | rocm
-    weights: str = "auto"  # torch: auto (fp32 on CPU, bf16 on GPU) | fp32 | bf16 | fp16 | int8 | int4
-    torch_kv_type: str = "auto"  # torch: auto (the weights' compute dtype) | fp32 | bf16 | fp16 | int8
+    weights: str = AUTO  # torch: one of TORCH_WEIGHTS (auto: memplanner.torch_sizes.resolve_weights_format)
+    torch_kv_type: str = AUTO  # torch: one of TORCH_KV_TYPES (auto: the weights' compute format)
     compile: bool = False  # torch: torch.compile the forward (GPU)
     # Several devices (cuda:N, rocm:N, or cpu:N: devices simulated on one CPU); empty: `device` alone
     devices: tuple[str, ...] = ()
@@ -100,12 +111,23 @@ class ModelSettings:
         """Every device the target uses: `devices`, or `device` alone; the first holds the embedding."""
         return self.devices or (self.device,)
 
+    @property
+    def is_row_split(self) -> bool:
+        """Every matrix split over several devices (tensor parallel), rather than runs of blocks."""
+        return self.split_mode == "row" and len(self.devices) > 1
+
+    @property
+    def is_on_gpu(self) -> bool:
+        """Whether the target's first device (the one holding the embedding) is a GPU."""
+        return is_gpu(self.all_devices[0])
+
 
 @dataclass(frozen=True)
 class GenerationSettings:
     """What one generate call asks for."""
 
-    max_new_tokens: int = 128
+    max_new_tokens: int = MAX_NEW_TOKENS
+    max_reply_tokens: int = 512  # chat: the longest reply, longer than one generate call's default
     stop_at_eos: bool = True
 
 

@@ -41,20 +41,22 @@ def qwen_draft_path() -> Path:
 
 @contextlib.contextmanager
 def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, temperature=0.0, seed=0,
-                 max_context=1024, top_k=0, top_p=1.0, max_gamma=8, draft_max_context=None, exact_verify=False,
+                 max_context=1024, top_k=0, top_p=1.0, max_gamma=None, draft_max_context=None, exact_verify=False,
                  backend="llama.cpp", weights="auto", device="cpu", self_draft=None, self_draft_settings=None,
-                 devices=(), split_mode="layer", layers_per_device=()):
+                 devices=(), split_mode="layer", layers_per_device=(), num_threads=0):
     """self_draft: `self-sparse` or `self-skip` (torch); self_draft_settings: SpeculationSettings fields for it.
 
-    devices, split_mode, layers_per_device: a split over several devices (ModelSettings' fields).
+    max_gamma: None is SpeculationSettings' default. devices, split_mode, layers_per_device,
+    num_threads: ModelSettings' fields (a split over several devices; 0 threads: every core).
     """
     from pocketspec.loader import ModelChoice, close_engine, draft_settings_for, load_engine
     from pocketspec.settings import ModelSettings, SamplingSettings, SpeculationSettings
 
+    max_gamma = SpeculationSettings().max_gamma if max_gamma is None else max_gamma
     max_width = (gamma if gamma is not None else max_gamma) + 1
     target_settings = ModelSettings(max_context=max_context, max_logits_rows=max_width, backend=backend, weights=weights,
                                     device=device, devices=tuple(devices), split_mode=split_mode,
-                                    layers_per_device=tuple(layers_per_device))
+                                    layers_per_device=tuple(layers_per_device), num_threads=num_threads)
     choice = ModelChoice(Path(target_path), Path(draft_path) if draft_path else None,
                          self_draft or ("auto" if draft_path else ("none" if drafter == "none" else "ngram")))
     engine = load_engine(
@@ -97,6 +99,16 @@ def assert_matches_plain(backend, prompt: list[int], got: list[int], expected: l
     best_two = np.sort(logits)[-2:]
     gap = float(best_two[1] - best_two[0])
     assert gap < KERNEL_ROUNDING_LOGITS, f"diverged at {position} where the top-2 gap is {gap:.3f}"
+
+
+def assert_drafted_past_its_window(engine, result, num_prompt_tokens: int, gamma: int) -> None:
+    """The draft model drafted every step but the last while the context outgrew the draft's own
+    cache, which it only can by sliding its window (sinks + recent tokens)."""
+    draft_backend = engine.model.backend
+    num_context = num_prompt_tokens + len(result.tokens)
+    # the last step the model drafted saw all but the last two steps' tokens at most
+    assert num_context - 2 * (gamma + 1) > draft_backend.max_context >= draft_backend.num_cached
+    assert result.stats.steps_by_drafter.get("model", 0) >= result.stats.num_steps - 1
 
 
 @pytest.fixture(scope="module")

@@ -55,6 +55,10 @@ def test_outputs_come_in_input_order_and_equal_each_prompt_alone(tiny_target, pr
     (["--batch", "2", "--draft", "self-sparse"], ["--draft self-sparse"]),
     (["--batch", "2", "--memory-budget", "100KiB"], ["cannot hold even one sequence"]),
     (["--batch", "0"], ["--batch"]),
+    (["--batch", "2", "--exact-verify"], ["--exact-verify", "--batch"]),
+    (["--batch", "2", "--repack"], ["--repack", "torch"]),
+    (["--batch", "2", "--no-repack"], ["--no-repack", "torch"]),
+    (["--batch", "2", "--kv-type", "q8_0"], ["--kv-type q8_0", "--torch-kv-type"]),
 ])
 def test_bad_batch_flags_are_one_line_errors(tiny_target, prompt_file, args, fragments):
     assert_one_line_error(_batch(tiny_target, prompt_file, *args), *fragments)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pocketspec.backends.llama_cpp_backend import ContextFullError
+from pocketspec.errors import ContextFullError
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.settings import BatchSettings
 from pocketspec.torch_model.invariant import TileShape, make_batch_invariant

@@ -60,12 +60,35 @@ def test_smallest_run_writes_results_report_and_plots(smollm2_path, two_category
     assert results["rounds"]["num_completed"] == 2 and not results["rounds"]["is_partial"]
     assert {(row["category"], row["round"]) for row in results["rows"]} == {("code", 0), ("chat", 1)}
     assert all(len(system["startup_seconds"]) == 2 for system in results["systems"] if system["status"] == "ok")
-    assert all(row["matches_plain"] for row in results["rows"] if row["system"] == "plain")
+    # greedy n-gram drafting is lossless: each of its outputs equals plain decoding's
+    assert [row["matches_plain"] for row in results["rows"] if row["system"] == "pocketspec-ngram"] == [True, True]
     assert all(row["peak_memory_bytes"] > 50 * 2**20 and row["num_tokens"] >= 1 for row in results["rows"])
     assert results["machine"]["doctor"]["llama_cpp"]["version"] == "0.3.36"
     report = (out / "report.md").read_text()
     assert "## code" in report and "## chat" in report and "× prompt-lookup" in report
     assert all((out / name).stat().st_size > 10_000 for name in ("speedup.png", "frontier.png"))
+
+
+def _worker_tokens(smollm2_path, *, temperature: float, top_k: int, top_p: float) -> list[int]:
+    """The tokens a PocketSpec bench worker generates for one prompt, plain decoding."""
+    job = {"runner": "pocketspec", "target": str(smollm2_path), "draft": "none",
+           "prompts": [{"prompt_id": "1", "text": "Tell me a story about a cat.", "prompt_tokens": None}],
+           "max_tokens": 16, "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": 0,
+           "num_threads": 1, "max_context": 512, "num_warmup_tokens": 0, "options": {}}
+    run = subprocess.run([sys.executable, "-m", "apps.bench_worker"], input=json.dumps(job), capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    (row,) = [record for record in map(json.loads, run.stdout.splitlines()) if "note" not in record]
+    return row["tokens"]
+
+
+@pytest.mark.real_model
+def test_pocketspec_workers_sample_with_the_jobs_top_k_and_top_p(smollm2_path):
+    """The peers get --top-k/--top-p; PocketSpec's worker must too, or sampled runs compare different settings.
+    Both cuts below leave only the most likely token, so a hot temperature still decodes greedily."""
+    greedy = _worker_tokens(smollm2_path, temperature=0.0, top_k=0, top_p=1.0)
+    assert _worker_tokens(smollm2_path, temperature=2.0, top_k=1, top_p=1.0) == greedy
+    assert _worker_tokens(smollm2_path, temperature=2.0, top_k=0, top_p=1e-6) == greedy
 
 
 @pytest.mark.real_model

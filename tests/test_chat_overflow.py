@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 
 from apps.chat_repl import Chat
+from conftest import built_engine
 from pocketspec.chat_template import encode_chat
 from pocketspec.conversation import Conversation
-from pocketspec.loader import ModelChoice, close_engine, draft_settings_for, load_engine
-from pocketspec.settings import ModelSettings, SamplingSettings, SpeculationSettings
 
 SYSTEM = "You are a helpful assistant. Answer in one or two sentences."
 QUESTIONS = [
@@ -24,17 +21,9 @@ QUESTIONS = [
 ]
 
 
-@contextlib.contextmanager
-def _engine(target_path, *, drafter: str, max_context: int, draft_path=None, gamma=None):
+def _engine(target_path, **options):
     # One thread: the test machine is shared, and llama.cpp's spinning threads crawl when cores are busy.
-    settings = ModelSettings(num_threads=1, max_context=max_context, max_logits_rows=9)
-    choice = ModelChoice(target_path, draft_path, "auto" if draft_path else drafter)
-    engine = load_engine(choice, target_settings=settings, draft_settings=draft_settings_for(settings),
-                         sampling=SamplingSettings(), speculation=SpeculationSettings(drafter=drafter, gamma=gamma))
-    try:
-        yield engine
-    finally:
-        close_engine(engine)
+    return built_engine(target_path, num_threads=1, **options)
 
 
 def test_second_turn_prefills_only_new_tokens_on_target_and_draft(smollm2_path):

@@ -122,6 +122,20 @@ def test_ctrl_c_at_the_prompt_clears_the_line_and_ctrl_d_quits(chat_home):
     assert "Traceback" not in _screen(child)
 
 
+def test_budget_shows_the_torch_plan(chat_home):
+    child = _spawn(chat_home, "--backend", "torch", "--max-context", "512", "--memory-budget", "3GiB")
+    child.sendline("/budget")
+    child.expect_exact("memory plan (torch): predicted peak")
+    child.expect_exact("of 3.00 GiB")
+    child.expect("context 512 tokens")
+    child.expect("> ")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    screen = _screen(child)
+    assert child.exitstatus == 0 and "no --memory-budget given" not in screen and "Traceback" not in screen
+
+
 def test_transcript_survives_kill_and_resumes(chat_home):
     child = _spawn(chat_home, "--max-tokens", "1500")
     _say(child, "What is 2+2?")

@@ -4,6 +4,7 @@ import pytest
 
 from pocketspec.controller import AcceptanceEstimate, GammaController, expected_tokens_per_step
 from pocketspec.costs import CostTable
+from pocketspec.settings import SpeculationSettings
 
 
 def test_expected_tokens_per_step_formula():
@@ -59,10 +60,41 @@ def test_a_long_catch_up_makes_the_model_draft_lose():
     assert controller.choose(ngram_available=0, model_lag=199).drafter == "none"
 
 
+def _drafter_and_gamma(choice) -> tuple[str, int]:
+    return choice.drafter, choice.gamma
+
+
 def test_fixed_gamma_is_used_as_given():
     controller = GammaController(max_gamma=8, fixed_gamma=3)
-    assert controller.choose(ngram_available=5, model_lag=None).gamma == 3
-    assert controller.choose(ngram_available=0, model_lag=0) == controller.choose(ngram_available=0, model_lag=0)
+    assert _drafter_and_gamma(controller.choose(ngram_available=5, model_lag=None)) == ("ngram", 3)
+    # an n-gram match drafts before the draft model; without one the draft model drafts
+    assert _drafter_and_gamma(controller.choose(ngram_available=5, model_lag=0)) == ("ngram", 3)
+    assert _drafter_and_gamma(controller.choose(ngram_available=0, model_lag=0)) == ("model", 3)
+    # a step with room for fewer tokens drafts fewer; with no drafter able to draft γ, plain decoding
+    assert _drafter_and_gamma(controller.choose(ngram_available=0, model_lag=0, max_gamma=2)) == ("model", 2)
+    assert _drafter_and_gamma(controller.choose(ngram_available=2, model_lag=None)) == ("none", 0)
+
+
+def test_a_fixed_gamma_does_not_depend_on_measured_costs():
+    """Costs that make every draft lose under adaptive γ leave a fixed γ's choice unchanged."""
+    adaptive = _controller(EXPENSIVE_VERIFY, draft_seconds=0.016, alpha_ngram=0.3, alpha_model=0.7)
+    assert adaptive.choose(ngram_available=0, model_lag=0).drafter == "none"
+    fixed = GammaController(max_gamma=8, fixed_gamma=3)
+    for width, seconds in EXPENSIVE_VERIFY.items():
+        fixed.target_costs.observe(width, seconds)
+    fixed.draft_costs.observe(1, 0.016)
+    assert _drafter_and_gamma(fixed.choose(ngram_available=0, model_lag=0)) == ("model", 3)
+
+
+def test_the_acceptance_priors_are_the_planners():
+    """The controller starts from the planner's acceptance priors (memplanner.defaults), so a plan
+    and the runtime it configures predict with the same rates."""
+    from memplanner.defaults import ACCEPTANCE_PRIORS
+
+    controller = GammaController()
+    assert controller.max_gamma == SpeculationSettings().max_gamma
+    assert {name: estimate.rate for name, estimate in controller.acceptance.items()} == {
+        name: ACCEPTANCE_PRIORS[name] for name in ("ngram", "model")}
 
 
 def test_acceptance_estimate_learns_from_truncated_runs():

@@ -99,7 +99,7 @@ def test_unconstrained_plan_has_no_degradations_and_prefers_f16():
 
 
 def test_on_this_cpu_the_default_draft_does_not_pay():
-    # MODELS.md: a width-2 target pass costs 1.5x a single token, the draft 0.5x; at alpha 0.8 plain wins
+    # CPU_REFERENCES: a width-2 target pass costs 1.5x a single token, the draft 0.5x; at alpha 0.8 plain wins
     best = plan(64 * GIB, TARGET, DRAFT, WORKLOAD)
     # the adaptive n-gram drafter stays on: its controller falls back to plain decoding by itself
     assert best.settings.drafter == "ngram" and "does not pay" in best.reason

@@ -36,11 +36,6 @@ def test_kv_cache_mixed_types_and_unknown_type():
         terms.kv_cache_bytes(TINY, 256, "q5_9")
 
 
-def test_kv_cache_torch_is_not_padded():
-    assert terms.kv_cache_bytes_torch(TINY, 100, "bf16") == 2 * 2 * 2 * 100 * 32 * 2
-    assert terms.kv_cache_bytes_torch(TINY, 100, "int8", batch_size=2) == 2 * 2 * 2 * 2 * 100 * (32 + 2)
-
-
 def test_weight_terms():
     assert terms.mapped_weights_bytes(TINY) == 12_000
     assert terms.mapped_weights_bytes(TINY, "cuda") == 10_000

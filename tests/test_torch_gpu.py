@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import built_engine
+from conftest import assert_drafted_past_its_window, built_engine
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.settings import ModelSettings
 from tiny_models import write_tiny_pair
@@ -41,6 +41,8 @@ def test_self_sparse_on_gpu_equals_plain_in_fp32(tiny_target):
         expected = plain.generate(plain.target.tokenizer.encode("the cat is", add_bos=True), 200).tokens
     with built_engine(tiny_target, drafter="model", gamma=4, max_context=512, self_draft="self-sparse",
                       self_draft_settings=dict(self_draft_window=96), **settings) as engine:
-        result = engine.generate(engine.target.tokenizer.encode("the cat is", add_bos=True), 200)
-        assert engine.target.device.type == "cuda" and engine.model._num_dropped > 0
+        prompt = engine.target.tokenizer.encode("the cat is", add_bos=True)
+        result = engine.generate(prompt, 200)
+        assert engine.target.device.type == "cuda"
+        assert_drafted_past_its_window(engine, result, len(prompt), gamma=4)
     assert result.tokens == expected

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import built_engine, same_distribution_pvalue, sampled_token_counts
+from conftest import assert_drafted_past_its_window, built_engine, same_distribution_pvalue, sampled_token_counts
 from tiny_models import write_tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -61,7 +61,7 @@ def test_self_sparse_greedy_equals_plain_while_its_window_slides(tiny_pair, kv_t
         assert draft_backend.model is engine.target.model  # the same modules: no weight copy
         assert draft_backend.memory_report()["weights"] == 0
         assert draft_backend.cache.kv_dtype == kv_type and draft_backend.max_context == 96
-        assert engine.model._num_dropped > 0  # the window slid
+        assert_drafted_past_its_window(engine, result, len(_prompt(engine)), gamma=4)
     assert result.tokens == expected
     assert result.stats.num_accepted > 0
 

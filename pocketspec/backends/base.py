@@ -2,7 +2,8 @@
 
 A backend owns one model and one KV cache for one sequence. The engine never
 knows whether rollback moves a position (torch) or calls llama_memory_seq_rm
-(llama.cpp).
+(llama.cpp). CachedTokens holds what the backends share: the cached tokens, the
+checks before a forward, prefill in n_batch chunks and closing on leaving a `with`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
+
+from pocketspec.errors import ContextFullError
 
 
 class Backend(Protocol):
@@ -56,3 +59,54 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Free native resources; safe to call twice."""
+
+
+class CachedTokens:
+    """The token bookkeeping both backends share. A subclass sets `settings` (ModelSettings) and
+    `n_batch`, and implements max_context, forward, rollback, shift_out and close."""
+
+    settings: object
+    n_batch: int
+
+    def __init__(self) -> None:
+        self._cached: list[int] = []
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return self._cached
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    @property
+    def max_logits_rows(self) -> int:
+        return self.settings.max_logits_rows
+
+    def check_forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> None:
+        """Refuse a forward this backend cannot run, before it changes anything (llama.cpp aborts
+        the whole process with GGML_ASSERT past its n_outputs_max logits rows)."""
+        num_tokens = len(tokens)
+        if num_tokens > self.n_batch:
+            raise ValueError(f"{num_tokens} tokens exceed n_batch {self.n_batch}; use prefill")
+        if len(logits_rows) > self.max_logits_rows:
+            raise ValueError(f"{len(logits_rows)} logits rows exceed max_logits_rows {self.max_logits_rows}")
+        if len(self._cached) + num_tokens > self.max_context:
+            raise ContextFullError(f"{len(self._cached)} + {num_tokens} tokens exceed the "
+                                   f"{self.max_context}-token context")
+
+    def prefill(self, tokens: Sequence[int], should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
+        """Logits after the last token, or None when should_stop() said so between n_batch chunks."""
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        for chunk_start in range(0, len(tokens) - 1, self.n_batch):
+            self.forward(tokens[chunk_start:min(chunk_start + self.n_batch, len(tokens) - 1)], [])
+            if should_stop is not None and should_stop():
+                return None
+        return self.forward(tokens[-1:], [0])[0]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -7,25 +7,23 @@ flags), never with logits_all, which would cost n_ctx x vocab floats.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import llama_cpp
 import numpy as np
 from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
 
+from memplanner.defaults import LLAMA_KV_TYPES
 from pocketspec.backends import llama_logs
+from pocketspec.backends.base import CachedTokens
 from pocketspec.backends.llama_split import apply_llama_split, llama_split
-from pocketspec.errors import UserError
+from pocketspec.errors import ContextFullError, UserError
 from pocketspec.settings import ModelSettings
 from pocketspec.tokenizer import Tokenizer
 
-KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+KV_TYPES = {name: getattr(llama_cpp, f"GGML_TYPE_{name.upper()}") for name in LLAMA_KV_TYPES}  # f16 -> GGML_TYPE_F16
 
 _backend_ready = False
-
-
-class ContextFullError(RuntimeError):
-    """The KV cache has no room for the tokens asked for."""
 
 
 def _init_llama() -> None:
@@ -36,8 +34,9 @@ def _init_llama() -> None:
         _backend_ready = True
 
 
-class LlamaCppBackend:
+class LlamaCppBackend(CachedTokens):
     def __init__(self, model_path: Path | str, settings: ModelSettings = ModelSettings()):
+        super().__init__()
         if settings.kv_type not in KV_TYPES:
             raise UserError(f"unknown KV type {settings.kv_type!r}: use one of {', '.join(KV_TYPES)}")
         _init_llama()
@@ -82,34 +81,15 @@ class LlamaCppBackend:
         self.tokenizer = Tokenizer(self._model)
         self.vocab_size = self._model.n_vocab()
         self.model_path = Path(model_path)
-        self._cached: list[int] = []
-
-    @property
-    def cached_tokens(self) -> list[int]:
-        return self._cached
-
-    @property
-    def num_cached(self) -> int:
-        return len(self._cached)
 
     @property
     def max_context(self) -> int:
         return self._context.n_ctx()
 
-    @property
-    def max_logits_rows(self) -> int:
-        return self.settings.max_logits_rows
-
     def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
         """Logits [len(logits_rows), vocab], a view valid until the next call on this backend."""
+        self.check_forward(tokens, logits_rows)
         num_tokens = len(tokens)
-        if num_tokens > self.n_batch:
-            raise ValueError(f"{num_tokens} tokens exceed n_batch {self.n_batch}; use prefill")
-        if len(logits_rows) > self.max_logits_rows:
-            # llama.cpp aborts the process (GGML_ASSERT) past n_outputs_max; refuse first.
-            raise ValueError(f"{len(logits_rows)} logits rows exceed max_logits_rows {self.max_logits_rows}")
-        if len(self._cached) + num_tokens > self.max_context:
-            raise ContextFullError(f"{len(self._cached)} + {num_tokens} tokens exceed the {self.max_context}-token context")
         batch = self._batch.batch
         start = len(self._cached)
         batch.n_tokens = num_tokens
@@ -130,18 +110,6 @@ class LlamaCppBackend:
         # outputs are stored in batch order of the flagged rows
         pointer = llama_cpp.llama_get_logits(self._context.ctx)
         return np.ctypeslib.as_array(pointer, shape=(len(logits_rows), self.vocab_size))
-
-    def prefill(self, tokens: Sequence[int], should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
-        """Logits after the last token, or None when should_stop() said so between chunks."""
-        if not tokens:
-            raise ValueError("prefill needs at least one token")
-        step = self.n_batch
-        for chunk_start in range(0, len(tokens) - 1, step):
-            chunk = tokens[chunk_start:min(chunk_start + step, len(tokens) - 1)]
-            self.forward(chunk, [])
-            if should_stop is not None and should_stop():
-                return None
-        return self.forward(tokens[-1:], [0])[0]
 
     def rollback(self, num_kept: int) -> None:
         if num_kept >= len(self._cached):
@@ -180,9 +148,3 @@ class LlamaCppBackend:
             if handle is not None:
                 handle.close()
                 setattr(self, owner, None)
-
-    def __enter__(self) -> "LlamaCppBackend":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import llama_cpp
 
+from memplanner.device import is_gpu
 from memplanner.split import layer_counts
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
@@ -30,10 +31,6 @@ class LlamaSplit:
     main_gpu: int
     tensor_split: tuple[float, ...] | None  # one share per GPU ordinal; None: llama.cpp's own choice
     n_gpu_layers: int
-
-
-def is_gpu(device: str) -> bool:
-    return not device.startswith("cpu")
 
 
 def gpu_ordinal(device: str) -> int:

@@ -20,6 +20,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from memplanner.device import is_gpu
 from pocketspec.backends.distributed import Command, Ranks, spawn_followers, torchrun_rank
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.errors import UserError
@@ -86,7 +87,7 @@ def _rank_settings(settings: ModelSettings, rank: int, world_size: int) -> Model
     """One rank's own settings: its device alone, and on a CPU its share of the cores."""
     num_threads = settings.num_threads or max(1, default_num_threads() // world_size)
     device = settings.devices[rank]
-    return replace(settings, devices=(), device=device, num_threads=num_threads if device.startswith("cpu") else 0)
+    return replace(settings, devices=(), device=device, num_threads=0 if is_gpu(device) else num_threads)
 
 
 def _shard(model_path: Path, rank: int, world_size: int):

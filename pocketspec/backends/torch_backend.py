@@ -11,12 +11,13 @@ With several `devices` (split_mode layer) the blocks are spread over them
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from pocketspec.backends.llama_cpp_backend import ContextFullError
+from memplanner.torch_sizes import resolve_weights_format as resolve_format_for
+from pocketspec.backends.base import CachedTokens
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
 from pocketspec.torch_model.device import resolve_device
@@ -29,10 +30,8 @@ DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp
 
 
 def resolve_weights_format(weights: str, device: torch.device) -> str:
-    """`auto` is fp32 on a CPU (exact greedy verification) and bf16 on a GPU."""
-    if weights != "auto":
-        return weights
-    return "fp32" if device.type == "cpu" else "bf16"
+    """What `weights` loads as on this device (memplanner.torch_sizes.resolve_weights_format)."""
+    return resolve_format_for(weights, on_gpu=device.type != "cpu")
 
 
 def resolve_kv_dtype(kv_dtype: str, model: Transformer) -> str:
@@ -75,10 +74,11 @@ def _load_tokenizer(path: Path):
     return vocab_model, Tokenizer(vocab_model)
 
 
-class TorchBackend:
+class TorchBackend(CachedTokens):
     def __init__(self, model: Transformer, settings: ModelSettings, *, tokenizer, model_path: Path,
                  num_layers: int | None = None, kv_dtype: str | None = None, owns_model: bool = True,
                  vocab_model=None):
+        super().__init__()
         self.model = model
         self.settings = settings
         self.tokenizer = tokenizer
@@ -95,7 +95,6 @@ class TorchBackend:
                                    kv_dtype=self.kv_dtype, device=self.device, layer_devices=layer_devices)
         self._owns_model = owns_model
         self._vocab_model = vocab_model
-        self._cached: list[int] = []
         self._exact_widths: dict[int, int] = {}
 
     @classmethod
@@ -128,31 +127,8 @@ class TorchBackend:
                             num_layers=num_layers, kv_dtype=kv_dtype, owns_model=False)
 
     @property
-    def cached_tokens(self) -> list[int]:
-        return self._cached
-
-    @property
-    def num_cached(self) -> int:
-        return len(self._cached)
-
-    @property
     def max_context(self) -> int:
         return self.cache.max_context
-
-    @property
-    def max_logits_rows(self) -> int:
-        return self.settings.max_logits_rows
-
-    def check_forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> None:
-        """Refuse a forward this backend cannot run, before it changes anything."""
-        num_tokens = len(tokens)
-        if num_tokens > self.n_batch:
-            raise ValueError(f"{num_tokens} tokens exceed n_batch {self.n_batch}; use prefill")
-        if len(logits_rows) > self.max_logits_rows:
-            raise ValueError(f"{len(logits_rows)} logits rows exceed max_logits_rows {self.max_logits_rows}")
-        if len(self._cached) + num_tokens > self.max_context:
-            raise ContextFullError(f"{len(self._cached)} + {num_tokens} tokens exceed the "
-                                   f"{self.max_context}-token context")
 
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
@@ -164,15 +140,6 @@ class TorchBackend:
         logits = self.model(token_tensor, start, self.cache, rows, num_layers=self.num_layers)
         self._cached.extend(tokens)
         return logits[0].cpu().numpy()
-
-    def prefill(self, tokens: Sequence[int], should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
-        if not tokens:
-            raise ValueError("prefill needs at least one token")
-        for chunk_start in range(0, len(tokens) - 1, self.n_batch):
-            self.forward(tokens[chunk_start:min(chunk_start + self.n_batch, len(tokens) - 1)], [])
-            if should_stop is not None and should_stop():
-                return None
-        return self.forward(tokens[-1:], [0])[0]
 
     def rollback(self, num_kept: int) -> None:
         del self._cached[num_kept:]
@@ -223,9 +190,3 @@ class TorchBackend:
         if self._vocab_model is not None:
             self._vocab_model.close()
             self._vocab_model = None
-
-    def __enter__(self) -> "TorchBackend":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()

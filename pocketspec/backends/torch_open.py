@@ -1,6 +1,6 @@
 """Opening torch backends for the loader: the target, and a self-draft that reuses its weights.
 
-`--draft self-sparse`: the target attends only to 4 sink tokens plus a recent window
+`--draft self-sparse`: the target attends only to its attention sinks plus a recent window
 (ModelDrafter slides it with shift_out once the draft context is full), optionally
 with an int8 KV cache. `--draft self-skip`: the target's first layers plus its head.
 Neither copies a weight.
@@ -11,16 +11,15 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from pocketspec.drafters.model import SINK_TOKENS, SLIDE_SLACK
+from memplanner.defaults import ATTENTION_SINK_TOKENS
+from pocketspec.drafters.model import SLIDE_SLACK
 from pocketspec.errors import UserError
-from pocketspec.settings import ModelSettings, SpeculationSettings
-
-SELF_DRAFTS = ("self-sparse", "self-skip")
+from pocketspec.settings import SELF_DRAFTS, ModelSettings, SpeculationSettings
 
 
 def open_backend(path: Path, settings: ModelSettings):
     """The backend `settings.backend` names, loaded from `path`."""
-    if settings.backend == "torch" and settings.split_mode == "row" and len(settings.devices) > 1:
+    if settings.backend == "torch" and settings.is_row_split:
         from pocketspec.backends.row_split import open_row_split
 
         return open_row_split(path, settings)
@@ -37,14 +36,14 @@ def open_backend(path: Path, settings: ModelSettings):
 
 def min_self_draft_window(max_gamma: int) -> int:
     """The smallest window ModelDrafter can slide: sinks, its slack and one verify's worth of tokens."""
-    return SINK_TOKENS + SLIDE_SLACK + max_gamma + 2
+    return ATTENTION_SINK_TOKENS + SLIDE_SLACK + max_gamma + 2
 
 
 def check_self_draft(kind: str, target_settings: ModelSettings, speculation: SpeculationSettings) -> None:
     """Refuse a self-draft the settings cannot give, before any model loads."""
     if target_settings.backend != "torch":
         raise UserError(f"--draft {kind} drafts with the target's own weights and needs --backend torch")
-    if target_settings.split_mode == "row" and len(target_settings.devices) > 1:
+    if target_settings.is_row_split:
         raise UserError(f"--draft {kind} runs the target's own layers, which --split-mode row spreads over every "
                         "device; use --split-mode layer, --draft ngram or a draft model")
     window = speculation.self_draft_window

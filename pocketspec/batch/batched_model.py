@@ -15,8 +15,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from pocketspec.backends.llama_cpp_backend import ContextFullError
 from pocketspec.batch.layout import AlignmentTimer, AttentionShape, BatchLayout, RowInput, round_up
+from pocketspec.errors import ContextFullError
 from pocketspec.settings import BatchSettings
 from pocketspec.torch_model.invariant import TileShape
 from pocketspec.torch_model.kv_cache import StaticKVCache

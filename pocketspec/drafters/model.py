@@ -3,7 +3,7 @@
 Its KV cache follows the context lazily: before drafting it keeps the longest
 common prefix with the context, rolls back the rest and catches up in one pass.
 When the plan gives the draft a context shorter than the target's, the draft
-sees a sliding window: the first SINK_TOKENS tokens plus the most recent ones
+sees a sliding window: the first ATTENTION_SINK_TOKENS tokens plus the most recent ones
 (StreamingLLM attention sinks, as MagicDec drafts with), shifted in its cache.
 """
 
@@ -14,12 +14,12 @@ from typing import Sequence
 
 import numpy as np
 
+from memplanner.defaults import ATTENTION_SINK_TOKENS
 from pocketspec.drafters.base import Draft
 from pocketspec.prefix import common_prefix_length
 from pocketspec.sampling import choose_with_probs
 from pocketspec.settings import SamplingSettings
 
-SINK_TOKENS = 4
 SLIDE_SLACK = 64  # drop this many more tokens than needed, so the window moves rarely
 
 
@@ -36,12 +36,12 @@ class ModelDrafter:
     def _window(self, context: Sequence[int]) -> list[int]:
         """What the draft model sees of `context`: sinks, then everything after the dropped span."""
         context = list(context)
-        cached_sinks = self.backend.cached_tokens[:SINK_TOKENS]
-        if self._num_dropped and (len(context) < SINK_TOKENS + self._num_dropped
-                                  or (len(cached_sinks) == SINK_TOKENS and context[:SINK_TOKENS] != cached_sinks)):
+        cached_sinks = self.backend.cached_tokens[:ATTENTION_SINK_TOKENS]
+        if self._num_dropped and (len(context) < ATTENTION_SINK_TOKENS + self._num_dropped
+                                  or (len(cached_sinks) == ATTENTION_SINK_TOKENS and context[:ATTENTION_SINK_TOKENS] != cached_sinks)):
             self._num_dropped = 0  # a different conversation: start the window over
             self.backend.rollback(0)
-        return context[:SINK_TOKENS] + context[SINK_TOKENS + self._num_dropped:]
+        return context[:ATTENTION_SINK_TOKENS] + context[ATTENTION_SINK_TOKENS + self._num_dropped:]
 
     def _num_kept(self, window: list[int]) -> int:
         return min(common_prefix_length(self.backend.cached_tokens, window), len(window) - 1)
@@ -52,19 +52,19 @@ class ModelDrafter:
         return len(window) - self._num_kept(window) - 1
 
     def fits(self, context: Sequence[int], max_tokens: int) -> bool:
-        return SINK_TOKENS + SLIDE_SLACK + max_tokens + 1 < self.backend.max_context
+        return ATTENTION_SINK_TOKENS + SLIDE_SLACK + max_tokens + 1 < self.backend.max_context
 
     def _slide(self, window: list[int], num_kept: int, max_tokens: int, context: Sequence[int]) -> tuple[list[int], int]:
         overflow = len(window) + max_tokens - self.backend.max_context
         if overflow <= 0:
             return window, num_kept
         num_dropping = overflow + SLIDE_SLACK
-        if num_kept - SINK_TOKENS >= num_dropping:
-            self.backend.shift_out(SINK_TOKENS, num_dropping)
+        if num_kept - ATTENTION_SINK_TOKENS >= num_dropping:
+            self.backend.shift_out(ATTENTION_SINK_TOKENS, num_dropping)
             num_kept -= num_dropping
         else:
-            self.backend.rollback(min(num_kept, SINK_TOKENS))
-            num_kept = min(num_kept, SINK_TOKENS)
+            self.backend.rollback(min(num_kept, ATTENTION_SINK_TOKENS))
+            num_kept = min(num_kept, ATTENTION_SINK_TOKENS)
         self._num_dropped += num_dropping
         return self._window(context), num_kept
 

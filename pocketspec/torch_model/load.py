@@ -17,16 +17,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from memplanner.torch_sizes import WEIGHT_FORMATS, compute_format
 from pocketspec.errors import UserError
 from pocketspec.torch_model.model import Transformer, rope_inv_freq
-from pocketspec.torch_model.quantize import FLOAT_DTYPES, WEIGHT_FORMATS, Int4Linear, Int8Linear, swap_linears
+from pocketspec.torch_model.quantize import FLOAT_DTYPES, Int4Linear, Int8Linear, swap_linears
 
 
 def compute_dtype(weights_format: str, device: torch.device) -> torch.dtype:
-    """The dtype activations run in: the weights' own float type; int8/int4 run in fp32 on CPU, bf16 on GPU."""
-    if weights_format in FLOAT_DTYPES:
-        return FLOAT_DTYPES[weights_format]
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
+    """The dtype activations run in (memplanner.torch_sizes.compute_format)."""
+    return FLOAT_DTYPES[compute_format(weights_format, on_gpu=device.type != "cpu")]
 
 
 def open_weights(path: Path | str):

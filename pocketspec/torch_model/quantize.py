@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-INT4_GROUP_SIZE = 32
-WEIGHT_FORMATS = ("fp32", "bf16", "fp16", "int8", "int4")
+from memplanner.torch_sizes import INT4_GROUP_SIZE
+
 FLOAT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

@@ -1,0 +1,18 @@
+"""Defaults the planner, the runtime and the CLI share, each defined here once.
+
+memplanner is the lowest layer (it imports neither pocketspec nor torch), so a value both
+the planner and the runtime need lives here; pocketspec.settings and the CLI read it.
+"""
+
+from __future__ import annotations
+
+MAX_GAMMA = 8  # a draft model's longest draft; its verify pass reads MAX_GAMMA + 1 logits rows
+# A draftless (n-gram) proposal costs nothing to draft, so only the verify's width limits it:
+# on the 2-core CPU a verify of 16 rows costs what one of 8 does (issue 13's llama-bench table).
+MAX_DRAFTLESS_GAMMA = 31
+MAX_NEW_TOKENS = 128  # tokens one generate call (or one bench prompt) may add
+ATTENTION_SINK_TOKENS = 4  # first tokens a sliding draft window always keeps (StreamingLLM)
+# Per-token acceptance before any is measured, from the qwen-coder pair: the planner
+# predicts speed with it and the runtime's γ controller starts from it.
+ACCEPTANCE_PRIORS = {"model": 0.8, "ngram": 0.3, "none": 0.0}
+LLAMA_KV_TYPES = ("f16", "q8_0", "q4_0")  # llama.cpp KV cache types, best first: quantized KV changes outputs slightly
