@@ -62,7 +62,7 @@ def runtime_options(function):
                                  "differ where the target's two best logits are within kernel rounding.")(function)
     function = repack_option(function)
     function = click.option("--threads", type=click.IntRange(min=0), default=MODEL.num_threads, help="CPU threads (0: all this process may use).")(function)
-    function = click.option("--kv-type", type=click.Choice(["f16", "q8_0", "q4_0"]), default=None, help="KV cache type (default: the plan's choice, else f16).")(function)
+    function = click.option("--kv-type", type=click.Choice(["f16", "q8_0", "q4_0"]), default=None, help="The target's KV cache type [default: f16]; a memory plan never changes it, only the draft's.")(function)
     function = click.option("--max-context", type=click.IntRange(min=64, max=131072), default=None, help=f"Target context in tokens [default: {MODEL.max_context}].")(function)
     function = click.option("--memory-budget", default=None, help="Memory budget for everything, e.g. 512MiB, 3GiB, 3.5G.")(function)
     function = click.option("--gamma", default="auto", show_default=True, help="Draft length: `auto` (adaptive) or a fixed N.")(function)

@@ -50,9 +50,10 @@ def worker(config: dict) -> dict:
 
     choice = choose_models(target=config["target"], draft=config["draft"], pair=None)
     applied = apply_plan(choice, config["budget"], ModelSettings(max_context=config["context"]), SpeculationSettings(),
-                         NEW_TOKENS, 0.0, None, alpha=config.get("alpha"))
+                         NEW_TOKENS, 0.0, alpha=config.get("alpha"))
     engine = load_engine(applied.choice, target_settings=applied.target_settings,
-                         draft_settings=draft_settings_for(applied.target_settings, applied.draft_max_context),
+                         draft_settings=draft_settings_for(applied.target_settings, applied.draft_max_context,
+                                                           draft_kv_type=applied.speculation.draft_kv_type),
                          speculation=applied.speculation)
     tokenizer = engine.target.tokenizer
     text = (ROOT / "benchmarks" / "data" / "spec_bench.jsonl").read_text()
@@ -73,7 +74,7 @@ def worker(config: dict) -> dict:
         "sampled_peak_bytes": sampled_peak[0] - baseline,
         "budget_bytes": applied.budget_bytes,
         "terms": applied.plan.terms,
-        "drafter": settings.drafter, "max_gamma": settings.max_gamma, "kv_type": settings.target_kv_type,
+        "drafter": settings.drafter, "max_gamma": settings.max_gamma, "kv_type": settings.target_kv_type, "draft_kv_type": settings.draft_kv_type,
         "draft_window": settings.draft_kv_window, "n_ubatch": settings.n_ubatch,
         "degradations": applied.plan.degradations,
         "decode_tokens_per_second": result.stats.decode_tokens_per_second,

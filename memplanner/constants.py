@@ -11,19 +11,22 @@ MEASURED_ON = "2-core x86_64 CPU, llama-cpp-python 0.3.36 portable build"
 # llama.cpp rounds n_ctx up to a multiple of 256 (observed: 300 -> 512, 4105 -> 4352 cells).
 LLAMA_CPP_N_CTX_PAD = 256
 
-# RSS that importing llama_cpp and llama_backend_init add to the CLI's baseline (its Python
-# modules loaded, no model): the quantity `generate --json` reports starts there (max over 3 runs).
+# RSS of the Python interpreter with the CLI's modules imported, before any backend library
+# or model (max over 3 runs): the first part of the whole-process peak a CPU budget bounds.
+PROCESS_BASE_BYTES = 44355584
+# RSS that importing llama_cpp and llama_backend_init add to that base (max over 3 runs).
 RUNTIME_OVERHEAD_BYTES = {"cpu": 7565312}
 # Not measured: a CUDA context and cuBLAS workspace are commonly 300-500 MiB of device memory.
 ESTIMATED_CUDA_OVERHEAD_BYTES = 512 * 1024 * 1024
 
-# RSS a loaded model adds beyond its mmapped file and repacked weights: vocabulary tables and
-# tensor metadata, fitted as per_vocab * vocab_size + base over the three models.
+# RSS a loaded model adds beyond its weights (the mapped file, or the tensors read without mmap)
+# and repacked weights: vocabulary tables and tensor metadata, fitted as per_vocab * vocab_size
+# + base over the three models.
 MODEL_METADATA_BYTES_PER_VOCAB = 264
 MODEL_METADATA_BASE_BYTES = 4055564
 
 # The CPU backend copies these weight types into an interleaved CPU_REPACK buffer at load
-# (anonymous memory on top of the mapped file); token_embd is never repacked (observed:
+# (anonymous memory; the GGUF is then read without mmap); token_embd is never repacked (observed:
 # 596.53 MiB of Q4_K for qwen2.5-coder-1.5b, 28.05 MiB for the 0.5b, none for Q4_1/Q8_0).
 REPACKED_TYPES = ("Q4_0", "Q4_K", "IQ4_NL")
 

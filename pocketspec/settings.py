@@ -30,6 +30,9 @@ class SpeculationSettings:
     drafter: str = "auto"  # auto | model | ngram | none | mixed
     gamma: int | None = None  # None: adaptive (`--gamma auto`)
     max_gamma: int = 8
+    # The draft model's KV cache (llama.cpp): f16 | q8_0 | q4_0. Its precision moves only the
+    # acceptance rate, never the output, so a memory plan may quantize it (the target's never).
+    draft_kv_type: str = "f16"
     ngram_min: int = 2
     ngram_max: int = 4
     # llama.cpp's batched kernels round differently from its one-token kernels (on CPU,

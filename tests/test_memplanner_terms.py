@@ -42,8 +42,12 @@ def test_kv_cache_torch_is_not_padded():
 
 
 def test_weight_terms():
-    assert terms.mapped_weights_bytes(TINY) == 12_000
-    assert terms.mapped_weights_bytes(TINY, "cuda") == 10_000
+    assert terms.resident_weights_bytes(TINY) == 12_000  # mmapped: the whole file
+    assert terms.resident_weights_bytes(TINY, "cuda", repack_weights=True) == 10_000
+    # read without mmap where weights are repacked: only the tensors left out of the repack buffer
+    assert terms.resident_weights_bytes(TINY, "cpu", repack_weights=True) == 10_000 - 3_000
+    assert terms.loads_without_mmap(TINY, "cpu", True)
+    assert not terms.loads_without_mmap(TINY, "cpu", False) and not terms.loads_without_mmap(TINY, "cuda", True)
     assert terms.repacked_weights_bytes(TINY) == 3_000
     assert terms.repacked_weights_bytes(TINY, "cuda") == 0
     expected = constants.MODEL_METADATA_BYTES_PER_VOCAB * 1000 + constants.MODEL_METADATA_BASE_BYTES
