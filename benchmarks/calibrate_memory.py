@@ -141,8 +141,9 @@ def worker(name: str) -> dict:
 
     model_params = llama_cpp.llama_model_default_params()
     model_params.n_gpu_layers = 0
-    model_params.use_mmap = not loads_without_mmap(shape_from_gguf(MODELS_DIR / f"{name}.gguf"), "cpu", True)
-    record["use_mmap"] = bool(model_params.use_mmap)
+    if loads_without_mmap(shape_from_gguf(MODELS_DIR / f"{name}.gguf"), "cpu", True):
+        model_params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+    record["use_mmap"] = model_params.load_mode != llama_cpp.LLAMA_LOAD_MODE_NONE
     started = time.perf_counter()
     model = llama_cpp.llama_model_load_from_file(str(MODELS_DIR / f"{name}.gguf").encode(), model_params)
     record["load_seconds"] = time.perf_counter() - started

@@ -83,7 +83,7 @@ def fit_and_write(observations, models_dir) -> None:
         over = [const[flash] - value for value in values]
         print(f"compute, flash_attn={flash}: {len(values)} contexts, const {const[flash] / MIB:.2f} MiB, "
               f"over-prediction median {statistics.median(over) / MIB:.2f} MiB, max {max(over) / MIB:.2f} MiB")
-    base = [record["rss_baseline"]["rss"] for record in observations["models"] if "rss_baseline" in record]
+    process_base = [record["rss_baseline"]["rss"] for record in observations["models"] if "rss_baseline" in record]
     runtime = [record["rss_runtime"]["rss"] - record["rss_baseline"]["rss"]
                for record in observations["models"] if "rss_baseline" in record]
     metadata_x, metadata_y = [], []
@@ -105,7 +105,7 @@ def fit_and_write(observations, models_dir) -> None:
     per_vocab, base = np.linalg.lstsq(np.array(metadata_x), np.array(metadata_y), rcond=None)[0]
     CONSTANTS.write_text(TEMPLATE.format(
         date=observations["date"], device=DEVICE,
-        process_base=int(max(base)), runtime=int(max(runtime)), per_vocab=int(round(per_vocab)), base=int(max(base, 0)),
+        process_base=int(max(process_base)), runtime=int(max(runtime)), per_vocab=int(round(per_vocab)), base=int(max(base, 0)),
         const_fa=const[True], const_nofa=const[False], **coefficients,
     ))
     print(f"wrote {CONSTANTS}")

@@ -41,7 +41,8 @@ def worker(model_path: str, use_mmap: bool) -> dict:
     llama_cpp.llama_log_set(quiet, None)
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_default_params()
-    params.n_gpu_layers, params.use_mmap, params.use_extra_bufts = 0, use_mmap, True
+    params.n_gpu_layers, params.use_extra_bufts = 0, True
+    params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
     started = time.perf_counter()
     model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
     load_seconds = time.perf_counter() - started

@@ -57,8 +57,8 @@ class LlamaCppBackend:
             shape = shape_from_gguf(model_path)
         except (OSError, ValueError) as error:
             raise UserError(f"llama.cpp could not load {model_path}: {error}; check the file or re-pull it") from None
-        model_params.use_mmap = settings.use_mmap and not loads_without_mmap(shape, _device_kind(settings),
-                                                                             settings.repack_weights)
+        if loads_without_mmap(shape, _device_kind(settings), settings.repack_weights):
+            model_params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE  # read, not mapped (default AUTO maps)
         if settings.devices:
             split = llama_split(settings, shape.num_layers, llama_cpp.LLAMA_MAX_DEVICES)
             self._tensor_split = apply_llama_split(model_params, split)
