@@ -4,7 +4,7 @@ plan() keeps every candidate (memplanner/options.py) whose predicted peak fits t
 and takes the fastest by the step-cost model (memplanner/costs.py). The feasible set only
 grows with the budget, so more budget never gives a slower plan. A budget below
 min_budget_any, the smallest candidate (plain decoding at the user's KV type, smallest
-n_ubatch, weights not repacked where that saves memory), is refused before anything loads;
+n_ubatch), is refused before anything loads;
 the refusal names `--kv-type q8_0` when only a quantized target KV cache would fit, since
 that changes the target's output and is the user's choice, never the planner's.
 """
