@@ -40,7 +40,7 @@ def describe(plan_: Plan) -> str:
     parts = [f"drafter {settings.drafter}", f"max γ {settings.max_gamma}",
              f"target KV {settings.target_kv_type} × {settings.target_n_ctx}", f"n_ubatch {settings.n_ubatch}"]
     if settings.drafter == "model":
-        parts.append(f"draft KV window {settings.draft_kv_window}")
+        parts.append(f"draft KV {settings.draft_kv_type}, window {settings.draft_kv_window}")
     if not settings.repack_weights:
         parts.append("weights not repacked")
     return (f"memory plan: predicted peak {format_bytes(plan_.predicted_peak_bytes)} of "
@@ -49,15 +49,16 @@ def describe(plan_: Plan) -> str:
 
 def workload_for(choice: ModelChoice, target_settings: ModelSettings, speculation: SpeculationSettings,
                  max_new_tokens: int, temperature: float) -> Workload:
+    """What the user asked for, the target's KV type included (the plan keeps it as it is)."""
     # `--draft none` asks for plain decoding: plan no draft buffers at all (γ = 0)
     max_gamma = 0 if choice.drafter == "none" else (speculation.gamma or speculation.max_gamma)
     return Workload(max_context=target_settings.max_context, max_new_tokens=max_new_tokens,
-                    max_gamma=max_gamma, temperature=temperature)
+                    max_gamma=max_gamma, temperature=temperature, target_kv_type=target_settings.kv_type)
 
 
 def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSettings,
                speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
-               kv_type: str | None, alpha: float | None = None,
+               alpha: float | None = None,
                repack: tuple[bool, ...] = REPACK_EITHER) -> AppliedPlan:
     budget_bytes = parse_budget(memory_budget)
     target_shape = shape_from_gguf(choice.target_path)
@@ -75,30 +76,31 @@ def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSe
         raise UserError(plan_.reason)
     notes += [describe(plan_)] + [f"memory plan: {step}" for step in plan_.degradations]
     choice, target_settings, speculation, draft_max_context = settings_from_plan(
-        plan_.settings, choice, target_settings, speculation, kv_type)
+        plan_.settings, choice, target_settings, speculation)
     return AppliedPlan(choice, target_settings, speculation, draft_max_context, plan_, budget_bytes, notes)
 
 
 def settings_from_plan(settings: PlanSettings, choice: ModelChoice, target_settings: ModelSettings,
-                       speculation: SpeculationSettings, kv_type: str | None):
-    """The planned drafter, KV cache, batch and γ put into the runtime's settings:
-    (choice, target_settings, speculation, draft_max_context)."""
+                       speculation: SpeculationSettings):
+    """The planned drafter, draft KV cache, batch and γ put into the runtime's settings:
+    (choice, target_settings, speculation, draft_max_context). The target's KV type is the user's:
+    the plan was made with it (Workload.target_kv_type) and never changes it."""
     runtime_drafter = {"model": "auto", "ngram": "ngram", "none": "none"}[settings.drafter]
     draft_path = choice.draft_path if runtime_drafter == "auto" else None
     choice = ModelChoice(choice.target_path, draft_path, runtime_drafter)
-    if kv_type is not None and kv_type != settings.target_kv_type:
-        raise UserError(f"--kv-type {kv_type} conflicts with the memory plan's {settings.target_kv_type}: "
-                        "leave --kv-type out when giving --memory-budget")
+    if settings.target_kv_type != target_settings.kv_type:
+        raise AssertionError(f"the plan changed the target's KV type {target_settings.kv_type} -> "
+                             f"{settings.target_kv_type}")
     target_settings = replace(
         target_settings,
         max_context=settings.target_n_ctx,  # the context plus γ + 1 verify slots, padded as llama.cpp pads
-        kv_type=settings.target_kv_type,
         n_batch=settings.n_batch,
         n_ubatch=settings.n_ubatch,
         max_logits_rows=max(1, settings.logits_rows),
         repack_weights=settings.repack_weights,
     )
     fixed_gamma = None if speculation.gamma is None else min(speculation.gamma, settings.max_gamma)
-    speculation = replace(speculation, drafter=runtime_drafter, max_gamma=settings.max_gamma, gamma=fixed_gamma)
+    speculation = replace(speculation, drafter=runtime_drafter, max_gamma=settings.max_gamma, gamma=fixed_gamma,
+                          draft_kv_type=settings.draft_kv_type)
     draft_max_context = settings.draft_n_ctx if draft_path is not None else None
     return choice, target_settings, speculation, draft_max_context

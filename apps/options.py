@@ -65,7 +65,8 @@ def runtime_options(function):
     function = repack_option(function)
     function = click.option("--threads", type=click.IntRange(min=0), default=MODEL.num_threads, help="CPU threads (0: all this process may use).")(function)
     function = click.option("--kv-type", type=click.Choice(LLAMA_KV_TYPES), default=None,
-                            help=f"KV cache type (default: the plan's choice, else {MODEL.kv_type}).")(function)
+                            help="The target's KV cache type [default: f16]; a memory plan never changes it, "
+                                 "only the draft's.")(function)
     function = click.option("--max-context", type=click.IntRange(min=64, max=131072), default=None, help=f"Target context in tokens [default: {MODEL.max_context}].")(function)
     function = click.option("--memory-budget", default=None, help="Memory budget for everything, e.g. 512MiB, 3GiB, 3.5G.")(function)
     function = click.option("--gamma", default="auto", show_default=True, help="Draft length: `auto` (adaptive) or a fixed N.")(function)

@@ -8,7 +8,7 @@ import click
 
 from apps.options import (GENERATION, LARGEST_GAMMA, MODEL, SAMPLING, SPECULATION, model_choice_options,
                           repack_allowed, repack_option)
-from memplanner.defaults import ACCEPTANCE_PRIORS
+from memplanner.defaults import ACCEPTANCE_PRIORS, LLAMA_KV_TYPES
 from memplanner.device import detect_device
 from memplanner.planner import Plan, Workload, plan
 from memplanner.shapes import shape_from_gguf
@@ -25,7 +25,7 @@ def _settings_line(plan_: Plan | SplitPlan) -> str:
         parts.append(f"max gamma {s.max_gamma}")
     parts.append(f"target KV {s.target_kv_type} x {s.target_n_ctx} cells")
     if s.drafter == "model":
-        parts.append(f"draft KV window {s.draft_kv_window} tokens ({s.draft_n_ctx} cells)")
+        parts.append(f"draft KV {s.draft_kv_type}, window {s.draft_kv_window} tokens ({s.draft_n_ctx} cells)")
     parts += [f"n_batch {s.n_batch}", f"n_ubatch {s.n_ubatch}", f"logits rows {s.logits_rows}",
               f"flash attention {s.flash_attn}"]
     if s.target_device == "cpu":
@@ -47,7 +47,8 @@ def _print_plan(plan_: Plan, title: str) -> None:
     for step in plan_.degradations:
         click.echo(f"  - {step}")
     click.echo(f"predicted speed: {plan_.predicted_tokens_per_second:.1f} tok/s")
-    click.echo(f"minimum to run at all: {format_bytes(plan_.min_budget_any_bytes)} (plain decoding, f16 KV); "
+    click.echo(f"minimum to run at all: {format_bytes(plan_.min_budget_any_bytes)} (plain decoding, "
+               f"{plan_.settings.target_kv_type} KV); "
                f"to keep 95% of the best speed: {format_bytes(plan_.min_budget_keep_bytes)}")
     if plan_.reason:
         click.echo(f"note: {plan_.reason}")
@@ -101,12 +102,14 @@ def _plan_devices(devices, memory_budget, target_shape, draft_shape, workload, a
 @click.option("--max-tokens", type=click.IntRange(min=1), default=GENERATION.max_new_tokens, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=SAMPLING.temperature, show_default=True)
 @click.option("--max-gamma", type=click.IntRange(min=1, max=LARGEST_GAMMA), default=SPECULATION.max_gamma, show_default=True)
+@click.option("--kv-type", type=click.Choice(LLAMA_KV_TYPES), default=MODEL.kv_type, show_default=True,
+              help="The target's KV cache type; the plan never changes it (only the draft's).")
 @click.option("--alpha", type=click.FloatRange(min=0.0, max=1.0), default=None,
               help=f"Expected per-token acceptance of the draft model [default: {ACCEPTANCE_PRIORS['model']}].")
 @repack_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan_command(target, draft, pair, memory_budget, devices, max_context, max_tokens, temperature, max_gamma,
-                 alpha, repack, as_json):
+                 kv_type, alpha, repack, as_json):
     """Show which settings fit a memory budget, every memory term, and the predicted speed."""
     is_split = devices is not None or is_per_device_budget(memory_budget)
     if is_split and memory_budget is None:
@@ -122,7 +125,8 @@ def plan_command(target, draft, pair, memory_budget, devices, max_context, max_t
         raise UserError(f"--max-context {max_context} exceeds {target_shape.name}'s trained context "
                         f"{target_shape.context_length_trained}; lower it")
     # `--draft none` asks for plain decoding: no gamma to plan
-    workload = Workload(max_context, max_tokens, 1, 0 if choice.drafter == "none" else max_gamma, temperature)
+    workload = Workload(max_context, max_tokens, 1, 0 if choice.drafter == "none" else max_gamma, temperature,
+                        target_kv_type=kv_type)
     pair_name = target_shape.name + (f" + {draft_shape.name}" if draft_shape else f" ({'n-gram drafting' if choice.drafter == 'ngram' else 'plain decoding'})")
     if is_split:
         _plan_devices(devices, memory_budget, target_shape, draft_shape, workload, alpha, repack_allowed(repack),

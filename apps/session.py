@@ -21,21 +21,21 @@ from pocketspec.stats import GenerationStats, peak_rss_bytes
 class Session:
     engine: object
     choice: ModelChoice
-    baseline_rss_bytes: int
     budget_bytes: int | None = None
     plan: object | None = None
     notes: list[str] = field(default_factory=list)
 
     def peak_memory_bytes(self) -> int:
-        """The allocators' peaks, summed over every GPU the target uses (torch backend); on a CPU,
-        peak resident memory above the process's baseline before any model loaded."""
+        """What --memory-budget bounds: the allocators' peaks, summed over every GPU the target uses
+        (torch backend); on a CPU the whole process's peak resident memory (VmHWM, as `top` and
+        /usr/bin/time -v show it), the interpreter and the CLI's own modules included."""
         gpu_peaks = getattr(self.engine.target, "allocator_peaks", dict)()
         if gpu_peaks:
             return sum(gpu_peaks.values())
-        return max(0, peak_rss_bytes() - self.baseline_rss_bytes)
+        return peak_rss_bytes()
 
     def memory_in_use_bytes(self) -> int:
-        return max(0, psutil.Process().memory_info().rss - self.baseline_rss_bytes)
+        return psutil.Process().memory_info().rss
 
     def stats_dict(self, stats: GenerationStats) -> dict:
         result = stats.as_dict()
@@ -52,7 +52,6 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
                 repack=None, exact_verify=SPECULATION.exact_verify, announce=True,
                 pull_if_missing=False, **backend_options):
     """backend_options: the flags of apps.backend_options (--backend, --device, --weights, ...)."""
-    baseline_rss_bytes = psutil.Process().memory_info().rss
     choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
     fixed_gamma = parse_gamma(gamma)
     target_settings = ModelSettings(
@@ -71,7 +70,7 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
     notes_after_loading: list[str] = []  # a split's plan is announced once loaded: a load error stays one line
     if is_split(target_settings.devices, memory_budget):
         applied = apply_split(choice, memory_budget, target_settings, speculation, max_new_tokens, temperature,
-                              kv_type, repack=repack_allowed(repack))
+                              repack=repack_allowed(repack))
         choice, target_settings, speculation = applied.choice, applied.target_settings, applied.speculation
         draft_max_context, draft_device, budget_bytes = applied.draft_max_context, applied.draft_device, applied.budget_bytes
         session_plan, notes, notes_after_loading = applied, list(applied.notes), list(applied.notes)
@@ -88,7 +87,7 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
     elif memory_budget is not None:
         from apps.budget import apply_plan
 
-        applied = apply_plan(choice, memory_budget, target_settings, speculation, max_new_tokens, temperature, kv_type,
+        applied = apply_plan(choice, memory_budget, target_settings, speculation, max_new_tokens, temperature,
                              repack=repack_allowed(repack))
         choice, target_settings, speculation, draft_max_context = (
             applied.choice, applied.target_settings, applied.speculation, applied.draft_max_context)
@@ -100,7 +99,7 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
     engine = load_engine(
         choice,
         target_settings=target_settings,
-        draft_settings=draft_settings_for(target_settings, draft_max_context, draft_device),
+        draft_settings=draft_settings_for(target_settings, draft_max_context, draft_device, speculation.draft_kv_type),
         sampling=sampling,
         speculation=speculation,
         notify=(lambda line: click.echo(line, err=True)) if announce else None,
@@ -110,6 +109,6 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
             click.echo(note, err=True)
     notes.extend(engine.notes)
     try:
-        yield Session(engine, choice, baseline_rss_bytes, budget_bytes, session_plan, notes)
+        yield Session(engine, choice, budget_bytes, session_plan, notes)
     finally:
         close_engine(engine)

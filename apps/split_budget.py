@@ -77,7 +77,7 @@ def _torch_split(applied: AppliedSplit, budgets: list[DeviceBudget]) -> AppliedS
 
 
 def _llama_split(applied: AppliedSplit, budgets: list[DeviceBudget], max_new_tokens: int, temperature: float,
-                 kv_type: str | None, alpha: float | None, repack: tuple[bool, ...]) -> AppliedSplit:
+                 alpha: float | None, repack: tuple[bool, ...]) -> AppliedSplit:
     choice = applied.choice
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
@@ -86,7 +86,7 @@ def _llama_split(applied: AppliedSplit, budgets: list[DeviceBudget], max_new_tok
     if not found.feasible:
         raise UserError(found.reason)
     applied.choice, target_settings, applied.speculation, applied.draft_max_context = settings_from_plan(
-        found.settings, choice, applied.target_settings, applied.speculation, kv_type)
+        found.settings, choice, applied.target_settings, applied.speculation)
     applied.target_settings = replace(target_settings, layers_per_device=tuple(s.num_layers for s in found.shares))
     applied.draft_device = found.draft_device if applied.choice.draft_path is not None else None
     applied.notes = [_share_note(share.device, share.first_layer, share.num_layers, share.terms, share.budget_bytes)
@@ -96,7 +96,7 @@ def _llama_split(applied: AppliedSplit, budgets: list[DeviceBudget], max_new_tok
 
 
 def apply_split(choice: ModelChoice, memory_budget: str | None, target_settings: ModelSettings,
-                speculation: SpeculationSettings, max_new_tokens: int, temperature: float, kv_type: str | None,
+                speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
                 alpha: float | None = None, repack: tuple[bool, ...] = REPACK_EITHER) -> AppliedSplit:
     """The devices (from --devices or the budget's names), each one's blocks, and the notes that show them."""
     budgets = None
@@ -119,4 +119,4 @@ def apply_split(choice: ModelChoice, memory_budget: str | None, target_settings:
     applied.budget_bytes = sum(budget.budget_bytes for budget in budgets)
     if target_settings.backend == "torch":
         return _torch_split(applied, budgets)
-    return _llama_split(applied, budgets, max_new_tokens, temperature, kv_type, alpha, repack)
+    return _llama_split(applied, budgets, max_new_tokens, temperature, alpha, repack)

@@ -4,7 +4,9 @@
     .venv/bin/python benchmarks/calibrate_memory.py --fit-only benchmarks/results/memory_calibration.json
 
 Each model is measured in a fresh worker process, so its RSS starts from the same
-baseline as the CLI's (its Python modules imported, no backend library, no model). A worker loads the model once, creates many contexts over a grid of
+base as the CLI's (its Python modules imported, no backend library, no model). A worker
+loads the model once, as the runtime does (read without mmap where its weights are
+repacked: memplanner.terms.loads_without_mmap), creates many contexts over a grid of
 n_ctx / n_ubatch / n_outputs_max / flash-attention settings and reads the buffer sizes
 llama.cpp logs at context creation ("KV buffer size", "compute buffer size", "output
 buffer size"). It then holds one context, decodes into it and records RSS and its
@@ -134,8 +136,14 @@ def worker(name: str) -> dict:
     logs = LogCapture(llama_cpp)
     llama_cpp.llama_backend_init()
     record["rss_runtime"] = rss_bytes()
+    from memplanner.shapes import shape_from_gguf
+    from memplanner.terms import loads_without_mmap
+
     model_params = llama_cpp.llama_model_default_params()
     model_params.n_gpu_layers = 0
+    if loads_without_mmap(shape_from_gguf(MODELS_DIR / f"{name}.gguf"), "cpu", True):
+        model_params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE
+    record["use_mmap"] = model_params.load_mode != llama_cpp.LLAMA_LOAD_MODE_NONE
     started = time.perf_counter()
     model = llama_cpp.llama_model_load_from_file(str(MODELS_DIR / f"{name}.gguf").encode(), model_params)
     record["load_seconds"] = time.perf_counter() - started

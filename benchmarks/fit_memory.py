@@ -83,25 +83,29 @@ def fit_and_write(observations, models_dir) -> None:
         over = [const[flash] - value for value in values]
         print(f"compute, flash_attn={flash}: {len(values)} contexts, const {const[flash] / MIB:.2f} MiB, "
               f"over-prediction median {statistics.median(over) / MIB:.2f} MiB, max {max(over) / MIB:.2f} MiB")
+    process_base = [record["rss_baseline"]["rss"] for record in observations["models"] if "rss_baseline" in record]
     runtime = [record["rss_runtime"]["rss"] - record["rss_baseline"]["rss"]
                for record in observations["models"] if "rss_baseline" in record]
     metadata_x, metadata_y = [], []
     for record in observations["models"]:
         if "rss_loaded" not in record:
             continue
-        model_mib = sum(v for k, v in record["model_buffers"].items() if k.startswith("model:"))
-        extra = record["rss_loaded"]["rss"] - record["rss_runtime"]["rss"] - record["file_bytes"]
-        repack = record["model_buffers"].get("model:CPU_REPACK", 0.0) * MIB
         from memplanner.shapes import shape_from_gguf
+        from memplanner.terms import resident_weights_bytes
 
         shape = shape_from_gguf(Path(models_dir) / f"{record['model']}.gguf")
+        model_mib = sum(v for k, v in record["model_buffers"].items() if k.startswith("model:"))
+        # the weights as loaded: the mapped file, or read without mmap the tensors not repacked
+        weights = resident_weights_bytes(shape, "cpu", repack_weights=True)
+        extra = record["rss_loaded"]["rss"] - record["rss_runtime"]["rss"] - weights
+        repack = record["model_buffers"].get("model:CPU_REPACK", 0.0) * MIB
         metadata_x.append([shape.vocab_size, 1.0]); metadata_y.append(extra - repack)
         print(f"{record['model']}: model buffers {model_mib:.2f} MiB, repacked {repack / MIB:.2f} MiB, "
-              f"RSS over file+repack {(extra - repack) / MIB:.2f} MiB")
+              f"RSS over weights+repack {(extra - repack) / MIB:.2f} MiB")
     per_vocab, base = np.linalg.lstsq(np.array(metadata_x), np.array(metadata_y), rcond=None)[0]
     CONSTANTS.write_text(TEMPLATE.format(
         date=observations["date"], device=DEVICE,
-        runtime=int(max(runtime)), per_vocab=int(round(per_vocab)), base=int(max(base, 0)),
+        process_base=int(max(process_base)), runtime=int(max(runtime)), per_vocab=int(round(per_vocab)), base=int(max(base, 0)),
         const_fa=const[True], const_nofa=const[False], **coefficients,
     ))
     print(f"wrote {CONSTANTS}")
@@ -120,19 +124,22 @@ MEASURED_ON = "{device}"
 # llama.cpp rounds n_ctx up to a multiple of 256 (observed: 300 -> 512, 4105 -> 4352 cells).
 LLAMA_CPP_N_CTX_PAD = 256
 
-# RSS that importing llama_cpp and llama_backend_init add to the CLI's baseline (its Python
-# modules loaded, no model): the quantity `generate --json` reports starts there (max over 3 runs).
+# RSS of the Python interpreter with the CLI's modules imported, before any backend library
+# or model (max over 3 runs): the first part of the whole-process peak a CPU budget bounds.
+PROCESS_BASE_BYTES = {process_base}
+# RSS that importing llama_cpp and llama_backend_init add to that base (max over 3 runs).
 RUNTIME_OVERHEAD_BYTES = {{"cpu": {runtime}}}
 # Not measured: a CUDA context and cuBLAS workspace are commonly 300-500 MiB of device memory.
 ESTIMATED_CUDA_OVERHEAD_BYTES = 512 * 1024 * 1024
 
-# RSS a loaded model adds beyond its mmapped file and repacked weights: vocabulary tables and
-# tensor metadata, fitted as per_vocab * vocab_size + base over the three models.
+# RSS a loaded model adds beyond its weights (the mapped file, or the tensors read without mmap)
+# and repacked weights: vocabulary tables and tensor metadata, fitted as per_vocab * vocab_size
+# + base over the three models.
 MODEL_METADATA_BYTES_PER_VOCAB = {per_vocab}
 MODEL_METADATA_BASE_BYTES = {base}
 
 # The CPU backend copies these weight types into an interleaved CPU_REPACK buffer at load
-# (anonymous memory on top of the mapped file); token_embd is never repacked (observed:
+# (anonymous memory; the GGUF is then read without mmap); token_embd is never repacked (observed:
 # 596.53 MiB of Q4_K for qwen2.5-coder-1.5b, 28.05 MiB for the 0.5b, none for Q4_1/Q8_0).
 REPACKED_TYPES = ("Q4_0", "Q4_K", "IQ4_NL")
 

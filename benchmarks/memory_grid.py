@@ -2,12 +2,11 @@
 
     .venv/bin/python benchmarks/memory_grid.py [--quick]
 
-Each configuration runs in a fresh worker process. The worker records its RSS
-before any model loads, plans with memplanner for the budget, loads exactly what
+Each configuration runs in a fresh worker process. The worker imports the CLI's modules
+(as `pocketspec generate` does), plans with memplanner for the budget, loads exactly what
 the plan says, prefills a prompt that fills the context (the plan's worst case),
-generates, and reports its peak RSS above that baseline (taken, as the CLI takes it,
-with the CLI's Python modules loaded) (VmHWM, and psutil
-sampled every 5 ms). Results: benchmarks/results/memory_grid.{json,md}.
+generates, and reports the whole process's peak resident memory, what a budget bounds
+(VmHWM, and psutil's RSS sampled every 5 ms). Results: benchmarks/results/memory_grid.{json,md}.
 """
 
 from __future__ import annotations
@@ -30,10 +29,9 @@ NEW_TOKENS = 24
 
 
 def worker(config: dict) -> dict:
-    import apps.cli  # noqa: F401  (the baseline `generate --json` measures from: CLI modules loaded)
+    import apps.cli  # noqa: F401  (what `generate` holds before it loads anything)
 
-    baseline = psutil.Process().memory_info().rss
-    sampled_peak = [baseline]
+    sampled_peak = [psutil.Process().memory_info().rss]
     stop = threading.Event()
 
     def sample() -> None:
@@ -50,9 +48,10 @@ def worker(config: dict) -> dict:
 
     choice = choose_models(target=config["target"], draft=config["draft"], pair=None)
     applied = apply_plan(choice, config["budget"], ModelSettings(max_context=config["context"]), SpeculationSettings(),
-                         NEW_TOKENS, 0.0, None, alpha=config.get("alpha"))
+                         NEW_TOKENS, 0.0, alpha=config.get("alpha"))
     engine = load_engine(applied.choice, target_settings=applied.target_settings,
-                         draft_settings=draft_settings_for(applied.target_settings, applied.draft_max_context),
+                         draft_settings=draft_settings_for(applied.target_settings, applied.draft_max_context,
+                                                           draft_kv_type=applied.speculation.draft_kv_type),
                          speculation=applied.speculation)
     tokenizer = engine.target.tokenizer
     text = (ROOT / "benchmarks" / "data" / "spec_bench.jsonl").read_text()
@@ -69,11 +68,11 @@ def worker(config: dict) -> dict:
     settings = applied.plan.settings
     return {
         "predicted_peak_bytes": applied.plan.predicted_peak_bytes,
-        "measured_peak_bytes": peak_rss_bytes() - baseline,
-        "sampled_peak_bytes": sampled_peak[0] - baseline,
+        "measured_peak_bytes": peak_rss_bytes(),
+        "sampled_peak_bytes": sampled_peak[0],
         "budget_bytes": applied.budget_bytes,
         "terms": applied.plan.terms,
-        "drafter": settings.drafter, "max_gamma": settings.max_gamma, "kv_type": settings.target_kv_type,
+        "drafter": settings.drafter, "max_gamma": settings.max_gamma, "kv_type": settings.target_kv_type, "draft_kv_type": settings.draft_kv_type,
         "draft_window": settings.draft_kv_window, "n_ubatch": settings.n_ubatch,
         "degradations": applied.plan.degradations,
         "decode_tokens_per_second": result.stats.decode_tokens_per_second,
@@ -146,19 +145,20 @@ def main() -> None:
         records[index] = record
         print(f"{config['target'][:12]} {config['draft'][:12]:>12} ctx {config['context']:>5} budget {config['budget_label']:>10}: "
               f"predicted {format_bytes(record['predicted_peak_bytes'])} measured {format_bytes(record['measured_peak_bytes'])} "
-              f"({record['error_fraction']:+.1%}) {record['drafter']} γ{record['max_gamma']} {record['kv_type']}", file=sys.stderr)
+              f"({record['error_fraction']:+.1%}) {record['drafter']} γ{record['max_gamma']} {record['kv_type']} "
+              f"draft KV {record['draft_kv_type']}", file=sys.stderr)
     measured = [r for r in records if "error" not in r]
     rows = [[r["target"].split("-instruct")[0], r["draft"].split("-instruct")[0], r["context"], r["budget_label"],
-             r["drafter"], r["max_gamma"], r["kv_type"], r["draft_window"], r["n_ubatch"],
+             r["drafter"], r["max_gamma"], r["kv_type"], r["draft_kv_type"], r["draft_window"], r["n_ubatch"],
              format_bytes(r["predicted_peak_bytes"]), format_bytes(r["measured_peak_bytes"]),
              f"{r['error_fraction']:+.1%}", "yes" if r["within_budget"] else "NO", round(r["decode_tokens_per_second"], 1)]
             for r in measured]
     worst = max((abs(r["error_fraction"]) for r in measured), default=float("nan"))
     notes = [f"{len(measured)} of {len(records)} configurations ran; worst |predicted - measured| = {worst:.1%} of measured",
              f"runs over budget: {sum(not r['within_budget'] for r in measured)}",
-             "measured = peak RSS (VmHWM) above the worker's RSS before any model loaded; "
+             "measured = the whole worker process's peak RSS (VmHWM), interpreter and CLI modules included; "
              f"{NEW_TOKENS} new tokens after a prompt that fills the rest of the context"]
-    columns = ["target", "draft", "context", "budget", "drafter", "γ", "KV", "draft window", "n_ubatch",
+    columns = ["target", "draft", "context", "budget", "drafter", "γ", "KV", "draft KV", "draft window", "n_ubatch",
                "predicted", "measured", "error", "in budget", "decode tok/s"]
     _, markdown_path = write_results(ROOT / "benchmarks" / "results", "memory_grid", {"records": records},
                                      "Memory plan: predicted vs measured peak", columns, rows, notes)

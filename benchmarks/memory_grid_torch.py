@@ -6,8 +6,8 @@
 Each configuration (weights format x context x KV dtype x drafter) runs `pocketspec generate
 --backend torch --json` in a fresh process, with a prompt that fills the context and a
 budget equal to the predicted peak plus the reserve the plan keeps free on a CPU (the
-least budget it accepts), and reads `stats.peak_memory_bytes`: peak RSS above the
-CLI's baseline on a CPU, torch.cuda.max_memory_allocated on a GPU. Results go to
+least budget it accepts), and reads `stats.peak_memory_bytes`: the whole process's peak
+RSS (VmHWM) on a CPU, torch.cuda.max_memory_allocated on a GPU. Results go to
 benchmarks/results/memory_grid_torch_<device>.{json,md}.
 """
 
@@ -116,7 +116,7 @@ def write(records: list[dict], args) -> Path:
              format_bytes(r["measured_peak_bytes"]), f"{r['error_fraction']:+.1%}",
              "yes" if r["within_budget"] else "NO", round(r["decode_tokens_per_second"], 1)] for r in measured]
     worst = max((abs(r["error_fraction"]) for r in measured), default=float("nan"))
-    what = "peak RSS above the CLI's baseline" if args.device == "cpu" else "torch.cuda.max_memory_allocated"
+    what = "the whole process's peak RSS (VmHWM)" if args.device == "cpu" else "torch.cuda.max_memory_allocated"
     notes = [f"{len(measured)} of {len(records)} configurations ran; worst |predicted - measured| = {worst:.1%}",
              f"runs over budget (budget = predicted peak + the CPU heap reserve, the least the plan accepts): {sum(not r['within_budget'] for r in measured)}",
              f"measured = {what}; {args.model}, {NEW_TOKENS} new tokens after a prompt that fills the context"]

@@ -1,12 +1,17 @@
 """The settings a plan can choose, every candidate worth considering, and the bytes each needs.
 
+Lossless by construction: every candidate runs the target exactly as the user set it (its
+weights and the KV type of Workload.target_kv_type), so a plan never changes the target's
+output. Only the draft side is traded for memory: the draft's KV type, its window and γ,
+which move the acceptance rate and speed, never the tokens.
+
 A candidate is scored by predicted tokens/s first; among equally fast ones the planner
-prefers, in order, f16 KV over quantized KV, a longer draft window, a larger n_ubatch, and
-then less memory. So as a budget shrinks the planner gives up, in this order: n_ubatch
-(only prompt speed), the draft window, f16 KV, then speed itself (shorter gamma, n-gram
-drafting, plain decoding) as far as the step-cost model says. Not repacking the weights for
-llama.cpp's CPU kernels saves their copy (597 MiB on the 1.5B target) at a predicted
-slowdown, so it too is chosen only where the faster plans do not fit.
+prefers, in order, a longer draft window, f16 draft KV over quantized draft KV, a larger
+n_ubatch, and then less memory. So as a budget shrinks the planner gives up, in this order:
+n_ubatch (only prompt speed), the draft's f16 KV, the draft window, then speed itself
+(shorter gamma, n-gram drafting, plain decoding) as far as the step-cost model says. Not
+repacking the weights for llama.cpp's CPU kernels is chosen only where the faster plans do
+not fit.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from memplanner.shapes import ModelShape
 
 UBATCH_CHOICES = (512, 256, 128, 64)
 DRAFT_CONTEXT_CHOICES = (2048, 1024, 512, 256)  # besides the full context
+DRAFT_KV_PREFERENCE = LLAMA_KV_TYPES  # the draft's KV precision moves only its acceptance, best first
 DRAFTER_UPSIDE = {"ngram": 2, "none": 1, "model": 0}  # at equal speed: see Candidate.preference
 
 
@@ -30,6 +36,7 @@ class Workload:
     batch_size: int = 1
     max_gamma: int = MAX_GAMMA
     temperature: float = 0.0
+    target_kv_type: str = "f16"  # the user's --kv-type: the plan never changes it
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,7 @@ class PlanSettings:
     drafter: str  # "model" | "ngram" | "none"
     max_gamma: int  # 0 for plain decoding
     target_n_ctx: int  # KV cells, already a multiple of 256 as llama.cpp would pad it
-    target_kv_type: str  # f16 | q8_0 | q4_0 (quantized V needs flash attention: "auto" gives it on CPU)
+    target_kv_type: str  # the user's, always (quantized V needs flash attention: "auto" gives it on CPU)
     draft_n_ctx: int  # 0 without a draft model
     draft_kv_window: int  # tokens the draft keeps: sinks + recent; == max_context when full
     n_batch: int
@@ -48,6 +55,7 @@ class PlanSettings:
     draft_device: str
     flash_attn: str = "auto"  # llama.cpp resolves auto to enabled on CPU (observed)
     repack_weights: bool = True  # llama.cpp CPU repack copies, for target and draft alike
+    draft_kv_type: str = "f16"  # f16 | q8_0 | q4_0: the planner's to choose
 
 
 @dataclass(frozen=True)
@@ -59,15 +67,16 @@ class Candidate:
 
     @property
     def preference(self) -> tuple:
-        """Larger is better: speed, f16 KV, drafter upside, draft window, n_ubatch, γ, repack, then less memory.
+        """Larger is better: speed, drafter upside, draft window, f16 draft KV, n_ubatch, γ, repack, less memory.
 
         At equal predicted speed the n-gram drafter beats plain decoding: the runtime's
         controller falls back to γ = 0 by itself, so drafting can only gain, for a few KiB.
         A draft model at no predicted gain is last: it costs its weights.
         """
         s = self.settings
-        return (round(self.tokens_per_second, 9), -LLAMA_KV_TYPES.index(s.target_kv_type), DRAFTER_UPSIDE[s.drafter],
-                s.draft_kv_window, s.n_ubatch, s.max_gamma, s.repack_weights, -self.peak_bytes)
+        return (round(self.tokens_per_second, 9), DRAFTER_UPSIDE[s.drafter], s.draft_kv_window,
+                -DRAFT_KV_PREFERENCE.index(s.draft_kv_type), s.n_ubatch, s.max_gamma, s.repack_weights,
+                -self.peak_bytes)
 
 
 def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape | None,
@@ -76,9 +85,10 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
     s, batch, gamma = settings, settings.batch_size, settings.max_gamma
     device = s.target_device
     found = {
+        "process_base": terms.process_base_bytes(device),
         "runtime_overhead": terms.runtime_overhead_bytes(device),
         "working_set": terms.working_set_bytes(target, s.logits_rows * batch),
-        "target_weights": terms.mapped_weights_bytes(target, device),
+        "target_weights": terms.resident_weights_bytes(target, device, s.repack_weights),
         "target_repacked_weights": terms.repacked_weights_bytes(target, device) if s.repack_weights else 0,
         "target_metadata": terms.model_metadata_bytes(target),
         "target_kv_cache": terms.kv_cache_bytes(target, s.target_n_ctx, s.target_kv_type, num_seqs=batch),
@@ -91,10 +101,10 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
     if s.drafter == "model":
         draft_device = s.draft_device
         found.update({
-            "draft_weights": terms.mapped_weights_bytes(draft, draft_device),
+            "draft_weights": terms.resident_weights_bytes(draft, draft_device, s.repack_weights),
             "draft_repacked_weights": terms.repacked_weights_bytes(draft, draft_device) if s.repack_weights else 0,
             "draft_metadata": terms.model_metadata_bytes(draft),
-            "draft_kv_cache": terms.kv_cache_bytes(draft, s.draft_n_ctx, "f16", num_seqs=batch),
+            "draft_kv_cache": terms.kv_cache_bytes(draft, s.draft_n_ctx, s.draft_kv_type, num_seqs=batch),
             "draft_logits": terms.output_buffer_bytes(draft, batch),
             "draft_compute": terms.compute_buffer_bytes(draft, s.n_ubatch, s.draft_n_ctx, batch),
         })
@@ -112,7 +122,8 @@ def repack_choices(target: ModelShape, draft: ModelShape | None, device_kind: st
 
 def candidate_settings(target: ModelShape, draft: ModelShape | None, workload: Workload,
                        device_kind: str = "cpu", repack: tuple[bool, ...] = (True, False)):
-    """Every configuration considered: repack x drafter x gamma x target KV type x draft window x n_ubatch."""
+    """Every configuration considered: repack x drafter x gamma x draft KV type x draft window x n_ubatch,
+    all with the target's KV type as the user set it."""
     for repack_weights in repack_choices(target, draft, device_kind, repack):
         for settings in _candidate_settings(target, draft, workload, device_kind):
             yield replace(settings, repack_weights=repack_weights)
@@ -120,23 +131,25 @@ def candidate_settings(target: ModelShape, draft: ModelShape | None, workload: W
 
 def _candidate_settings(target: ModelShape, draft: ModelShape | None, workload: Workload, device_kind: str):
     common = dict(batch_size=workload.batch_size, target_device=device_kind, draft_device=device_kind)
+    target_kv = workload.target_kv_type
     plain_ctx = terms.padded_context(workload.max_context)
     for n_ubatch in UBATCH_CHOICES:
-        yield PlanSettings("none", 0, plain_ctx, "f16", 0, 0, n_ubatch, n_ubatch, 1, **common)
+        yield PlanSettings("none", 0, plain_ctx, target_kv, 0, 0, n_ubatch, n_ubatch, 1, **common)
     drafters = ["ngram"] + (["model"] if draft is not None else [])
     for drafter in drafters:
         for gamma in range(1, workload.max_gamma + 1):
             target_ctx = terms.padded_context(workload.max_context + gamma + 1)
-            windows = [(0, 0)]
+            windows, draft_kv_types = [(0, 0)], DRAFT_KV_PREFERENCE[:1]
             if drafter == "model":
+                draft_kv_types = DRAFT_KV_PREFERENCE
                 windows = [(target_ctx, workload.max_context)]
                 windows += [(ctx, ctx - gamma - 1) for ctx in DRAFT_CONTEXT_CHOICES
                             if ctx - gamma - 1 < workload.max_context and ctx - gamma - 1 > 4 * ATTENTION_SINK_TOKENS]
-            for kv_type in LLAMA_KV_TYPES:
+            for draft_kv in draft_kv_types:
                 for draft_ctx, window in windows:
                     for n_ubatch in UBATCH_CHOICES:
-                        yield PlanSettings(drafter, gamma, target_ctx, kv_type, draft_ctx, window,
-                                           n_ubatch, n_ubatch, gamma + 1, **common)
+                        yield PlanSettings(drafter, gamma, target_ctx, target_kv, draft_ctx, window,
+                                           n_ubatch, n_ubatch, gamma + 1, draft_kv_type=draft_kv, **common)
 
 
 def evaluate(settings: PlanSettings, target: ModelShape, draft: ModelShape | None, workload: Workload,

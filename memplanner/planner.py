@@ -3,20 +3,20 @@
 plan() keeps every candidate (memplanner/options.py) whose predicted peak fits the budget
 and takes the fastest by the step-cost model (memplanner/costs.py). The feasible set only
 grows with the budget, so more budget never gives a slower plan. A budget below
-min_budget_any (plain decoding, f16 KV, smallest n_ubatch, weights not repacked: exactly
-what plain llama.cpp needs) is refused before anything loads; quantized KV is used to keep speculation inside a
-budget, never to run below that minimum.
+min_budget_any, the smallest candidate (plain decoding at the user's KV type, smallest
+n_ubatch), is refused before anything loads;
+the refusal names `--kv-type q8_0` when only a quantized target KV cache would fit, since
+that changes the target's output and is the user's choice, never the planner's.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from memplanner.defaults import ACCEPTANCE_PRIORS
 from memplanner.device import DeviceInfo
-from memplanner.options import (UBATCH_CHOICES, Candidate, PlanSettings, Workload, candidate_settings,
-                                evaluate, repack_choices)
+from memplanner.options import Candidate, PlanSettings, Workload, candidate_settings, evaluate
 from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes
 from memplanner import terms
@@ -26,7 +26,8 @@ __all__ = ["Plan", "PlanSettings", "Workload", "plan", "min_budget_any", "min_bu
 
 UNLIMITED = 1 << 62
 REPACK_EITHER = (True, False)  # the plan may repack llama.cpp's CPU weights or not
-_MODEL_TERMS = ("runtime_overhead", "weights", "repacked_weights", "metadata")  # not generation memory
+_MODEL_TERMS = ("process_base", "runtime_overhead", "weights", "repacked_weights", "metadata")  # not generation memory
+QUANTIZED_TARGET_KV = ("q8_0", "q4_0")  # suggested to the user, in this order, when f16 does not fit
 
 
 @dataclass
@@ -75,19 +76,19 @@ def _device_kind(device: DeviceInfo | str | None) -> str:
     return device if isinstance(device, str) else (device.kind if device else "cpu")
 
 
-def _plain_minimum(target: ModelShape, workload: Workload, device_kind: str,
-                   repack: tuple[bool, ...] = REPACK_EITHER) -> Candidate:
-    settings = PlanSettings("none", 0, terms.padded_context(workload.max_context), "f16", 0, 0,
-                            min(UBATCH_CHOICES), min(UBATCH_CHOICES), 1, workload.batch_size,
-                            device_kind, device_kind,
-                            repack_weights=min(repack_choices(target, None, device_kind, repack)))
-    return evaluate(settings, target, None, workload, dict(ACCEPTANCE_PRIORS))
+def _smallest(target: ModelShape, workload: Workload, device_kind: str,
+              repack: tuple[bool, ...] = REPACK_EITHER) -> Candidate:
+    """The candidate with the least predicted peak: plain decoding, as small as it gets. A draft
+    only adds to a candidate, so this is the smallest of plan()'s candidates with or without one."""
+    candidates = _candidates(target, None, workload, device_kind, _alpha_table(None), repack)
+    return min(candidates, key=lambda c: (c.peak_bytes, -c.tokens_per_second))
 
 
 def min_budget_any(target: ModelShape, workload: Workload, device: DeviceInfo | str | None = None,
                    repack: tuple[bool, ...] = REPACK_EITHER) -> int:
-    """Least memory that runs the target with plain decoding at the requested context, f16 KV."""
-    return _plain_minimum(target, workload, _device_kind(device), repack).peak_bytes
+    """Least memory that runs the target with plain decoding at the requested context and KV type:
+    the least budget plan() accepts."""
+    return _smallest(target, workload, _device_kind(device), repack).peak_bytes
 
 
 def min_budget_keep(target: ModelShape, draft: ModelShape | None, workload: Workload, fraction: float = 0.95,
@@ -118,9 +119,9 @@ def _degradations(chosen_candidate: Candidate, best_candidate: Candidate) -> lis
     if chosen.drafter == "model" and best.drafter == "model" and chosen.draft_kv_window < best.draft_kv_window:
         found.append(f"draft KV window {best.draft_kv_window} -> {chosen.draft_kv_window} tokens "
                      "(attention sinks + most recent, StreamingLLM-style)")
-    if chosen.target_kv_type != best.target_kv_type:
-        found.append(f"target KV cache quantized {best.target_kv_type} -> {chosen.target_kv_type}: "
-                     "outputs can differ slightly from f16")
+    if chosen.drafter == "model" and best.drafter == "model" and chosen.draft_kv_type != best.draft_kv_type:
+        found.append(f"draft KV cache quantized {best.draft_kv_type} -> {chosen.draft_kv_type}: "
+                     "may lower the acceptance rate, never changes the output")
     # a lower γ ceiling that the runtime would not have used anyway is no loss
     if chosen.drafter == best.drafter and 0 < chosen.max_gamma < best.max_gamma and is_slower:
         found.append(f"max draft length gamma {best.max_gamma} -> {chosen.max_gamma}")
@@ -143,14 +144,15 @@ def plan(budget_bytes: int, target: ModelShape, draft: ModelShape | None, worklo
     """
     kind = _device_kind(device)
     candidates = _candidates(target, draft, workload, kind, _alpha_table(alpha), repack)
-    minimum = _plain_minimum(target, workload, kind, repack)
+    minimum = _smallest(target, workload, kind, repack)
     keep = min_budget_keep(target, draft, workload, device=kind, alpha=alpha, repack=repack)
     if budget_bytes < minimum.peak_bytes:
         name, size = max(minimum.terms.items(), key=lambda item: item[1])
+        reason = (f"budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(minimum.peak_bytes)}; "
+                  f"biggest term: {_label(name)} {format_bytes(size)}")
         return Plan(False, budget_bytes, minimum.terms, None, minimum.peak_bytes, 0.0, [],
-                    minimum.peak_bytes, keep,
-                    f"budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(minimum.peak_bytes)}; "
-                    f"biggest term: {_label(name)} {format_bytes(size)}")
+                    minimum.peak_bytes, keep, reason + _quantized_target_hint(budget_bytes, target, workload, kind,
+                                                                              repack))
     chosen, best = _best(candidates, budget_bytes), _best(candidates, UNLIMITED)
     reason = ""
     if draft is not None and best.settings.drafter != "model":
@@ -159,6 +161,19 @@ def plan(budget_bytes: int, target: ModelShape, draft: ModelShape | None, worklo
                   f"{best.tokens_per_second:.1f} tok/s for {'plain' if best.settings.drafter == 'none' else 'n-gram'} decoding")
     return Plan(True, budget_bytes, chosen.terms, chosen.settings, chosen.peak_bytes, chosen.tokens_per_second,
                 _degradations(chosen, best), minimum.peak_bytes, keep, reason)
+
+
+def _quantized_target_hint(budget_bytes: int, target: ModelShape, workload: Workload, device_kind: str,
+                           repack: tuple[bool, ...]) -> str:
+    """Where a quantized target KV cache would fit, the refusal says so: the user's choice to make."""
+    lighter = QUANTIZED_TARGET_KV[QUANTIZED_TARGET_KV.index(workload.target_kv_type) + 1:] \
+        if workload.target_kv_type in QUANTIZED_TARGET_KV else QUANTIZED_TARGET_KV
+    for kv_type in lighter:
+        needed = min_budget_any(target, replace(workload, target_kv_type=kv_type), device_kind, repack)
+        if needed <= budget_bytes:
+            return (f"; --kv-type {kv_type} would fit in {format_bytes(needed)} (a quantized target KV cache: "
+                    f"the output can differ from {workload.target_kv_type})")
+    return ""
 
 
 def generation_bytes(plan_terms: dict[str, int]) -> int:

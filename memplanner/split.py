@@ -23,9 +23,9 @@ from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes, parse_size
 
 DEVICE_NAME = re.compile(r"^(cpu|cuda|rocm)(:\d+)?$")  # cpu:0, cpu:1: devices simulated on one CPU
-# Host memory, not device memory, when the devices are GPUs: llama.cpp's vocabulary tables,
-# the Python side of a generation and the n-gram index.
-HOST_TERMS = ("target_metadata", "draft_metadata", "working_set", "ngram_index")
+# Host memory, not device memory, when the devices are GPUs: the interpreter, llama.cpp's
+# vocabulary tables, the Python side of a generation and the n-gram index.
+HOST_TERMS = ("process_base", "target_metadata", "draft_metadata", "working_set", "ngram_index")
 
 
 @dataclass(frozen=True)
@@ -171,9 +171,11 @@ def _fixed_terms(candidate: Candidate, target: ModelShape, index: int, devices: 
                       if name.startswith("draft_") and name not in HOST_TERMS})
     if kind == "cpu" and is_first:
         fixed.update({name: found.get(name, 0) for name in HOST_TERMS})
+    # read without mmap, the repacked tensors are in the blocks' bytes once and the header is not mapped
+    if kind == "cpu" and is_first and not terms.loads_without_mmap(target, kind, candidate.settings.repack_weights):
         fixed["gguf_header"] = target.file_bytes - target.weight_bytes  # mmapped with the tensors
-    if kind == "cpu" and is_first and candidate.settings.repack_weights:
-        fixed["target_repacked_weights"] = found.get("target_repacked_weights", 0)
+        if candidate.settings.repack_weights:
+            fixed["target_repacked_weights"] = found.get("target_repacked_weights", 0)
     return {name: int(value) for name, value in fixed.items() if value}
 
 

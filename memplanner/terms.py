@@ -43,14 +43,26 @@ def kv_cache_bytes(shape: ModelShape, n_ctx: int, type_k: str = "f16", type_v: s
     return num_seqs * shape.num_layers * padded_context(n_ctx) * per_token
 
 
-def mapped_weights_bytes(shape: ModelShape, device_kind: str = "cpu") -> int:
-    """An mmapped GGUF on CPU becomes resident in full (llama.cpp prefetches it); on a GPU the tensors."""
+def loads_without_mmap(shape: ModelShape, device_kind: str, repack_weights: bool) -> bool:
+    """Whether llama.cpp reads the GGUF into memory instead of mapping it (the backend asks here too).
+
+    With the weights repacked for the CPU kernels, an mmapped GGUF keeps the file's pages of the
+    repacked tensors resident beside their repacked copy: 1.81 GB VmHWM against 1.21 GB read
+    without mmap on the 1.5B target (issue 14, llama-cpp-python 0.3.36). Read, each tensor exists once.
+    """
+    return device_kind == "cpu" and repack_weights and shape.repacked_bytes > 0
+
+
+def resident_weights_bytes(shape: ModelShape, device_kind: str = "cpu", repack_weights: bool = False) -> int:
+    """The weights outside the repack buffer. An mmapped GGUF on CPU becomes resident in full
+    (llama.cpp prefetches it); read without mmap, only the tensors not repacked; on a GPU the tensors."""
+    if loads_without_mmap(shape, device_kind, repack_weights):
+        return shape.weight_bytes - shape.repacked_bytes
     return shape.file_bytes if device_kind == "cpu" else shape.weight_bytes
 
 
 def repacked_weights_bytes(shape: ModelShape, device_kind: str = "cpu") -> int:
-    """Anonymous copies of Q4_0/Q4_K/IQ4_NL weights in the CPU_REPACK buffer. The mapped
-    originals stay in RSS as clean page cache, which the kernel may drop under pressure."""
+    """Anonymous copies of Q4_0/Q4_K/IQ4_NL weights in the CPU_REPACK buffer."""
     return shape.repacked_bytes if device_kind == "cpu" else 0
 
 
@@ -104,6 +116,12 @@ def compute_buffer_bytes(shape: ModelShape, n_ubatch: int, n_ctx: int, n_outputs
         peaks.append(FLOAT32_BYTES * (ubatch * kv_cells * (shape.num_heads + 1)
                                       + constants.COMPUTE_KQ_HIDDEN * ubatch * shape.hidden_size))
     return int(max(peaks)) + constants.COMPUTE_CONST_BYTES[flash_attn]
+
+
+def process_base_bytes(device_kind: str = "cpu") -> int:
+    """The Python interpreter and the CLI's own modules, before any backend library or model: part
+    of the whole-process peak a CPU budget bounds; host memory, so no part of a GPU's budget."""
+    return constants.PROCESS_BASE_BYTES if device_kind == "cpu" else 0
 
 
 def runtime_overhead_bytes(device_kind: str = "cpu") -> int:

@@ -1,8 +1,8 @@
 """The torch backend's peak memory: its tensors (torch_sizes.py) plus everything around them.
 
-On a CPU the peak is resident memory above the CLI's baseline. Three things are always
-there: the torch library, llama.cpp's vocabulary (the tokenizer) and the Python side of a
-generation. Then comes the larger of two moments. Loading: the weights, the GGUF mapped
+On a CPU the peak is the whole process's resident memory. Four things are always there:
+the interpreter with the CLI's modules, the torch library, llama.cpp's vocabulary (the
+tokenizer) and the Python side of a generation. Then comes the larger of two moments. Loading: the weights, the GGUF mapped
 in full and the float32 staging of one chunk of rows. Generating: the weights, the KV
 caches and the activations of the widest forward. On a GPU the peak is the allocator's
 (torch.cuda.max_memory_allocated): weights, KV caches, activations and the staging of a
@@ -49,11 +49,11 @@ def loading_bytes(shape: ModelShape, weights_format: str, on_gpu: bool) -> int:
 
 
 def process_terms(shape: ModelShape, on_gpu: bool) -> dict[str, int]:
-    """What a CPU process holds whatever it generates: torch, the tokenizer, the Python side.
-    None of it is in a GPU allocator's peak."""
+    """What a CPU process holds whatever it generates: the interpreter and the CLI, torch, the
+    tokenizer, the Python side. None of it is in a GPU allocator's peak."""
     if on_gpu:
         return {}
-    return {"torch_runtime": TORCH_CPU_RUNTIME_BYTES,
+    return {"process_base": terms.process_base_bytes("cpu"), "torch_runtime": TORCH_CPU_RUNTIME_BYTES,
             "tokenizer": terms.runtime_overhead_bytes("cpu") + terms.model_metadata_bytes(shape),
             "working_set": terms.GENERATION_WORKING_SET_BYTES}  # the logits copies are in activation_bytes
 

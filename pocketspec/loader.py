@@ -41,15 +41,16 @@ def choose_models(
 
 
 def draft_settings_for(target_settings: ModelSettings, draft_max_context: int | None = None,
-                       draft_device: str | None = None) -> ModelSettings:
+                       draft_device: str | None = None, draft_kv_type: str = "f16") -> ModelSettings:
     """The draft follows the target's context unless the plan gives it a shorter window.
 
-    It keeps an f16 KV cache and one logits row: it only ever reads its last position. When the
-    target is split over several devices, the draft runs whole on one: the plan's choice, else the first.
+    It keeps its own KV type (f16 unless a memory plan quantized it: SpeculationSettings.draft_kv_type)
+    and one logits row: it only ever reads its last position. When the target is split over several
+    devices, the draft runs whole on one: the plan's choice, else the first.
     """
     devices = (draft_device or target_settings.devices[0],) if target_settings.devices else ()
     return replace(target_settings, max_context=draft_max_context or target_settings.max_context,
-                   kv_type="f16", max_logits_rows=1, devices=devices, layers_per_device=())
+                   kv_type=draft_kv_type, max_logits_rows=1, devices=devices, layers_per_device=())
 
 
 def load_engine(

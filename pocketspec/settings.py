@@ -44,6 +44,9 @@ class SpeculationSettings:
     # A draftless proposal costs nothing to draft: only the verify's width limits it. On the
     # 2-core CPU a verify of 16 rows costs what one of 8 does, so long accepted copies need room.
     max_draftless_gamma: int = MAX_DRAFTLESS_GAMMA
+    # The draft model's KV cache (llama.cpp): one of LLAMA_KV_TYPES. Its precision moves only the
+    # acceptance rate, never the output, so a memory plan may quantize it (the target's never).
+    draft_kv_type: str = "f16"
     ngram_min: int = 2
     ngram_max: int = 6
     # llama.cpp's batched kernels round differently from its one-token kernels (on CPU,

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 
-from test_cli_errors import run_cli
+from pocketspec.stats import vm_hwm_bytes
+from test_cli_errors import assert_one_line_error, run_cli
 
 
 def _generate_json(*flags: str) -> tuple[dict, str]:
@@ -38,19 +42,78 @@ def test_a_tight_budget_degrades_and_is_announced():
     assert output["stats"]["peak_memory_bytes"] <= minimum
 
 
-def test_a_budget_below_the_repacked_minimum_runs_with_weights_not_repacked():
+def test_the_repacked_target_runs_at_the_minimum_read_without_mmap():
+    """Repacked weights held once (no mmap) fit where the mapped file plus the repacked copy did not."""
     from memplanner.planner import Workload, min_budget_any
     from memplanner.shapes import shape_from_gguf
     from pocketspec.catalog import model_path
 
     shape, workload = shape_from_gguf(model_path("qwen2.5-coder-1.5b-instruct")), Workload(max_context=512)
-    unrepacked, repacked = (min_budget_any(shape, workload, repack=(choice,)) for choice in (False, True))
-    budget = (unrepacked + repacked) // 2
+    repacked, unrepacked = (min_budget_any(shape, workload, repack=(choice,)) for choice in (True, False))
+    assert repacked < unrepacked
     result = run_cli("generate", "--target", "qwen2.5-coder-1.5b-instruct", "--draft", "none", "--prompt", "def add(",
-                     "--max-tokens", "8", "--max-context", "512", "--memory-budget", str(budget), "--json")
+                     "--max-tokens", "8", "--max-context", "512", "--memory-budget", str(repacked), "--json")
     assert result.returncode == 0, result.stderr
-    assert "weights not repacked" in result.stderr
-    assert 0 < json.loads(result.stdout)["stats"]["peak_memory_bytes"] <= budget
+    assert "weights not repacked" not in result.stderr
+    assert 0 < json.loads(result.stdout)["stats"]["peak_memory_bytes"] <= repacked
     forced = run_cli("generate", "--target", "qwen2.5-coder-1.5b-instruct", "--draft", "none", "--prompt", "def add(",
-                     "--max-tokens", "8", "--max-context", "512", "--memory-budget", str(budget), "--repack")
+                     "--max-tokens", "8", "--max-context", "512", "--memory-budget", str(repacked), "--no-repack")
     assert forced.returncode == 2 and "is below the minimum" in forced.stderr
+
+
+def test_peak_memory_is_the_whole_process_high_water_mark():
+    """--json's peak_memory_bytes is the process's VmHWM, interpreter and CLI modules included."""
+    budget = 400 * 2**20
+    child = subprocess.Popen([sys.executable, "-m", "apps.cli", "generate", "--target", "smollm2-135m-instruct",
+                              "--draft", "ngram", "--prompt", "Count to ten:", "--max-tokens", "12", "--json",
+                              "--memory-budget", str(budget), "--max-context", "1024"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen_peak = 0
+    while child.poll() is None:
+        seen_peak = max(seen_peak, vm_hwm_bytes(child.pid) or 0)
+        time.sleep(0.005)
+    stdout, stderr = child.communicate()
+    assert child.returncode == 0, stderr
+    reported = json.loads(stdout)["stats"]["peak_memory_bytes"]
+    assert seen_peak > 100 * 2**20 and seen_peak <= reported <= budget
+
+
+def test_a_budget_that_fits_only_a_quantized_target_kv_is_refused_and_names_the_flag():
+    from dataclasses import replace
+
+    from memplanner.planner import Workload, min_budget_any
+    from memplanner.shapes import shape_from_gguf
+    from pocketspec.catalog import model_path
+
+    shape, workload = shape_from_gguf(model_path("smollm2-135m-instruct")), Workload(max_context=8192)
+    budget = min_budget_any(shape, replace(workload, target_kv_type="q8_0"))
+    flags = ["--target", "smollm2-135m-instruct", "--draft", "none", "--max-context", "8192",
+             "--memory-budget", str(budget)]
+    refused = run_cli("generate", *flags, "--prompt", "hi")
+    assert_one_line_error(refused, "is below the minimum", "--kv-type q8_0 would fit")
+    planned = run_cli("plan", *flags, "--kv-type", "q8_0")
+    assert planned.returncode == 0 and "target KV q8_0" in planned.stdout
+
+
+def test_the_plan_keeps_the_users_kv_type_and_quantizes_only_the_draft(qwen_target_path, qwen_draft_path):
+    """Headers only: at budgets that squeeze the draft, its KV type is lowered and reaches its settings."""
+    from apps.budget import apply_plan
+    from memplanner.planner import Workload, plan
+    from memplanner.shapes import shape_from_gguf
+    from pocketspec.loader import ModelChoice, draft_settings_for
+    from pocketspec.settings import ModelSettings, SpeculationSettings
+
+    choice = ModelChoice(qwen_target_path, qwen_draft_path, "auto")
+    full = plan(1 << 40, shape_from_gguf(qwen_target_path), shape_from_gguf(qwen_draft_path), Workload(4096),
+                alpha=0.95).predicted_peak_bytes
+    draft_kv_types = set()
+    for budget in range(full, full - 300 * 2**20, -5 * 2**20):
+        applied = apply_plan(choice, str(budget), ModelSettings(max_context=4096, kv_type="q8_0"),
+                             SpeculationSettings(), 64, 0.0, alpha=0.95)
+        assert applied.target_settings.kv_type == applied.plan.settings.target_kv_type == "q8_0"
+        draft_kv_type = applied.speculation.draft_kv_type
+        assert draft_kv_type == applied.plan.settings.draft_kv_type
+        assert draft_settings_for(applied.target_settings, applied.draft_max_context,
+                                  draft_kv_type=draft_kv_type).kv_type == draft_kv_type
+        draft_kv_types.add(draft_kv_type if applied.plan.settings.drafter == "model" else None)
+    assert {"f16", "q8_0"} <= draft_kv_types

@@ -72,7 +72,7 @@ def test_the_draft_goes_where_it_fits_best_or_gives_way_to_ngram():
                               alpha=GOOD_DRAFT)
     assert roomy_second.settings.drafter == "model" and roomy_second.draft_device == "cuda:1"
     assert "draft_weights" in roomy_second.shares[1].terms and "draft_weights" not in roomy_second.shares[0].terms
-    tight = plan_split(parse_device_budgets("cuda:0,cuda:1", "1.05GiB"), TARGET, DRAFT, WORKLOAD, alpha=GOOD_DRAFT)
+    tight = plan_split(parse_device_budgets("cuda:0,cuda:1", "1.1GiB"), TARGET, DRAFT, WORKLOAD, alpha=GOOD_DRAFT)
     assert tight.feasible and tight.settings.drafter != "model" and tight.draft_device is None
     assert any("instead of the draft model" in step for step in tight.degradations)
 
@@ -80,7 +80,7 @@ def test_the_draft_goes_where_it_fits_best_or_gives_way_to_ngram():
 def test_more_budget_on_one_device_never_gives_a_slower_plan():
     previous = 0.0
     for extra in range(0, 2048, 64):
-        devices = [DeviceBudget("cuda:0", 1100 * MIB + extra * MIB), DeviceBudget("cuda:1", 1100 * MIB)]
+        devices = [DeviceBudget("cuda:0", 1120 * MIB + extra * MIB), DeviceBudget("cuda:1", 1120 * MIB)]
         result = plan_split(devices, TARGET, DRAFT, WORKLOAD, alpha=GOOD_DRAFT)
         assert result.feasible and result.predicted_tokens_per_second >= previous - 1e-12
         previous = result.predicted_tokens_per_second

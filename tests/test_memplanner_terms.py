@@ -37,8 +37,12 @@ def test_kv_cache_mixed_types_and_unknown_type():
 
 
 def test_weight_terms():
-    assert terms.mapped_weights_bytes(TINY) == 12_000
-    assert terms.mapped_weights_bytes(TINY, "cuda") == 10_000
+    assert terms.resident_weights_bytes(TINY) == 12_000  # mmapped: the whole file
+    assert terms.resident_weights_bytes(TINY, "cuda", repack_weights=True) == 10_000
+    # read without mmap where weights are repacked: only the tensors left out of the repack buffer
+    assert terms.resident_weights_bytes(TINY, "cpu", repack_weights=True) == 10_000 - 3_000
+    assert terms.loads_without_mmap(TINY, "cpu", True)
+    assert not terms.loads_without_mmap(TINY, "cpu", False) and not terms.loads_without_mmap(TINY, "cuda", True)
     assert terms.repacked_weights_bytes(TINY) == 3_000
     assert terms.repacked_weights_bytes(TINY, "cuda") == 0
     expected = constants.MODEL_METADATA_BYTES_PER_VOCAB * 1000 + constants.MODEL_METADATA_BASE_BYTES
@@ -127,3 +131,24 @@ def test_compute_buffer_covers_every_measured_context():
             assert terms.kv_cache_bytes(shape, sizes["n_ctx"]) == pytest.approx(sizes["KV"] * MIB, abs=0.01 * MIB)
             checked += 1
     assert checked > 100
+
+
+@pytest.mark.skipif(not OBSERVATIONS.exists() or not MODELS.exists(), reason="no calibration observations")
+def test_a_loaded_model_holds_its_weights_once_plus_its_metadata():
+    """Calibration loads each model as the runtime does (read without mmap where repacked), and what
+    the load adds to RSS is the weight terms plus the fitted metadata."""
+    observations = json.loads(OBSERVATIONS.read_text())
+    checked = 0
+    for record in observations["models"]:
+        path = MODELS / f"{record['model']}.gguf"
+        if "rss_loaded" not in record or not path.exists():
+            continue
+        shape = shape_from_gguf(path)
+        assert record["use_mmap"] == (not terms.loads_without_mmap(shape, "cpu", True))
+        predicted = (terms.resident_weights_bytes(shape, "cpu", True) + terms.repacked_weights_bytes(shape)
+                     + terms.model_metadata_bytes(shape))
+        observed = record["rss_loaded"]["rss"] - record["rss_runtime"]["rss"]
+        assert predicted == pytest.approx(observed, rel=0.02), record["model"]
+        assert record["rss_baseline"]["rss"] <= constants.PROCESS_BASE_BYTES
+        checked += 1
+    assert checked == 3

@@ -81,11 +81,12 @@ def test_the_plan_puts_the_draft_model_on_its_own_device(qwen_target_path, qwen_
 
     choice = ModelChoice(qwen_target_path, qwen_draft_path, "auto")
     applied = apply_split(choice, "cpu:0=1.2GiB,cpu:1=1.6GiB", ModelSettings(max_context=4096), SpeculationSettings(),
-                          128, 0.0, None, alpha=0.95)  # a draft this good is worth its cost
+                          128, 0.0, alpha=0.95)  # a draft this good is worth its cost
     assert applied.choice.draft_path == qwen_draft_path and applied.draft_device in ("cpu:0", "cpu:1")
     assert sum(applied.target_settings.layers_per_device) == 28
     assert any(note.endswith("(and the draft model)") and applied.draft_device in note for note in applied.notes)
-    draft_settings = draft_settings_for(applied.target_settings, applied.draft_max_context, applied.draft_device)
+    draft_settings = draft_settings_for(applied.target_settings, applied.draft_max_context, applied.draft_device,
+                                        applied.speculation.draft_kv_type)
     assert draft_settings.devices == (applied.draft_device,) and draft_settings.layers_per_device == ()
     gpu_draft = draft_settings_for(ModelSettings(devices=("cuda:0", "cuda:1")), None, "cuda:1")
     assert llama_split(gpu_draft, 24, 16).main_gpu == 1

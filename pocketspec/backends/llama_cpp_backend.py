@@ -14,6 +14,8 @@ import numpy as np
 from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
 
 from memplanner.defaults import LLAMA_KV_TYPES
+from memplanner.shapes import shape_from_gguf
+from memplanner.terms import loads_without_mmap
 from pocketspec.backends import llama_logs
 from pocketspec.backends.base import CachedTokens
 from pocketspec.backends.llama_split import apply_llama_split, llama_split
@@ -34,6 +36,12 @@ def _init_llama() -> None:
         _backend_ready = True
 
 
+def _device_kind(settings: ModelSettings) -> str:
+    """Where the weights live, as the memory planner names it: cpu unless any layer is offloaded."""
+    is_offloaded = settings.gpu_layers != 0 or any(not device.startswith("cpu") for device in settings.devices)
+    return "cuda" if is_offloaded else "cpu"
+
+
 class LlamaCppBackend(CachedTokens):
     def __init__(self, model_path: Path | str, settings: ModelSettings = ModelSettings()):
         super().__init__()
@@ -44,10 +52,14 @@ class LlamaCppBackend(CachedTokens):
         model_params = llama_cpp.llama_model_default_params()
         model_params.n_gpu_layers = settings.gpu_layers
         model_params.use_extra_bufts = settings.repack_weights
+        try:
+            shape = shape_from_gguf(model_path)
+        except (OSError, ValueError) as error:
+            raise UserError(f"llama.cpp could not load {model_path}: {error}; check the file or re-pull it") from None
+        if loads_without_mmap(shape, _device_kind(settings), settings.repack_weights):
+            model_params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE  # read, not mapped (default AUTO maps)
         if settings.devices:
-            from memplanner.shapes import shape_from_gguf
-
-            split = llama_split(settings, shape_from_gguf(model_path).num_layers, llama_cpp.LLAMA_MAX_DEVICES)
+            split = llama_split(settings, shape.num_layers, llama_cpp.LLAMA_MAX_DEVICES)
             self._tensor_split = apply_llama_split(model_params, split)
         try:
             self._model = LlamaModel(path_model=str(model_path), params=model_params, verbose=False)
