@@ -3,7 +3,8 @@
 Outputs are JSONL, one line per prompt in input order, each written as soon as it and
 every prompt before it are done. The first Ctrl-C stops after the current forward:
 prompts not finished are written with what they have and stop reason `interrupted`,
-then the command exits with 130.
+then the command exits with 130. An --output file appears under its name only once every
+line is in it (see pocketspec/atomic_file.py), and is never one of the inputs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import click
 from apps.backend_options import apply_backend_options
 from apps.options import MODEL, SPECULATION, parse_gamma
 from apps.prompt_jsonl import read_prompt_lines
+from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
 from pocketspec.batch.scheduler import SCHEDULERS
 from pocketspec.batch.sequence import BatchResult, Request
 from pocketspec.chat_template import encode_chat, template_for
@@ -37,7 +39,8 @@ def batch_options(function):
                      help="Decode the prompts of a JSONL --prompt-file (one {\"prompt\": ...} per line) N at a "
                           "time with continuous batching (--backend torch); writes one JSON line per prompt."),
         click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
-                     help="--batch: write the JSONL outputs here instead of stdout."),
+                     help="Write the output here instead of stdout (the JSONL lines with --batch); "
+                          "the file appears once it is complete."),
         click.option("--scheduler", type=click.Choice(SCHEDULERS), default=BATCH.scheduler, show_default=True,
                      help="--batch: step the longest-waiting rows together (pad) or equal-length rows (group)."),
         click.option("--batch-invariant/--fast-batch", "batch_invariant", default=BATCH.is_batch_invariant,
@@ -128,6 +131,9 @@ def run_batch(*, target, draft, pair, prompt, prompt_file, max_tokens, temperatu
         raise UserError("--batch reads its prompts from --prompt-file FILE (one JSON object per line), not --prompt")
     lines = read_prompt_lines(prompt_file)
     choice = choose_models(target=target, draft=draft, pair=pair)
+    output = batch_args["output"]
+    if output is not None:
+        refuse_output_onto_inputs(output, [("--prompt-file", prompt_file), *model_inputs(choice)], flag="--output")
     fixed_gamma = parse_gamma(gamma)
     target_settings = ModelSettings(num_threads=threads, max_context=max_context or MODEL.max_context)
     speculation = replace(SPECULATION, gamma=fixed_gamma,
@@ -152,24 +158,24 @@ def run_batch(*, target, draft, pair, prompt, prompt_file, max_tokens, temperatu
                 raise UserError(f"--prompt-file {prompt_file} line {line.line_number}: the prompt has "
                                 f"{len(request.prompt)} tokens but the context holds {target_settings.max_context}; "
                                 "shorten it or raise --max-context")
-        stream = sys.stdout if batch_args["output"] is None else _open_output(batch_args["output"])
-        try:
-            _decode(opened.engine, requests, OrderedWriter(stream, opened.tokenizer))
-        finally:
-            if stream is not sys.stdout:
-                stream.close()
+        if output is None:
+            is_interrupted = _decode(opened.engine, requests, OrderedWriter(sys.stdout, opened.tokenizer))
+        else:
+            with replaced_on_success(output, what="--output") as stream:
+                is_interrupted = _decode(opened.engine, requests, OrderedWriter(stream, opened.tokenizer))
     finally:
         opened.close()
+    if is_interrupted:
+        raise click.Abort()
 
 
-def _open_output(path: Path):
-    try:
-        return open(path, "w", encoding="utf-8")
-    except OSError as error:
-        raise UserError(f"cannot write --output {path}: {error}") from None
+def model_inputs(choice: ModelChoice) -> list[tuple[str, Path | None]]:
+    """The model files a run reads, named by their flags, for refuse_output_onto_inputs."""
+    return [("--target", choice.target_path), ("--draft", choice.draft_path)]
 
 
-def _decode(engine, requests: list[Request], writer: OrderedWriter) -> None:
+def _decode(engine, requests: list[Request], writer: OrderedWriter) -> bool:
+    """Decode every request through `writer`; True when a Ctrl-C cut the run short."""
     interrupted = []
 
     def on_sigint(signum, frame) -> None:
@@ -189,5 +195,4 @@ def _decode(engine, requests: list[Request], writer: OrderedWriter) -> None:
     click.echo(f"[{len(results)} prompts, {num_tokens} tokens, {num_tokens / seconds:.2f} tok/s in all, "
                f"acceptance {num_accepted / max(num_drafted, 1):.0%}, "
                f"{engine.alignment_seconds / seconds:.1%} of the time aligning rows]", err=True)
-    if interrupted:
-        raise click.Abort()
+    return bool(interrupted)
