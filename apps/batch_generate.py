@@ -24,9 +24,9 @@ from apps.prompt_jsonl import read_prompt_lines
 from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
 from pocketspec.batch.scheduler import SCHEDULERS
 from pocketspec.batch.sequence import BatchResult, Request
-from pocketspec.chat_template import encode_chat, template_for
+from pocketspec.chat_template import FALLBACK_NOTE, encode_chat, template_for
 from pocketspec.errors import UserError
-from pocketspec.loader import ModelChoice, choose_models
+from pocketspec.loader import ModelChoice, choose_models, trained_context_limit
 from pocketspec.settings import BatchSettings, ModelSettings, SamplingSettings
 
 BATCH = BatchSettings()
@@ -59,10 +59,14 @@ def take_batch_options(options: dict) -> dict:
     return {name: options.pop(name) for name in BATCH_OPTIONS}
 
 
-def _encode(tokenizer, text: str, chat: bool) -> list[int]:
-    if chat:
-        return encode_chat(tokenizer, template_for(tokenizer), [{"role": "user", "content": text}])
-    return tokenizer.encode(text, add_bos=tokenizer.adds_bos, parse_special=False)
+def _encoder(tokenizer, chat: bool):
+    """text -> prompt tokens, in the chat template with --chat (a model without one gets ChatML, said once)."""
+    if not chat:
+        return lambda text: tokenizer.encode(text, add_bos=tokenizer.adds_bos, parse_special=False)
+    template = template_for(tokenizer)
+    if template.is_fallback:
+        click.echo(FALLBACK_NOTE, err=True)
+    return lambda text: encode_chat(tokenizer, template, [{"role": "user", "content": text}])
 
 
 def _plan(choice: ModelChoice, budget: str, target_settings: ModelSettings, speculation, batch: BatchSettings):
@@ -135,7 +139,10 @@ def run_batch(*, target, draft, pair, prompt, prompt_file, max_tokens, temperatu
     if output is not None:
         refuse_output_onto_inputs(output, [("--prompt-file", prompt_file), *model_inputs(choice)], flag="--output")
     fixed_gamma = parse_gamma(gamma)
-    target_settings = ModelSettings(num_threads=threads, max_context=max_context or MODEL.max_context)
+    max_context, context_note = trained_context_limit(choice.target_path, max_context, MODEL.max_context)
+    if context_note is not None:
+        click.echo(context_note, err=True)
+    target_settings = ModelSettings(num_threads=threads, max_context=max_context)
     speculation = replace(SPECULATION, gamma=fixed_gamma,
                           max_gamma=SPECULATION.max_gamma if fixed_gamma is None else fixed_gamma)
     target_settings, speculation = apply_backend_options(target_settings, speculation, backend_args)
@@ -151,7 +158,8 @@ def run_batch(*, target, draft, pair, prompt, prompt_file, max_tokens, temperatu
     opened = open_batch_engine(choice, target_settings=target_settings, speculation=speculation, sampling=sampling,
                                batch=batch)
     try:
-        requests = [Request(_encode(opened.tokenizer, line.text, chat), line.max_tokens or max_tokens,
+        encode = _encoder(opened.tokenizer, chat)
+        requests = [Request(encode(line.text), line.max_tokens or max_tokens,
                             seed + index if line.seed is None else line.seed) for index, line in enumerate(lines)]
         for line, request in zip(lines, requests):
             if len(request.prompt) >= target_settings.max_context:

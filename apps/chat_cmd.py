@@ -12,6 +12,7 @@ from apps.backend_options import backend_options
 from apps.options import model_choice_options, runtime_options, sampling_options
 from apps.session import open_engine
 from pocketspec.catalog import models_dir
+from pocketspec.chat_template import FALLBACK_NOTE
 from pocketspec.conversation import Conversation, Replayed, assistant_record, header_record
 from pocketspec.errors import UserError
 from pocketspec.transcript import TranscriptWriter, find_transcript, load_transcript, new_transcript_path
@@ -104,6 +105,8 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
             conversation = replayed.conversation if replayed is not None else Conversation()
             chat_ = Chat(session.engine, conversation, max_new_tokens=max_tokens, transcript=transcript,
                          stats_for=session.stats_dict)
+            if chat_.template.is_fallback:
+                note(FALLBACK_NOTE)
             if system_prompt is not None:
                 chat_.set_system(system_prompt)
             if not is_interactive:

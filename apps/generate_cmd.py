@@ -14,7 +14,7 @@ from apps.batch_generate import batch_options, model_inputs, run_batch, take_bat
 from apps.options import GENERATION, model_choice_options, runtime_options, sampling_options
 from apps.session import open_engine
 from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
-from pocketspec.chat_template import encode_chat, template_for
+from pocketspec.chat_template import FALLBACK_NOTE, encode_chat, template_for
 from pocketspec.errors import UserError
 
 
@@ -68,7 +68,10 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
             stream = outputs.enter_context(replaced_on_success(output, what="--output"))
         tokenizer = session.engine.target.tokenizer
         if chat:
-            prompt_tokens = encode_chat(tokenizer, template_for(tokenizer), [{"role": "user", "content": text}])
+            template = template_for(tokenizer)
+            if template.is_fallback:
+                click.echo(FALLBACK_NOTE, err=True)
+            prompt_tokens = encode_chat(tokenizer, template, [{"role": "user", "content": text}])
         else:
             prompt_tokens = tokenizer.encode(text, add_bos=tokenizer.adds_bos, parse_special=False)
         streamer = tokenizer.streamer()

@@ -94,7 +94,8 @@ class LlamaCppBackend:
 
     @property
     def max_context(self) -> int:
-        return self._context.n_ctx()
+        # llama.cpp pads n_ctx up to a multiple of 256; the context is still the one asked for.
+        return min(self._context.n_ctx(), self.settings.max_context)
 
     @property
     def max_logits_rows(self) -> int:
