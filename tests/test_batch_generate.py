@@ -180,3 +180,12 @@ def test_output_without_batch_is_never_the_prompt_file(tiny_target, tmp_path):
                      "--output", str(prompt), "--max-context", "256")
     assert_one_line_error(result, "--output", "--prompt-file")
     assert prompt.read_text() == "the cat is"
+
+
+def test_chat_on_a_model_without_a_template_says_chatml_once(tiny_target, prompt_file):
+    batched = _batch(tiny_target, prompt_file, "--batch", "2", "--chat", "--max-tokens", "4")
+    alone = run_cli("generate", "--target", tiny_target, "--backend", "torch", "--prompt", "the cat is", "--chat",
+                    "--threads", "1", "--max-context", "256", "--max-tokens", "4")
+    for result in (batched, alone):
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.count("carries no chat template: using ChatML") == 1, result.stderr
