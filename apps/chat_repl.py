@@ -17,10 +17,10 @@ from typing import Callable
 
 import click
 
+from pocketspec.atomic_file import is_same_file
 from pocketspec.chat_template import encode_chat, template_for
 from pocketspec.conversation import (
     Conversation, PromptTooLong, assistant_record, chunk_record, reset_record, system_record, user_record)
-from pocketspec.atomic_file import is_same_file
 from pocketspec.errors import UserError
 from pocketspec.transcript import TranscriptWriter, save_conversation
 
