@@ -3,7 +3,8 @@
 Outputs are JSONL, one line per prompt in input order, each written as soon as it and
 every prompt before it are done. The first Ctrl-C stops after the current forward:
 prompts not finished are written with what they have and stop reason `interrupted`,
-then the command exits with 130.
+then the command exits with 130. An --output file appears under its name only once every
+line is in it (see pocketspec/atomic_file.py), and is never one of the inputs.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import click
 from apps.backend_options import apply_backend_options
 from apps.options import MODEL, SPECULATION, parse_gamma
 from apps.prompt_jsonl import read_prompt_lines
+from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
 from pocketspec.batch.scheduler import SCHEDULERS
 from pocketspec.batch.sequence import BatchResult, Request
-from pocketspec.chat_template import encode_chat, template_for
+from pocketspec.chat_template import FALLBACK_NOTE, encode_chat, template_for
 from pocketspec.errors import UserError
-from pocketspec.loader import ModelChoice, choose_models
+from pocketspec.loader import ModelChoice, choose_models, trained_context_limit
 from pocketspec.settings import BatchSettings, ModelSettings, SamplingSettings
 
 BATCH = BatchSettings()
@@ -37,7 +39,8 @@ def batch_options(function):
                      help="Decode the prompts of a JSONL --prompt-file (one {\"prompt\": ...} per line) N at a "
                           "time with continuous batching (--backend torch); writes one JSON line per prompt."),
         click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
-                     help="--batch: write the JSONL outputs here instead of stdout."),
+                     help="Write the output here instead of stdout (the JSONL lines with --batch); "
+                          "the file appears once it is complete."),
         click.option("--scheduler", type=click.Choice(SCHEDULERS), default=BATCH.scheduler, show_default=True,
                      help="--batch: step the longest-waiting rows together (pad) or equal-length rows (group)."),
         click.option("--batch-invariant/--fast-batch", "batch_invariant", default=BATCH.is_batch_invariant,
@@ -56,10 +59,14 @@ def take_batch_options(options: dict) -> dict:
     return {name: options.pop(name) for name in BATCH_OPTIONS}
 
 
-def _encode(tokenizer, text: str, chat: bool) -> list[int]:
-    if chat:
-        return encode_chat(tokenizer, template_for(tokenizer), [{"role": "user", "content": text}])
-    return tokenizer.encode(text, add_bos=tokenizer.adds_bos, parse_special=False)
+def _encoder(tokenizer, chat: bool):
+    """text -> prompt tokens, in the chat template with --chat (a model without one gets ChatML, said once)."""
+    if not chat:
+        return lambda text: tokenizer.encode(text, add_bos=tokenizer.adds_bos, parse_special=False)
+    template = template_for(tokenizer)
+    if template.is_fallback:
+        click.echo(FALLBACK_NOTE, err=True)
+    return lambda text: encode_chat(tokenizer, template, [{"role": "user", "content": text}])
 
 
 def _plan(choice: ModelChoice, budget: str, target_settings: ModelSettings, speculation, batch: BatchSettings):
@@ -142,8 +149,14 @@ def run_batch(*, target, draft, pair, prompt, prompt_file, max_tokens, temperatu
         raise UserError("--batch reads its prompts from --prompt-file FILE (one JSON object per line), not --prompt")
     lines = read_prompt_lines(prompt_file)
     choice = choose_models(target=target, draft=draft, pair=pair)
+    output = batch_args["output"]
+    if output is not None:
+        refuse_output_onto_inputs(output, [("--prompt-file", prompt_file), *model_inputs(choice)], flag="--output")
     fixed_gamma = parse_gamma(gamma)
-    target_settings = ModelSettings(num_threads=threads, max_context=max_context or MODEL.max_context)
+    max_context, context_note = trained_context_limit(choice.target_path, max_context, MODEL.max_context)
+    if context_note is not None:
+        click.echo(context_note, err=True)
+    target_settings = ModelSettings(num_threads=threads, max_context=max_context)
     speculation = replace(SPECULATION, gamma=fixed_gamma,
                           max_gamma=SPECULATION.max_gamma if fixed_gamma is None else fixed_gamma)
     target_settings, speculation = apply_backend_options(target_settings, speculation, backend_args)
@@ -159,31 +172,32 @@ def run_batch(*, target, draft, pair, prompt, prompt_file, max_tokens, temperatu
     opened = open_batch_engine(choice, target_settings=target_settings, speculation=speculation, sampling=sampling,
                                batch=batch)
     try:
-        requests = [Request(_encode(opened.tokenizer, line.text, chat), line.max_tokens or max_tokens,
+        encode = _encoder(opened.tokenizer, chat)
+        requests = [Request(encode(line.text), line.max_tokens or max_tokens,
                             seed + index if line.seed is None else line.seed) for index, line in enumerate(lines)]
         for line, request in zip(lines, requests):
             if len(request.prompt) >= target_settings.max_context:
                 raise UserError(f"--prompt-file {prompt_file} line {line.line_number}: the prompt has "
                                 f"{len(request.prompt)} tokens but the context holds {target_settings.max_context}; "
                                 "shorten it or raise --max-context")
-        stream = sys.stdout if batch_args["output"] is None else _open_output(batch_args["output"])
-        try:
-            _decode(opened.engine, requests, OrderedWriter(stream, opened.tokenizer))
-        finally:
-            if stream is not sys.stdout:
-                stream.close()
+        if output is None:
+            is_interrupted = _decode(opened.engine, requests, OrderedWriter(sys.stdout, opened.tokenizer))
+        else:
+            with replaced_on_success(output, what="--output") as stream:
+                is_interrupted = _decode(opened.engine, requests, OrderedWriter(stream, opened.tokenizer))
     finally:
         opened.close()
+    if is_interrupted:
+        raise click.Abort()
 
 
-def _open_output(path: Path):
-    try:
-        return open(path, "w", encoding="utf-8")
-    except OSError as error:
-        raise UserError(f"cannot write --output {path}: {error}") from None
+def model_inputs(choice: ModelChoice) -> list[tuple[str, Path | None]]:
+    """The model files a run reads, named by their flags, for refuse_output_onto_inputs."""
+    return [("--target", choice.target_path), ("--draft", choice.draft_path)]
 
 
-def _decode(engine, requests: list[Request], writer: OrderedWriter) -> None:
+def _decode(engine, requests: list[Request], writer: OrderedWriter) -> bool:
+    """Decode every request through `writer`; True when a Ctrl-C cut the run short."""
     interrupted = []
 
     def on_sigint(signum, frame) -> None:
@@ -203,5 +217,4 @@ def _decode(engine, requests: list[Request], writer: OrderedWriter) -> None:
     click.echo(f"[{len(results)} prompts, {num_tokens} tokens, {num_tokens / seconds:.2f} tok/s in all, "
                f"acceptance {num_accepted / max(num_drafted, 1):.0%}, "
                f"{engine.alignment_seconds / seconds:.1%} of the time aligning rows]", err=True)
-    if interrupted:
-        raise click.Abort()
+    return bool(interrupted)

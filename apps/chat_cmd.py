@@ -12,9 +12,10 @@ from apps.backend_options import backend_options
 from apps.options import GENERATION, model_choice_options, runtime_options, sampling_options
 from apps.session import open_engine
 from pocketspec.catalog import models_dir
+from pocketspec.chat_template import FALLBACK_NOTE
 from pocketspec.conversation import Conversation, Replayed, assistant_record, header_record
 from pocketspec.errors import UserError
-from pocketspec.transcript import TranscriptWriter, load_transcript, new_transcript_path
+from pocketspec.transcript import TranscriptWriter, find_transcript, load_transcript, new_transcript_path
 
 NUM_MESSAGES_SHOWN_ON_RESUME = 6
 
@@ -59,7 +60,7 @@ def _answer_piped(chat: Chat, session, message: str, show_stats: bool) -> None:
 @model_choice_options
 @click.option("--system", "system_prompt", default=None, help="System prompt (default: the chat template's own, if any).")
 @click.option("--resume", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Continue a transcript from POCKETSPEC_HOME/chats/ (or one written by /save).")
+              help="Continue a transcript: a path, or a file name in POCKETSPEC_HOME/chats/ (.jsonl may be left off).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=GENERATION.max_reply_tokens, show_default=True,
               help="Longest reply, in tokens.")
 @sampling_options
@@ -73,6 +74,8 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
     Every turn is appended to a JSONL transcript under POCKETSPEC_HOME/chats/.
     """
     is_interactive = sys.stdin.isatty()
+    if resume is not None:
+        resume = find_transcript(resume)
     replayed = load_transcript(resume) if resume is not None else None
     if replayed is not None and replayed.header and not (target or draft or pair):
         target, draft = replayed.header.get("target"), replayed.header.get("draft")
@@ -90,6 +93,9 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
         models = (_model_name(choice.target_path, "none"), _model_name(choice.draft_path, choice.drafter))
         transcript_path = resume or new_transcript_path()
         with TranscriptWriter(transcript_path) as transcript:
+            if transcript.set_aside is not None:
+                note(f"{transcript_path}: its last line was cut mid-write; cut it off and kept the original "
+                     f"as {transcript.set_aside}")
             if replayed is None:
                 transcript.append(header_record(target=models[0], draft=models[1]))
             elif replayed.unfinished_reply is not None:
@@ -98,6 +104,8 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
             conversation = replayed.conversation if replayed is not None else Conversation()
             chat_ = Chat(session.engine, conversation, max_new_tokens=max_tokens, transcript=transcript,
                          stats_for=session.stats_dict)
+            if chat_.template.is_fallback:
+                note(FALLBACK_NOTE)
             if system_prompt is not None:
                 chat_.set_system(system_prompt)
             if not is_interactive:

@@ -12,10 +12,12 @@ import re
 import signal
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import click
 
+from pocketspec.atomic_file import is_same_file
 from pocketspec.chat_template import encode_chat, template_for
 from pocketspec.conversation import (
     Conversation, PromptTooLong, assistant_record, chunk_record, reset_record, system_record, user_record)
@@ -99,6 +101,9 @@ class Chat:
         try:
             result = self.engine.generate(prompt, self.max_new_tokens, should_stop=should_stop,
                                           on_tokens=lambda tokens: show(streamer.push(tokens)))
+        except KeyboardInterrupt:  # a Ctrl-C that no handler turned into a clean stop (piped stdin)
+            self._close_reply("".join(pieces), is_cut=True, stop_reason="interrupted")
+            raise
         except BaseException:
             self._close_reply("".join(pieces), is_cut=True, stop_reason="error")
             raise
@@ -141,6 +146,7 @@ HELP = """\
   /reset         forget the conversation (the system prompt stays)
   /system TEXT   set the system prompt (/system alone shows it)
   /save FILE     save the conversation; continue it with --resume FILE
+                 (an existing FILE is kept: /save FILE --force replaces it)
   /budget        the memory plan and the context
   /exit          quit (Ctrl-D quits too); Ctrl-C stops a reply"""
 
@@ -232,15 +238,26 @@ class Repl:
         note("system prompt set")
 
     def save(self, argument: str) -> None:
-        if not argument:
-            note("usage: /save FILE")
+        words = argument.rsplit(maxsplit=1)
+        is_forced = words[-1:] == ["--force"]
+        name = (words[0] if len(words) == 2 else "") if is_forced else argument
+        if not name:
+            note("usage: /save FILE [--force]")
+            return
+        path = Path(name).expanduser()
+        live = self.chat.transcript.path if self.chat.transcript is not None else None
+        if live is not None and is_same_file(path, live):
+            # Replacing the live file would leave the chat appending to the unlinked old one.
+            note(f"{name} is this chat's transcript: every turn is already saved there as it goes; "
+                 f"continue with --resume {name}")
             return
         try:
-            save_conversation(argument, self.chat.conversation, target=self.models[0], draft=self.models[1])
+            save_conversation(path, self.chat.conversation, target=self.models[0], draft=self.models[1],
+                              replace=is_forced)
         except UserError as error:
             note(f"error: {error}")
             return
-        note(f"saved {len(self.chat.conversation.turns)} messages to {argument}; continue with --resume {argument}")
+        note(f"saved {len(self.chat.conversation.turns)} messages to {name}; continue with --resume {name}")
 
     def budget(self, _argument: str) -> None:
         from memplanner.sizes import format_bytes

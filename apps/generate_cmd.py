@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -9,10 +10,11 @@ from pathlib import Path
 import click
 
 from apps.backend_options import backend_options
-from apps.batch_generate import batch_options, run_batch, take_batch_options
+from apps.batch_generate import batch_options, model_inputs, run_batch, take_batch_options
 from apps.options import GENERATION, model_choice_options, runtime_options, sampling_options
 from apps.session import open_engine
-from pocketspec.chat_template import encode_chat, template_for
+from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
+from pocketspec.chat_template import FALLBACK_NOTE, encode_chat, template_for
 from pocketspec.errors import UserError
 
 
@@ -52,31 +54,43 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
                   backend_args=backend_args)
         return
     text = _read_prompt(prompt, prompt_file)
+    output = batch_args["output"]
+    if output is not None:
+        refuse_output_onto_inputs(output, [("--prompt-file", prompt_file)], flag="--output")
     with open_engine(
         target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads, repack=repack, exact_verify=exact_verify,
         max_new_tokens=max_tokens, announce=True, **backend_args,  # notes go to stderr; --json keeps stdout to one object
-    ) as session:
+    ) as session, contextlib.ExitStack() as outputs:
+        if output is None:
+            stream = sys.stdout
+        else:
+            refuse_output_onto_inputs(output, model_inputs(session.choice), flag="--output")
+            stream = outputs.enter_context(replaced_on_success(output, what="--output"))
         tokenizer = session.engine.target.tokenizer
         if chat:
-            prompt_tokens = encode_chat(tokenizer, template_for(tokenizer), [{"role": "user", "content": text}])
+            template = template_for(tokenizer)
+            if template.is_fallback:
+                click.echo(FALLBACK_NOTE, err=True)
+            prompt_tokens = encode_chat(tokenizer, template, [{"role": "user", "content": text}])
         else:
             prompt_tokens = tokenizer.encode(text, add_bos=tokenizer.adds_bos, parse_special=False)
         streamer = tokenizer.streamer()
 
         def show(tokens: list[int]) -> None:
-            sys.stdout.write(streamer.push(tokens))
-            sys.stdout.flush()
+            stream.write(streamer.push(tokens))
+            stream.flush()
 
         result = session.engine.generate(prompt_tokens, max_tokens, on_tokens=None if as_json else show)
         stats = session.stats_dict(result.stats)
         if as_json:
-            output = {"text": tokenizer.decode(result.tokens), "tokens": result.tokens,
-                      "stop_reason": result.stop_reason, "stats": stats}
-            click.echo(json.dumps(output))
+            output_object = {"text": tokenizer.decode(result.tokens), "tokens": result.tokens,
+                             "stop_reason": result.stop_reason, "stats": stats}
+            stream.write(json.dumps(output_object) + "\n")
         else:
-            sys.stdout.write(streamer.flush() + "\n")
-            sys.stdout.flush()
+            stream.write(streamer.flush() + "\n")
+        stream.flush()
+        if not as_json:
             click.echo(
                 f"[{stats['num_tokens']} tokens, {stats['tokens_per_second']:.2f} tok/s, "
                 f"acceptance {stats['acceptance_rate']:.0%}, {stats['mean_accepted_per_step']:.2f} accepted/step, "

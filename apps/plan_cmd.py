@@ -15,7 +15,7 @@ from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes, parse_size
 from memplanner.split import SplitPlan, is_per_device_budget, parse_device_budgets, plan_split
 from pocketspec.errors import UserError
-from pocketspec.loader import choose_models
+from pocketspec.loader import choose_models, trained_context_limit
 
 
 def _settings_line(plan_: Plan | SplitPlan) -> str:
@@ -121,9 +121,7 @@ def plan_command(target, draft, pair, memory_budget, devices, max_context, max_t
     choice = choose_models(target=target, draft=draft, pair=pair)
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path else None
-    if max_context > target_shape.context_length_trained > 0:
-        raise UserError(f"--max-context {max_context} exceeds {target_shape.name}'s trained context "
-                        f"{target_shape.context_length_trained}; lower it")
+    trained_context_limit(choice.target_path, max_context, max_context)
     # `--draft none` asks for plain decoding: no gamma to plan
     workload = Workload(max_context, max_tokens, 1, 0 if choice.drafter == "none" else max_gamma, temperature,
                         target_kv_type=kv_type)

@@ -12,7 +12,8 @@ from apps.backend_options import apply_backend_options
 from apps.options import GENERATION, MODEL, SPECULATION, parse_gamma, repack_allowed
 from apps.split_budget import apply_split
 from memplanner.split import is_split
-from pocketspec.loader import ModelChoice, choose_models, close_engine, draft_settings_for, load_engine
+from pocketspec.loader import (ModelChoice, choose_models, close_engine, draft_settings_for, load_engine,
+                               trained_context_limit)
 from pocketspec.settings import ModelSettings, SamplingSettings
 from pocketspec.stats import GenerationStats, peak_rss_bytes
 
@@ -53,10 +54,13 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
                 pull_if_missing=False, **backend_options):
     """backend_options: the flags of apps.backend_options (--backend, --device, --weights, ...)."""
     choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
+    max_context, context_note = trained_context_limit(choice.target_path, max_context, MODEL.max_context)
+    if context_note is not None and announce:
+        click.echo(context_note, err=True)
     fixed_gamma = parse_gamma(gamma)
     target_settings = ModelSettings(
         num_threads=threads,
-        max_context=max_context or MODEL.max_context,
+        max_context=max_context,
         kv_type=kv_type or MODEL.kv_type,
         repack_weights=MODEL.repack_weights if repack is None else repack,
     )

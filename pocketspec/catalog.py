@@ -125,7 +125,8 @@ def resolve_model(name_or_path: str, *, pull_if_missing: bool = False) -> Path:
     """Turn a catalog name or a GGUF path into the path of a checked model file.
 
     A catalog model that is not downloaded is pulled when `pull_if_missing`, else it is a
-    UserError that says how to pull it.
+    UserError that says how to pull it. A downloaded one whose size or mtime differ from its
+    pull's stamp is re-hashed.
     """
     as_path = Path(name_or_path).expanduser()
     if as_path.is_file() or _looks_like_path(name_or_path):
@@ -146,5 +147,8 @@ def resolve_model(name_or_path: str, *, pull_if_missing: bool = False) -> Path:
     file_bytes = path.stat().st_size
     if file_bytes != entry.size_bytes:
         raise UserError(f"{path} has {file_bytes} bytes, expected {entry.size_bytes}; {fix}")
+    from pocketspec.pull import check_unchanged
+
+    check_unchanged(entry, path)
     check_gguf(path, fix=fix)
     return path

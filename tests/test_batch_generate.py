@@ -4,9 +4,12 @@ order that equal decoding each prompt alone, one-line errors, and a clean Ctrl-C
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +97,99 @@ def test_ctrl_c_writes_every_prompt_and_exits_130(tiny_target, tmp_path):
     assert [line["index"] for line in lines] == list(range(len(PROMPTS) * 3))
     assert lines[0]["stop_reason"] != "interrupted" and lines[-1]["stop_reason"] == "interrupted"
     assert "interrupted" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("how", ["same", "symlink", "hardlink"])
+def test_an_output_onto_an_input_is_refused_and_the_input_kept(tiny_target, prompt_file, tmp_path, how):
+    output = {"same": prompt_file, "symlink": str(tmp_path / "link.jsonl"),
+              "hardlink": str(tmp_path / "hard.jsonl")}[how]
+    if how == "symlink":
+        os.symlink(prompt_file, output)
+    elif how == "hardlink":
+        os.link(prompt_file, output)
+    before = Path(prompt_file).read_bytes()
+    assert_one_line_error(_batch(tiny_target, prompt_file, "--batch", "2", "--output", output),
+                          "--output", "--prompt-file")
+    assert Path(prompt_file).read_bytes() == before
+
+
+def test_an_output_onto_the_model_is_refused(tiny_target, prompt_file):
+    before = Path(tiny_target).stat()
+    assert_one_line_error(_batch(tiny_target, prompt_file, "--batch", "2", "--output", tiny_target), "--target")
+    assert Path(tiny_target).stat().st_mtime_ns == before.st_mtime_ns
+
+
+def test_a_killed_run_leaves_the_old_output_whole(tiny_target, tmp_path):
+    """SIGKILL mid-decode: the file under --output is still the previous one, never a half-written one."""
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in PROMPTS * 3))
+    output = tmp_path / "out.jsonl"
+    output.write_text("the previous run's outputs\n")
+    process = subprocess.Popen([sys.executable, "-m", "apps.cli", "generate", "--target", tiny_target, "--backend",
+                                "torch", "--prompt-file", str(path), "--batch", "2", "--threads", "1",
+                                "--max-tokens", "400", "--max-context", "512", "--draft", "none",
+                                "--output", str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not any(partial.stat().st_size for partial in tmp_path.glob(".out.jsonl.*.partial")):
+        assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
+        time.sleep(0.05)
+    process.kill()
+    process.communicate(timeout=60)
+    assert output.read_text() == "the previous run's outputs\n"
+
+
+def test_ctrl_c_with_output_writes_the_whole_file(tiny_target, tmp_path):
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in PROMPTS * 3))
+    output = tmp_path / "out.jsonl"
+    process = subprocess.Popen([sys.executable, "-m", "apps.cli", "generate", "--target", tiny_target, "--backend",
+                                "torch", "--prompt-file", str(path), "--batch", "2", "--threads", "1",
+                                "--max-tokens", "400", "--max-context", "512", "--draft", "none",
+                                "--output", str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(partial.stat().st_size for partial in tmp_path.glob(".out.jsonl.*.partial")):
+        assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [line["index"] for line in lines] == list(range(len(PROMPTS) * 3))
+    assert lines[-1]["stop_reason"] == "interrupted"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl", "out.jsonl"]
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_output_without_batch_holds_the_text(tiny_target, tmp_path, as_json):
+    output = tmp_path / "out.txt"
+    extra = ["--json"] if as_json else []
+    alone = run_cli("generate", "--target", tiny_target, "--backend", "torch", "--prompt", "the cat is", "--threads",
+                    "1", "--max-context", "256", "--max-tokens", "8", "--draft", "none", "--json")
+    result = run_cli("generate", "--target", tiny_target, "--backend", "torch", "--prompt", "the cat is", "--threads",
+                     "1", "--max-context", "256", "--max-tokens", "8", "--draft", "none", "--output", str(output),
+                     *extra)
+    assert alone.returncode == 0 and result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    expected = json.loads(alone.stdout)
+    if as_json:
+        assert json.loads(output.read_text())["tokens"] == expected["tokens"]
+    else:
+        assert output.read_text() == expected["text"] + "\n"
+
+
+def test_output_without_batch_is_never_the_prompt_file(tiny_target, tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("the cat is")
+    result = run_cli("generate", "--target", tiny_target, "--backend", "torch", "--prompt-file", str(prompt),
+                     "--output", str(prompt), "--max-context", "256")
+    assert_one_line_error(result, "--output", "--prompt-file")
+    assert prompt.read_text() == "the cat is"
+
+
+def test_chat_on_a_model_without_a_template_says_chatml_once(tiny_target, prompt_file):
+    batched = _batch(tiny_target, prompt_file, "--batch", "2", "--chat", "--max-tokens", "4")
+    alone = run_cli("generate", "--target", tiny_target, "--backend", "torch", "--prompt", "the cat is", "--chat",
+                    "--threads", "1", "--max-context", "256", "--max-tokens", "4")
+    for result in (batched, alone):
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.count("carries no chat template: using ChatML") == 1, result.stderr

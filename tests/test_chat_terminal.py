@@ -201,3 +201,100 @@ def test_bad_input_is_one_line_and_exit_2(chat_home, tmp_path, case):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+
+
+def _quit(child) -> str:
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, _screen(child)
+    assert "Traceback" not in _screen(child)
+    return _screen(child)
+
+
+def _past_the_history(child) -> None:
+    """After a resume's shown history: wait for the prompt that follows the output of /help."""
+    child.sendline("/help")
+    child.expect_exact("Ctrl-C stops a reply")
+    child.expect("\r\n> ")
+
+
+def _users(path: Path) -> list[str]:
+    return [message.content for message in load_transcript(path).conversation.turns if message.role == "user"]
+
+
+def test_save_onto_the_live_transcript_keeps_later_turns(chat_home):
+    """The help's own sequence: chat, --resume F, /save F, more turns: every turn stays in F."""
+    child = _spawn(chat_home, "--max-tokens", "16")
+    _say(child, "What is 2+2?")
+    _quit(child)
+    path = _only_transcript(chat_home)
+
+    child = _spawn(chat_home, "--resume", str(path), "--max-tokens", "16")
+    _past_the_history(child)
+    _say(child, f"/save {path}")
+    assert "is this chat's transcript" in child.before
+    _say(child, "And 3+3?")
+    link = chat_home / "link.jsonl"
+    link.symlink_to(path)
+    _say(child, f"/save {link} --force")  # the same file by another name, even forced
+    assert "is this chat's transcript" in child.before
+    _say(child, "Thank you!")
+    _quit(child)
+    assert _users(path) == ["What is 2+2?", "And 3+3?", "Thank you!"]
+
+
+def test_save_never_replaces_a_file_unless_forced(chat_home, tmp_path):
+    precious = tmp_path / "notes.txt"
+    precious.write_text("precious")
+    child = _spawn(chat_home, "--max-tokens", "16")
+    _say(child, "What is 2+2?")
+    _say(child, f"/save {precious}")
+    assert "already exists; add --force" in child.before
+    assert precious.read_text() == "precious"
+    fresh = tmp_path / "saved.jsonl"
+    _say(child, f"/save {fresh}")
+    assert f"saved 2 messages to {fresh}" in child.before
+    _say(child, f"/save {precious} --force")
+    assert f"saved 2 messages to {precious}" in child.before
+    _quit(child)
+    assert _users(precious) == _users(fresh) == ["What is 2+2?"]
+
+
+def test_resume_by_name_and_a_torn_last_line(chat_home, tmp_path):
+    """--resume NAME finds the chat in POCKETSPEC_HOME/chats; a torn tail is set aside once, in one line."""
+    child = _spawn(chat_home, "--max-tokens", "16")
+    _say(child, "What is 2+2?")
+    _quit(child)
+    path = _only_transcript(chat_home)
+    original = path.read_bytes() + b'{"type": "chunk", "te'
+    path.write_bytes(original)
+
+    child = pexpect.spawn(str(POCKETSPEC), ["chat", *SMOLLM2, "--resume", path.stem, "--max-tokens", "16"],
+                          env=_env(chat_home), encoding="utf-8", timeout=TIMEOUT_SECONDS, dimensions=(50, 200),
+                          cwd=str(tmp_path))
+    child.logfile_read = io.StringIO()
+    child.expect("/help for commands")
+    _past_the_history(child)
+    _say(child, "Thank you!")
+    screen = _quit(child)
+    copies = list(path.parent.glob(path.name + ".torn-*"))
+    assert len(copies) == 1 and copies[0].read_bytes() == original
+    assert screen.count("cut mid-write") == 1 and str(copies[0]) in screen
+    assert _users(path) == ["What is 2+2?", "Thank you!"]
+
+
+def test_ctrl_c_on_a_piped_reply_is_recorded_as_interrupted(chat_home):
+    process = subprocess.Popen(
+        [str(POCKETSPEC), "chat", *SMOLLM2, "--max-tokens", "1500"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=_env(chat_home), text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process.stdin.write(LONG_REQUEST + "\n")
+    process.stdin.close()
+    process.stdout.read(40)  # the reply is streaming
+    process.send_signal(signal.SIGINT)
+    process.stdout.read()
+    stderr = process.stderr.read()
+    assert process.wait(timeout=TIMEOUT_SECONDS) == 130 and "Traceback" not in stderr, stderr
+    replies = [record for record in read_records(_only_transcript(chat_home)) if record["type"] == "assistant"]
+    assert [(reply["cut"], reply["stop_reason"]) for reply in replies] == [(True, "interrupted")]

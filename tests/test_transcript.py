@@ -9,7 +9,8 @@ import pytest
 from pocketspec.conversation import Conversation, assistant_record, chunk_record, header_record, user_record
 from pocketspec.errors import UserError
 from pocketspec.transcript import (
-    TranscriptWriter, chats_dir, load_transcript, new_transcript_path, read_records, save_conversation)
+    TranscriptWriter, chats_dir, find_transcript, load_transcript, new_transcript_path, read_records,
+    save_conversation)
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +57,82 @@ def test_resume_reads_back_what_was_written(tmp_path):
         writer.append(assistant_record("hello again"))
     replayed = load_transcript(path)
     assert [message.content for message in replayed.conversation.turns] == ["hi", "hello", "again", "hello again"]
+
+
+def _written(path, records) -> bytes:
+    with TranscriptWriter(path) as writer:
+        for record in records:
+            writer.append(record, sync=record["type"] != "chunk")
+    return path.read_bytes()
+
+
+RECORDS = [header_record(target="t", draft="ngram"), user_record("héllo ✓"), chunk_record("Grüße, "),
+           chunk_record("wörld 🐉"), assistant_record("Grüße, wörld 🐉"), user_record("and then?"),
+           chunk_record("naïve")]
+
+
+def test_every_cut_point_resumes_and_keeps_the_original(tmp_path):
+    """A file cut at any byte (a crash or a full disk mid-write) resumes, and again after more turns."""
+    whole = _written(tmp_path / "whole.jsonl", RECORDS)
+    first_line_end = whole.index(b"\n") + 1
+    for cut in range(first_line_end, len(whole)):  # every byte, inside multi-byte characters too
+        path = tmp_path / f"cut-{cut}.jsonl"
+        original = whole[:cut]
+        path.write_bytes(original)
+        num_whole_lines = original.count(b"\n")
+        assert len(read_records(path)) in (num_whole_lines, num_whole_lines + 1)
+        resumed = load_transcript(path).conversation
+        with TranscriptWriter(path) as writer:
+            if original.endswith(b"\n"):
+                assert writer.set_aside is None and path.read_bytes() == original
+            elif writer.set_aside is not None:  # a torn record: cut off, the original kept beside it
+                assert writer.set_aside.read_bytes() == original
+                assert path.read_bytes() == original[: original.rindex(b"\n") + 1]
+            writer.append(user_record("after the crash"))
+            writer.append(assistant_record("fine"))
+        again = load_transcript(path).conversation
+        assert again.turns[:-2] == resumed.turns
+        assert [turn.content for turn in again.turns[-2:]] == ["after the crash", "fine"]
+        with TranscriptWriter(path) as writer:  # and it resumes again, with nothing to cut this time
+            assert writer.set_aside is None
+            writer.append(user_record("once more"))
+        assert load_transcript(path).conversation.turns[-2].content == "once more"
+
+
+def test_a_whole_record_missing_only_its_newline_is_kept(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps(header_record(target="t", draft="d")) + "\n" + json.dumps(user_record("hi")))
+    with TranscriptWriter(path) as writer:
+        assert writer.set_aside is None
+        writer.append(assistant_record("hello"))
+    assert [turn.content for turn in load_transcript(path).conversation.turns] == ["hi", "hello"]
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_resume_finds_a_name_in_the_chats_folder(home, tmp_path, monkeypatch):
+    saved = chats_dir() / "chat-20261123-101010.jsonl"
+    _written(saved, RECORDS[:2])
+    monkeypatch.chdir(tmp_path)
+    assert find_transcript("chat-20261123-101010.jsonl") == saved
+    assert find_transcript("chat-20261123-101010") == saved
+    here = tmp_path / "chat-20261123-101010.jsonl"
+    here.write_text("")
+    assert find_transcript("chat-20261123-101010.jsonl") == here.relative_to(tmp_path)  # a path as given wins
+    assert find_transcript(tmp_path / "absent.jsonl") == tmp_path / "absent.jsonl"
+
+
+def test_save_never_replaces_a_file_unless_asked(tmp_path):
+    conversation = Conversation()
+    conversation.add_user("hi")
+    conversation.add_assistant("hello")
+    path = tmp_path / "notes.txt"
+    path.write_text("precious")
+    with pytest.raises(UserError, match="already exists; add --force"):
+        save_conversation(path, conversation, target="t", draft="d")
+    assert path.read_text() == "precious"
+    save_conversation(path, conversation, target="t", draft="d", replace=True)
+    assert load_transcript(path).conversation == conversation
+    assert list(tmp_path.iterdir()) == [path]
 
 
 def test_save_writes_a_resumable_file(tmp_path):

@@ -96,7 +96,8 @@ class LlamaCppBackend(CachedTokens):
 
     @property
     def max_context(self) -> int:
-        return self._context.n_ctx()
+        # llama.cpp pads n_ctx up to a multiple of 256; the context is still the one asked for.
+        return min(self._context.n_ctx(), self.settings.max_context)
 
     def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
         """Logits [len(logits_rows), vocab], a view valid until the next call on this backend."""

@@ -1,0 +1,84 @@
+"""Output files: never onto an input (however it is reached), and whole or absent under their final name."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pocketspec.atomic_file import is_same_file, refuse_output_onto_inputs, replaced_on_success
+from pocketspec.errors import UserError
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "hi"}\n')
+    return path
+
+
+def _ways_to_name(path, tmp_path):
+    """The same file through its path, a relative path, a symlink, a hard link and a detour."""
+    symlink = tmp_path / "via-symlink.jsonl"
+    symlink.symlink_to(path)
+    hardlink = tmp_path / "via-hardlink.jsonl"
+    os.link(path, hardlink)
+    (tmp_path / "sub").mkdir()
+    return [path, tmp_path / "sub" / ".." / path.name, symlink, hardlink]
+
+
+def test_every_name_of_an_input_is_refused_and_the_input_kept(prompts, tmp_path):
+    for output in _ways_to_name(prompts, tmp_path):
+        with pytest.raises(UserError, match="is the --prompt-file file") as raised:
+            refuse_output_onto_inputs(output, [("--target", None), ("--prompt-file", prompts)], flag="--output")
+        assert "\n" not in str(raised.value)
+    assert prompts.read_text() == '{"prompt": "hi"}\n'
+
+
+def test_other_files_and_new_files_are_not_inputs(prompts, tmp_path):
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"prompt": "hi"}\n')  # equal bytes, another file
+    refuse_output_onto_inputs(other, [("--prompt-file", prompts)], flag="--output")
+    refuse_output_onto_inputs(tmp_path / "new.jsonl", [("--prompt-file", prompts)], flag="--output")
+    assert not is_same_file(tmp_path / "new.jsonl", tmp_path / "new.jsonl")
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_nothing_else(tmp_path):
+    path = tmp_path / "out.jsonl"
+    path.write_text("old\n")
+    for error in (KeyboardInterrupt, ValueError):
+        with pytest.raises(error):
+            with replaced_on_success(path, what="--output") as file:
+                file.write("half a li")
+                file.flush()
+                assert path.read_text() == "old\n"  # the new text goes elsewhere until the end
+                raise error()
+        assert sorted(tmp_path.iterdir()) == [path] and path.read_text() == "old\n"
+
+
+def test_a_finished_write_replaces_the_file_and_keeps_its_mode(tmp_path):
+    path = tmp_path / "out.jsonl"
+    path.write_text("old\n")
+    path.chmod(0o640)
+    with replaced_on_success(path, what="--output") as file:
+        file.write("new\n")
+    assert path.read_text() == "new\n" and (path.stat().st_mode & 0o777) == 0o640
+    assert sorted(tmp_path.iterdir()) == [path]
+
+
+def test_a_new_file_gets_the_usual_mode(tmp_path):
+    path = tmp_path / "new.jsonl"
+    umask = os.umask(0o022)
+    try:
+        with replaced_on_success(path, what="--output") as file:
+            file.write("x")
+    finally:
+        os.umask(umask)
+    assert (path.stat().st_mode & 0o777) == 0o644
+
+
+def test_an_unwritable_place_is_one_user_error(tmp_path):
+    with pytest.raises(UserError, match="cannot write --output .*missing") as raised:
+        with replaced_on_success(tmp_path / "missing" / "out.jsonl", what="--output"):
+            pass
+    assert "\n" not in str(raised.value)
