@@ -18,7 +18,7 @@ from pathlib import Path
 import click
 
 from apps.backend_options import apply_backend_options
-from apps.options import MODEL, SPECULATION, parse_gamma
+from apps.options import MODEL, SPECULATION, parse_gamma, setting_option
 from apps.prompt_jsonl import read_prompt_lines
 from pocketspec.batch.scheduler import SCHEDULERS
 from pocketspec.batch.sequence import BatchResult, Request
@@ -33,7 +33,7 @@ BATCH_OPTIONS = ("batch", "output", "scheduler", "batch_invariant", "pool_rows")
 
 def batch_options(function):
     options = [
-        click.option("--batch", type=click.IntRange(min=1), default=None,
+        setting_option("--batch", BatchSettings, "max_batch", default=None,
                      help="Decode the prompts of a JSONL --prompt-file (one {\"prompt\": ...} per line) N at a "
                           "time with continuous batching (--backend torch); writes one JSON line per prompt."),
         click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
@@ -43,7 +43,7 @@ def batch_options(function):
         click.option("--batch-invariant/--fast-batch", "batch_invariant", default=BATCH.is_batch_invariant,
                      show_default=True, help="--batch: kernels whose result for a token does not depend on the rest "
                                              "of the batch (greedy output = each prompt alone), or faster ones."),
-        click.option("--pool-rows", type=click.IntRange(min=0), default=BATCH.num_rows, show_default=True,
+        setting_option("--pool-rows", BatchSettings, "num_rows", show_default=True,
                      help="--batch: sequences held at once, from which each step picks (0: the batch size)."),
     ]
     for option in reversed(options):
@@ -127,8 +127,8 @@ def run_batch(*, target, draft, pair, prompt, prompt_file, max_tokens, temperatu
     if prompt is not None or prompt_file is None:
         raise UserError("--batch reads its prompts from --prompt-file FILE (one JSON object per line), not --prompt")
     lines = read_prompt_lines(prompt_file)
-    choice = choose_models(target=target, draft=draft, pair=pair)
     fixed_gamma = parse_gamma(gamma)
+    choice = choose_models(target=target, draft=draft, pair=pair)
     target_settings = ModelSettings(num_threads=threads, max_context=max_context or MODEL.max_context)
     speculation = replace(SPECULATION, gamma=fixed_gamma,
                           max_gamma=SPECULATION.max_gamma if fixed_gamma is None else fixed_gamma)

@@ -9,11 +9,13 @@ import click
 
 from apps.chat_repl import Chat, Repl, note, stats_line, stop_note
 from apps.backend_options import backend_options
-from apps.options import model_choice_options, runtime_options, sampling_options
+from apps.options import model_choice_options, runtime_options, sampling_options, setting_option
 from apps.session import open_engine
+from apps.text_input import as_text, read_piped_stdin
 from pocketspec.catalog import models_dir
 from pocketspec.conversation import Conversation, Replayed, assistant_record, header_record
 from pocketspec.errors import UserError
+from pocketspec.settings import GenerationSettings
 from pocketspec.transcript import TranscriptWriter, load_transcript, new_transcript_path
 
 DEFAULT_MAX_REPLY_TOKENS = 512
@@ -61,8 +63,8 @@ def _answer_piped(chat: Chat, session, message: str, show_stats: bool) -> None:
 @click.option("--system", "system_prompt", default=None, help="System prompt (default: the chat template's own, if any).")
 @click.option("--resume", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Continue a transcript from POCKETSPEC_HOME/chats/ (or one written by /save).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=DEFAULT_MAX_REPLY_TOKENS, show_default=True,
-              help="Longest reply, in tokens.")
+@setting_option("--max-tokens", GenerationSettings, "max_new_tokens", default=DEFAULT_MAX_REPLY_TOKENS,
+                show_default=True, help="Longest reply, in tokens.")
 @sampling_options
 @runtime_options
 @backend_options
@@ -79,7 +81,7 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
         target, draft = replayed.header.get("target"), replayed.header.get("draft")
     message = None
     if not is_interactive:
-        message = sys.stdin.read().strip()
+        message = read_piped_stdin().strip()
         if not message:
             raise UserError("stdin is empty: pipe a message in, or run `pocketspec chat` in a terminal")
     with open_engine(
@@ -100,7 +102,7 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
             chat_ = Chat(session.engine, conversation, max_new_tokens=max_tokens, transcript=transcript,
                          stats_for=session.stats_dict)
             if system_prompt is not None:
-                chat_.set_system(system_prompt)
+                chat_.set_system(as_text(system_prompt, "--system"))
             if not is_interactive:
                 _answer_piped(chat_, session, message, show_stats)
                 return

@@ -51,8 +51,8 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
                 pull_if_missing=False, **backend_options):
     """backend_options: the flags of apps.backend_options (--backend, --device, --weights, ...)."""
     baseline_rss_bytes = psutil.Process().memory_info().rss
-    choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
     fixed_gamma = parse_gamma(gamma)
+    choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
     target_settings = ModelSettings(
         num_threads=threads,
         max_context=max_context or MODEL.max_context,
