@@ -84,6 +84,7 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
         message = read_piped_stdin().strip()
         if not message:
             raise UserError("stdin is empty: pipe a message in, or run `pocketspec chat` in a terminal")
+    transcript_path = resume or new_transcript_path()  # before loading: a home it cannot use stops it early
     with open_engine(
         target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads,
@@ -91,7 +92,6 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
     ) as session:
         choice = session.choice
         models = (_model_name(choice.target_path, "none"), _model_name(choice.draft_path, choice.drafter))
-        transcript_path = resume or new_transcript_path()
         with TranscriptWriter(transcript_path) as transcript:
             if replayed is None:
                 transcript.append(header_record(target=models[0], draft=models[1]))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from pocketspec.catalog import ModelEntry, get_model, model_path
+from pocketspec.catalog import ModelEntry, get_model, model_path, writable_home_folder
 from pocketspec.errors import UserError
 
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -159,7 +159,7 @@ def pull(name: str, *, progress: bool = True, verify: bool = False, find_links: 
     entry = get_model(name)
     final = model_path(entry.name)
     stamp = final.with_name(final.name + ".sha256")
-    final.parent.mkdir(parents=True, exist_ok=True)
+    writable_home_folder(final.parent, "downloaded models")
     if _already_present(entry, final, stamp, verify=verify, progress=progress):
         return final
 
