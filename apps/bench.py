@@ -18,12 +18,12 @@ from pathlib import Path
 
 import click
 
-from apps.backend_options import backend_options
+from apps.backend_options import apply_backend_options, backend_options
 from apps.bench_report import build_report
 from apps.bench_rounds import BenchProgress, plan_rounds, run_rounds
 from apps.bench_run import BenchJob, System, add_closing_notes
 from apps.bench_suite import read_suite, select_prompts
-from apps.options import (SPECULATION, model_choice_options, repack_option, sampling_options, setting_option,
+from apps.options import (MODEL, SPECULATION, model_choice_options, repack_option, sampling_options, setting_option,
                           threads_option)
 from apps.peers import PEERS, parse_peers
 from apps.peers.llama_speculative import default_tools_dir, missing_binary
@@ -121,6 +121,7 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, temp
           exact_verify, out_dir, **backend_args):
     """Benchmark plain decoding, PocketSpec's drafters and the peers on a prompt suite."""
     prompts = select_prompts(read_suite(suite), tuple(_split(categories)), per_category)
+    apply_backend_options(MODEL, SPECULATION, backend_args)  # refuse flags each worker would refuse
     backend = backend_args["backend"]
     choice = choose_models(target=target, draft=draft, pair=pair)
     if drafters is None:
