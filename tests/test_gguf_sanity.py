@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -21,44 +18,7 @@ from memplanner.gguf_sanity import header_problem
 from memplanner.shapes import shape_from_gguf
 from pocketspec.errors import UserError
 from pocketspec.gguf_check import check_gguf
-from tests.tiny_models import _vocabulary, _weights
-
-SHAPE = dict(dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=128)
-UINT32_KEYS = ("context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
-               "attention.head_count_kv", "rope.dimension_count")
-
-
-def write_model(path: Path, arch: str = "llama", drop: tuple[str, ...] = (), **values) -> Path:
-    """A tiny llama model whose header holds `values` (short keys, e.g. attention__head_count=0) in place of the
-    true ones; the tensors keep SHAPE."""
-    tokens, scores, types = _vocabulary()
-    header = {"context_length": 1024, "embedding_length": SHAPE["dim"], "block_count": SHAPE["num_layers"],
-              "feed_forward_length": SHAPE["ffn_dim"], "attention.head_count": SHAPE["num_heads"],
-              "attention.head_count_kv": SHAPE["num_kv_heads"],
-              "rope.dimension_count": SHAPE["dim"] // SHAPE["num_heads"]}
-    header.update({key.replace("__", "."): value for key, value in values.items() if not key.startswith("token_")})
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_name(path.stem)
-    for key, value in header.items():
-        if key not in drop:
-            writer.add_uint32(f"{arch}.{key}", value)
-    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(values.get("token_bos", 1))
-    writer.add_eos_token_id(values.get("token_eos", 2))
-    writer.add_unk_token_id(0)
-    tensors = _weights(np.random.default_rng(0), len(tokens), **SHAPE)
-    for name, array in tensors.items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
+from tiny_models import SHAPE_KEYS, write_header_variant as write_model
 
 MALFORMED = {
     "unknown architecture": (dict(arch="notallama"), "architecture 'notallama'"),
@@ -95,7 +55,7 @@ def test_malformed_header_is_refused_before_loading(tmp_path, case):
 def test_the_untouched_model_passes(tmp_path):
     path = write_model(tmp_path / "good.gguf")
     assert header_problem(read_gguf_header(path)) is None
-    assert check_gguf(path).num_heads == SHAPE["num_heads"]
+    assert check_gguf(path).num_heads == 4
 
 
 def test_real_models_pass(smollm2_path, qwen_draft_path):
@@ -122,7 +82,7 @@ def test_cli_refuses_in_one_line(tmp_path, case, command):
 
 SHAPE_VALUES = st.fixed_dictionaries({}, optional={
     key.replace(".", "__"): st.sampled_from([0, 1, 2, 3, 4, 6, 8, 16, 32, 64, 65, 128, 2**31, 2**32 - 1])
-    for key in UINT32_KEYS})
+    for key in SHAPE_KEYS})
 
 
 @given(values=SHAPE_VALUES)
