@@ -34,8 +34,8 @@ BATCH_OPTIONS = ("batch", "output", "scheduler", "batch_invariant", "pool_rows")
 def batch_options(function):
     options = [
         setting_option("--batch", BatchSettings, "max_batch", default=None,
-                     help="Decode the prompts of a JSONL --prompt-file (one {\"prompt\": ...} per line) N at a "
-                          "time with continuous batching (--backend torch); writes one JSON line per prompt."),
+                       help="Decode the prompts of a JSONL --prompt-file (one {\"prompt\": ...} per line) N at a "
+                            "time with continuous batching (--backend torch); writes one JSON line per prompt."),
         click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
                      help="--batch: write the JSONL outputs here instead of stdout."),
         click.option("--scheduler", type=click.Choice(SCHEDULERS), default=BATCH.scheduler, show_default=True,
@@ -44,7 +44,7 @@ def batch_options(function):
                      show_default=True, help="--batch: kernels whose result for a token does not depend on the rest "
                                              "of the batch (greedy output = each prompt alone), or faster ones."),
         setting_option("--pool-rows", BatchSettings, "num_rows", show_default=True,
-                     help="--batch: sequences held at once, from which each step picks (0: the batch size)."),
+                       help="--batch: sequences held at once, from which each step picks (0: the batch size)."),
     ]
     for option in reversed(options):
         function = option(function)
