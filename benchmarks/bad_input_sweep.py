@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 STRAY = b"caf\xe9 \xff na\xefve"  # Latin-1 bytes, and one byte that is never UTF-8
 ROW_TIMEOUT_S = 240
+NATIVE_CRASH_CODES = (132, 134, 136, 139)  # SIGILL, SIGABRT (a GGML_ASSERT), SIGFPE, SIGSEGV, as a shell reports them
 FAST = ["--draft", "none", "--max-tokens", "2"]
 
 
@@ -241,7 +242,7 @@ def run_case(case: Case, files: dict[str, Path], homes: dict[str, Path], watched
     err_text = stderr.decode("utf-8", "backslashreplace")
     lines = [line for line in err_text.splitlines() if line.strip()]
     has_traceback = ("Traceback (most recent call last)" in err_text + stdout.decode("utf-8", "replace")
-                     or code in (-6, 134, -11, 139))
+                     or code in NATIVE_CRASH_CODES or (isinstance(code, int) and code < 0))
     if case.expect == 2:
         passed = code == 2 and len(lines) == 1 and not has_traceback
     else:
