@@ -61,7 +61,7 @@ def cases() -> list[Case]:
         ["--gamma", "99"], ["--gamma", "1.5"], ["--gamma", "nan"], ["--max-context", "10"],
         ["--max-context", str(10**9)], ["--memory-budget", "lots"], ["--memory-budget", "-1G"],
         ["--memory-budget", "0"], ["--memory-budget", "1e3G"], ["--memory-budget", "1" + "0" * 400],
-        ["--memory-budget", "100MiB"], ["--memory-budget", "3GiB,"], ["--memory-budget", "cpu:0=abc"],
+        ["--memory-budget", "100MiB"], ["--memory-budget", "cpu:0=abc"],
         ["--kv-type", "q3"], ["--devices", "cuda:0"], ["--devices", "cuda:7"], ["--devices", "rocm:0"],
         ["--devices", "cuda:0,cuda:0"], ["--devices", "gpu"], ["--split-mode", "row"],
         ["--split-mode", "row", "--devices", "cpu:0"], ["--device", "cuda"],
@@ -73,6 +73,7 @@ def cases() -> list[Case]:
     rows += [
         Case("generate", gen + ["--seed", "-1", "--temperature", "0.7"], 0, "--seed -1 draws a seed and shows it"),
         Case("generate", gen + ["--threads", "100000"], 0, "--threads above the cores: capped, with a warning"),
+        Case("generate", gen + ["--memory-budget", "3GiB,"], 0, "a list of one budget: the split plan for one CPU"),
         Case("generate", ["generate", "--target", "{smollm2}", *FAST, "--prompt", STRAY], 0,
              "stray bytes in --prompt become U+FFFD, with a note"),
         Case("generate", ["generate", "--target", "{smollm2}", *FAST, "--prompt-file", "{latin1_txt}"], 0,

@@ -78,7 +78,8 @@ def default_num_threads() -> int:
 class ModelSettings:
     """How one model is loaded by a backend."""
 
-    num_threads: int = field(default=0, metadata=in_range("--threads", 0, 1 << 16, is_integer=True))  # 0: all cores
+    # 0: every core; more than the cores is capped where the flag is read (apps/options.py)
+    num_threads: int = field(default=0, metadata=in_range("--threads", 0, 2**31 - 1, is_integer=True))
     max_context: int = field(default=4096, metadata=in_range("--max-context", 64, MAX_CONTEXT, is_integer=True))
     n_batch: int = 512
     n_ubatch: int = 512
