@@ -122,3 +122,28 @@ def test_no_cli_flag_checks_a_number_on_its_own():
     FloatRange lets nan through): every numeric flag must use SettingValue instead."""
     assert list(_numeric_params(main, "pocketspec")) == []
     assert any(isinstance(param.type, SettingValue) for param in main.commands["generate"].params)
+
+
+def _generate(smollm2_path, *flags: str):
+    import json
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "apps.cli", "generate", "--target", str(smollm2_path), "--draft",
+                             "none", "--prompt", "Once upon a time", "--max-tokens", "6", "--json", *flags],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    return json.loads(result.stdout)["tokens"], result.stderr
+
+
+def test_seed_minus_one_draws_a_seed_that_repeats_the_run(smollm2_path):
+    tokens, stderr = _generate(smollm2_path, "--temperature", "1.5", "--seed", "-1")
+    line = next(line for line in stderr.splitlines() if line.startswith("--seed -1: drew seed "))
+    drawn = line.split()[4]
+    assert _generate(smollm2_path, "--temperature", "1.5", "--seed", drawn)[0] == tokens
+
+
+def test_threads_far_above_the_cores_are_capped_with_a_warning(smollm2_path):
+    _, stderr = _generate(smollm2_path, "--threads", "100000")
+    cores = settings_module.default_num_threads()
+    assert f"--threads 100000 is more than the {cores} cores this process may use; using {cores}" in stderr
