@@ -7,9 +7,11 @@ from dataclasses import fields, replace
 
 import click
 
+from apps.options import setting_option
 from memplanner.defaults import ATTENTION_SINK_TOKENS
 from memplanner.split import parse_devices
 from memplanner.torch_sizes import AUTO, resolve_weights_format
+from pocketspec.backends.device_check import check_devices
 from pocketspec.errors import UserError
 from pocketspec.settings import TORCH_KV_TYPES, TORCH_WEIGHTS, ModelSettings, SpeculationSettings
 
@@ -37,13 +39,12 @@ def backend_options(function):
                      show_default=True, help="torch KV cache dtype (auto: the weights' compute dtype)."),
         click.option("--compile/--no-compile", "compile", default=MODEL.compile, show_default=True,
                      help="torch.compile the torch model's forward (for GPUs)."),
-        click.option("--self-draft-window", type=click.IntRange(min=16), default=SPECULATION.self_draft_window,
-                     show_default=True,
-                     help=f"--draft self-sparse: KV positions the draft keeps ({ATTENTION_SINK_TOKENS} sinks + recent)."),
+        setting_option("--self-draft-window", SpeculationSettings, "self_draft_window", show_default=True,
+                       help=f"--draft self-sparse: KV positions the draft keeps ({ATTENTION_SINK_TOKENS} sinks + recent)."),
         click.option("--self-draft-kv-type", type=click.Choice(TORCH_KV_TYPES), default=SPECULATION.self_draft_kv_type,
                      show_default=True, help="--draft self-sparse: the draft's KV dtype."),
-        click.option("--self-skip-layers", type=click.IntRange(min=0), default=SPECULATION.self_skip_layers,
-                     show_default=True, help="--draft self-skip: first layers the draft runs (0: half)."),
+        setting_option("--self-skip-layers", SpeculationSettings, "self_skip_layers",
+                       show_default=True, help="--draft self-skip: first layers the draft runs (0: half)."),
     ]
     for option in reversed(options):
         function = option(function)
@@ -63,6 +64,7 @@ def apply_backend_options(target_settings: ModelSettings, speculation: Speculati
         if changed:
             flag = "--" + changed[0].replace("_", "-")
             raise UserError(f"{flag} applies to --backend torch; add --backend torch or leave {flag} out")
+    check_devices(target_settings)
     return target_settings, replace(speculation, **speculation_options)
 
 

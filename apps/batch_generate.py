@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from apps.backend_options import apply_backend_options
-from apps.options import MODEL, SPECULATION, parse_gamma
+from apps.options import MODEL, SPECULATION, parse_gamma, setting_option
 from apps.prompt_jsonl import read_prompt_lines
 from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
 from pocketspec.batch.scheduler import SCHEDULERS
@@ -35,9 +35,9 @@ BATCH_OPTIONS = ("batch", "output", "scheduler", "batch_invariant", "pool_rows")
 
 def batch_options(function):
     options = [
-        click.option("--batch", type=click.IntRange(min=1), default=None,
-                     help="Decode the prompts of a JSONL --prompt-file (one {\"prompt\": ...} per line) N at a "
-                          "time with continuous batching (--backend torch); writes one JSON line per prompt."),
+        setting_option("--batch", BatchSettings, "max_batch", default=None,
+                       help="Decode the prompts of a JSONL --prompt-file (one {\"prompt\": ...} per line) N at a "
+                            "time with continuous batching (--backend torch); writes one JSON line per prompt."),
         click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
                      help="Write the output here instead of stdout (the JSONL lines with --batch); "
                           "the file appears once it is complete."),
@@ -46,8 +46,8 @@ def batch_options(function):
         click.option("--batch-invariant/--fast-batch", "batch_invariant", default=BATCH.is_batch_invariant,
                      show_default=True, help="--batch: kernels whose result for a token does not depend on the rest "
                                              "of the batch (greedy output = each prompt alone), or faster ones."),
-        click.option("--pool-rows", type=click.IntRange(min=0), default=BATCH.num_rows, show_default=True,
-                     help="--batch: sequences held at once, from which each step picks (0: the batch size)."),
+        setting_option("--pool-rows", BatchSettings, "num_rows", show_default=True,
+                       help="--batch: sequences held at once, from which each step picks (0: the batch size)."),
     ]
     for option in reversed(options):
         function = option(function)

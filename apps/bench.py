@@ -10,6 +10,7 @@ its own (apps/bench_rounds.py). Ctrl-C writes the rounds completed so far, marke
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import sys
@@ -17,12 +18,13 @@ from pathlib import Path
 
 import click
 
-from apps.backend_options import backend_options
+from apps.backend_options import apply_backend_options, backend_options
 from apps.bench_report import build_report
 from apps.bench_rounds import BenchProgress, plan_rounds, run_rounds
 from apps.bench_run import BenchJob, System, add_closing_notes
 from apps.bench_suite import read_suite, select_prompts
-from apps.options import GENERATION, MODEL, SPECULATION, model_choice_options, repack_option, sampling_options
+from apps.options import (MODEL, SPECULATION, model_choice_options, repack_option, sampling_options, setting_option,
+                          threads_option)
 from apps.peers import PEERS, parse_peers
 from apps.peers.llama_speculative import default_tools_dir, missing_binary
 from apps.peers.transformers_assisted import missing_requirement as transformers_missing
@@ -94,10 +96,8 @@ def _command_line() -> str:
                    "[default: Spec-Bench].")
 @click.option("--categories", "--category", "categories", multiple=True,
               help="Only these categories (comma-separated or repeated).")
-@click.option("--per-category", type=click.IntRange(min=1), default=BENCH.per_category, show_default=True,
-              help="Prompts per category.")
-@click.option("--max-tokens", type=click.IntRange(min=2), default=GENERATION.max_new_tokens, show_default=True,
-              help="New tokens per prompt.")
+@setting_option("--per-category", BenchSettings, "per_category", show_default=True, help="Prompts per category.")
+@setting_option("--max-tokens", BenchSettings, "max_new_tokens", show_default=True, help="New tokens per prompt.")
 @sampling_options
 @click.option("--memory-budget", default=None,
               help="Memory budget for PocketSpec, or a comma-separated list (one run per budget: the frontier).")
@@ -106,14 +106,12 @@ def _command_line() -> str:
               help=f"PocketSpec drafters to run, comma-separated: {', '.join(DRAFTERS)} [default: {BENCH.drafters}].")
 @click.option("--peers", "peers_text", default=BENCH.peers, show_default=True,
               help=f"Peers: auto (those of --backend), none, all, or a list of {', '.join(PEERS)}.")
-@click.option("--peer-draft-max", type=click.IntRange(min=1), default=BENCH.peer_draft_max,
-              help="llama-speculative-simple's fixed draft length [default: llama.cpp's].")
+@setting_option("--peer-draft-max", BenchSettings, "peer_draft_max",
+                help="llama-speculative-simple's fixed draft length [default: llama.cpp's].")
 @click.option("--llama-tools", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Folder with llama-speculative-simple [default: the one `make peers` builds].")
-@click.option("--threads", type=click.IntRange(min=0), default=MODEL.num_threads,
-              help="CPU threads for every system (0: all this process may use).")
-@click.option("--max-context", type=click.IntRange(min=256, max=131072), default=BENCH.max_context,
-              show_default=True, help="Context of every system, in tokens.")
+@functools.partial(threads_option, help_text="CPU threads for every system (0: all this process may use).")
+@setting_option("--max-context", BenchSettings, "max_context", show_default=True, help="Context of every system, in tokens.")
 @repack_option
 @click.option("--exact-verify/--fast-verify", default=SPECULATION.exact_verify, show_default=True,
               help="PocketSpec's verify width: proven bit-exact, or free (see `pocketspec generate --help`).")
@@ -124,6 +122,7 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, temp
           exact_verify, out_dir, **backend_args):
     """Benchmark plain decoding, PocketSpec's drafters and the peers on a prompt suite."""
     prompts = select_prompts(read_suite(suite), tuple(_split(categories)), per_category)
+    apply_backend_options(MODEL, SPECULATION, backend_args)  # refuse flags each worker would refuse
     backend = backend_args["backend"]
     choice = choose_models(target=target, draft=draft, pair=pair)
     if drafters is None:

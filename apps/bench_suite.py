@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from apps.jsonl_objects import read_jsonl_objects
+from apps.text_input import as_text
 from pocketspec.errors import UserError
 
 DEFAULT_CATEGORY = "uncategorized"
@@ -43,7 +44,7 @@ def read_suite(path: Path) -> list[SuitePrompt]:
     for line_number, row, where in read_jsonl_objects(path, "--suite", _SHAPE):
         prompt_id = row.get("question_id", row.get("id", line_number))
         prompts.append(SuitePrompt(str(prompt_id), str(row.get("category") or DEFAULT_CATEGORY),
-                                   _prompt_text(row, where)))
+                                   as_text(_prompt_text(row, where), where)))
     if not prompts:
         raise UserError(f"--suite {path} holds no prompts")
     return prompts

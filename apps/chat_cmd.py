@@ -9,12 +9,14 @@ import click
 
 from apps.chat_repl import Chat, Repl, note, stats_line, stop_note
 from apps.backend_options import backend_options
-from apps.options import GENERATION, model_choice_options, runtime_options, sampling_options
+from apps.options import GENERATION, model_choice_options, runtime_options, sampling_options, setting_option
 from apps.session import open_engine
+from apps.text_input import as_text, read_piped_stdin
 from pocketspec.catalog import models_dir
 from pocketspec.chat_template import FALLBACK_NOTE
 from pocketspec.conversation import Conversation, Replayed, assistant_record, header_record
 from pocketspec.errors import UserError
+from pocketspec.settings import GenerationSettings
 from pocketspec.transcript import TranscriptWriter, find_transcript, load_transcript, new_transcript_path
 
 NUM_MESSAGES_SHOWN_ON_RESUME = 6
@@ -61,8 +63,8 @@ def _answer_piped(chat: Chat, session, message: str, show_stats: bool) -> None:
 @click.option("--system", "system_prompt", default=None, help="System prompt (default: the chat template's own, if any).")
 @click.option("--resume", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Continue a transcript: a path, or a file name in POCKETSPEC_HOME/chats/ (.jsonl may be left off).")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=GENERATION.max_reply_tokens, show_default=True,
-              help="Longest reply, in tokens.")
+@setting_option("--max-tokens", GenerationSettings, "max_reply_tokens", show_default=True,
+                help="Longest reply, in tokens.")
 @sampling_options
 @runtime_options
 @backend_options
@@ -81,9 +83,10 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
         target, draft = replayed.header.get("target"), replayed.header.get("draft")
     message = None
     if not is_interactive:
-        message = sys.stdin.read().strip()
+        message = read_piped_stdin().strip()
         if not message:
             raise UserError("stdin is empty: pipe a message in, or run `pocketspec chat` in a terminal")
+    transcript_path = resume or new_transcript_path()  # before loading: a home it cannot use stops it early
     with open_engine(
         target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads,
@@ -91,7 +94,6 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
     ) as session:
         choice = session.choice
         models = (_model_name(choice.target_path, "none"), _model_name(choice.draft_path, choice.drafter))
-        transcript_path = resume or new_transcript_path()
         with TranscriptWriter(transcript_path) as transcript:
             if transcript.set_aside is not None:
                 note(f"{transcript_path}: its last line was cut mid-write; cut it off and kept the original "
@@ -107,7 +109,7 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
             if chat_.template.is_fallback:
                 note(FALLBACK_NOTE)
             if system_prompt is not None:
-                chat_.set_system(system_prompt)
+                chat_.set_system(as_text(system_prompt, "--system"))
             if not is_interactive:
                 _answer_piped(chat_, session, message, show_stats)
                 return

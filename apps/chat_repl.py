@@ -17,6 +17,7 @@ from typing import Callable
 
 import click
 
+from apps.text_input import as_text
 from pocketspec.atomic_file import is_same_file
 from pocketspec.chat_template import encode_chat, template_for
 from pocketspec.conversation import (
@@ -170,7 +171,7 @@ class Repl:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         while True:
             try:
-                line = input("> ").strip()
+                line = as_text(input("> "), "your message").strip()
                 if line and not self._handle(line):
                     return
             except EOFError:

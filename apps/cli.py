@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from apps.text_input import make_streams_safe
 from pocketspec.errors import UserError
 
 
@@ -14,6 +15,7 @@ class PeopleFirstGroup(click.Group):
 
     def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False
+        make_streams_safe()
         try:
             return super().main(*args, **kwargs)
         except UserError as error:

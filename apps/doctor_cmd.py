@@ -21,7 +21,7 @@ import psutil
 
 from apps.backend_options import backend_options
 from apps.options import model_choice_options
-from pocketspec.catalog import load_catalog, model_path, pocketspec_home
+from pocketspec.catalog import folder_problem, load_catalog, model_path, models_dir, pocketspec_home
 
 CPU_FLAGS_OF_INTEREST = ("avx", "avx2", "avx512f", "avx512_vnni", "amx_tile", "f16c", "fma")
 BUILD_STAMP_NAME = "pocketspec-llama-build.json"
@@ -128,6 +128,7 @@ def collect_report() -> dict:
     return {
         "python": sys.version.split()[0],
         "pocketspec_home": str(pocketspec_home()),
+        "pocketspec_home_problem": folder_problem(models_dir()),
         "llama_cpp": _llama_report(),
         "cpu": _cpu_report(),
         "gpu": _gpu_report(),
@@ -172,7 +173,9 @@ def _print_human(report: dict) -> None:
         click.echo(f"torch             not importable: {torch_info['error']}")
     memory = report["memory"]
     click.echo(f"memory            {_gib(memory['available_bytes'])} available of {_gib(memory['total_bytes'])}")
-    click.echo(f"POCKETSPEC_HOME   {report['pocketspec_home']}")
+    problem = report["pocketspec_home_problem"]
+    click.echo(f"POCKETSPEC_HOME   {report['pocketspec_home']}"
+               + (f" (cannot hold downloads: {problem})" if problem else ""))
     for name, model in report["models"].items():
         click.echo(f"  {name:32} {'present' if model['downloaded'] else 'not downloaded'}")
 

@@ -11,21 +11,19 @@ import click
 
 from apps.backend_options import backend_options
 from apps.batch_generate import batch_options, model_inputs, run_batch, take_batch_options
-from apps.options import GENERATION, model_choice_options, runtime_options, sampling_options
+from apps.options import GENERATION, model_choice_options, runtime_options, sampling_options, setting_option
 from apps.session import open_engine
+from apps.text_input import as_text, read_text_file
 from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
 from pocketspec.chat_template import FALLBACK_NOTE, encode_chat, template_for
 from pocketspec.errors import UserError
+from pocketspec.settings import GenerationSettings
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     if (prompt is None) == (prompt_file is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-file FILE")
-    if prompt_file is not None:
-        try:
-            prompt = prompt_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise UserError(f"cannot read --prompt-file {prompt_file}: {error}") from None
+    prompt = read_text_file(prompt_file, "--prompt-file") if prompt_file is not None else as_text(prompt, "--prompt")
     if not prompt.strip():
         raise UserError("the prompt is empty: pass some text with --prompt or --prompt-file")
     return prompt
@@ -35,7 +33,7 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 @model_choice_options
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Read the prompt from a file.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=GENERATION.max_new_tokens, show_default=True)
+@setting_option("--max-tokens", GenerationSettings, "max_new_tokens", show_default=True)
 @sampling_options
 @runtime_options
 @backend_options

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from apps.text_input import read_text_file
 from pocketspec.errors import UserError
 
 
@@ -15,12 +16,7 @@ def read_jsonl_objects(path: Path, flag: str, shape_hint: str) -> Iterator[tuple
     `shape_hint` says what a line should look like; it ends the error for a line that is
     not JSON or not an object.
     """
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise UserError(f"{flag} {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read {flag} {path}: {error}") from None
+    lines = read_text_file(path, flag).splitlines()
     for line_number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

@@ -6,13 +6,56 @@ import click
 
 from memplanner.defaults import LLAMA_KV_TYPES
 from pocketspec.errors import UserError
-from pocketspec.settings import GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings
+from pocketspec.setting_ranges import parse_setting, setting_range
+from pocketspec.settings import (RANDOM_SEED, GenerationSettings, ModelSettings, SamplingSettings,
+                                 SpeculationSettings, default_num_threads)
 
 SAMPLING = SamplingSettings()
 SPECULATION = SpeculationSettings()
 MODEL = ModelSettings()
 GENERATION = GenerationSettings()
-LARGEST_GAMMA = 32  # the longest draft --gamma and plan's --max-gamma accept
+
+
+class SettingValue(click.ParamType):
+    """A flag's type made from the range its settings field declares (pocketspec/settings.py)."""
+
+    def __init__(self, settings_class, field_name: str):
+        self.settings_class, self.field_name = settings_class, field_name
+        self.name = "integer" if setting_range(settings_class, field_name).is_integer else "number"
+
+    def convert(self, value, param, ctx):
+        return parse_setting(self.settings_class, self.field_name, value)  # UserError: one line, exit 2
+
+
+_FIELD_DEFAULT = object()
+
+
+def setting_option(flag: str, settings_class, field_name: str, default=_FIELD_DEFAULT, **options):
+    """click.option for a numeric setting; the default is the field's own unless given."""
+    if default is _FIELD_DEFAULT:
+        default = getattr(settings_class(), field_name)
+    return click.option(flag, type=SettingValue(settings_class, field_name), default=default, **options)
+
+
+def _draw_seed(ctx, param, seed: int) -> int:
+    if seed != RANDOM_SEED:
+        return seed
+    drawn = SamplingSettings(seed=seed).with_seed_drawn().seed
+    click.echo(f"--seed -1: drew seed {drawn} (pass --seed {drawn} to repeat this run)", err=True)
+    return drawn
+
+
+def _cap_threads(ctx, param, num_threads: int) -> int:
+    num_cores = default_num_threads()
+    if num_threads <= num_cores:
+        return num_threads
+    click.echo(f"--threads {num_threads} is more than the {num_cores} cores this process may use; using "
+               f"{num_cores}", err=True)
+    return num_cores
+
+
+def threads_option(function, help_text: str = "CPU threads (0: all this process may use)."):
+    return setting_option("--threads", ModelSettings, "num_threads", callback=_cap_threads, help=help_text)(function)
 
 
 def model_choice_options(function):
@@ -25,25 +68,26 @@ def model_choice_options(function):
 
 
 def sampling_options(function):
-    function = click.option("--seed", type=int, default=SAMPLING.seed, show_default=True,
-                            help="Sampling seed. A fixed --gamma makes a seeded run repeatable; with --gamma auto "
+    function = setting_option("--seed", SamplingSettings, "seed", show_default=True, callback=_draw_seed,
+                              help="-1 draws a random seed and shows it. "
+                                   "Sampling seed. A fixed --gamma makes a seeded run repeatable; with --gamma auto "
                                  "the draft lengths follow measured timings, and so do the random draws.")(function)
-    function = click.option("--top-k", type=click.IntRange(min=0), default=SAMPLING.top_k, show_default=True, help="0 keeps all tokens.")(function)
-    function = click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=SAMPLING.top_p, show_default=True)(function)
-    function = click.option("--temperature", type=click.FloatRange(min=0.0), default=SAMPLING.temperature, show_default=True, help="0 is greedy.")(function)
+    function = setting_option("--top-k", SamplingSettings, "top_k", show_default=True, help="0 keeps all tokens.")(function)
+    function = setting_option("--top-p", SamplingSettings, "top_p", show_default=True)(function)
+    function = setting_option("--temperature", SamplingSettings, "temperature", show_default=True,
+                              help="0 is greedy.")(function)
     return function
 
 
 def parse_gamma(value: str) -> int | None:
-    if value == "auto":
+    """`auto` (None: adaptive) or a fixed draft length in SpeculationSettings.gamma's range."""
+    if value.strip() == "auto":
         return None
     try:
-        gamma = int(value)
-    except ValueError:
-        raise UserError(f"--gamma must be `auto` or a whole number from 0 to {LARGEST_GAMMA}, got {value!r}") from None
-    if not 0 <= gamma <= LARGEST_GAMMA:
-        raise UserError(f"--gamma must be `auto` or a whole number from 0 to {LARGEST_GAMMA}, got {gamma}")
-    return gamma
+        return parse_setting(SpeculationSettings, "gamma", value)
+    except UserError:
+        raise UserError(f"--gamma must be `auto` or {setting_range(SpeculationSettings, 'gamma').describe()}, "
+                        f"got {value!r}") from None
 
 
 def repack_option(function):
@@ -63,11 +107,12 @@ def runtime_options(function):
                                  "(on a CPU that means plain decoding), or draft freely: a greedy token may then "
                                  "differ where the target's two best logits are within kernel rounding.")(function)
     function = repack_option(function)
-    function = click.option("--threads", type=click.IntRange(min=0), default=MODEL.num_threads, help="CPU threads (0: all this process may use).")(function)
+    function = threads_option(function)
     function = click.option("--kv-type", type=click.Choice(LLAMA_KV_TYPES), default=None,
                             help="The target's KV cache type [default: f16]; a memory plan never changes it, "
                                  "only the draft's.")(function)
-    function = click.option("--max-context", type=click.IntRange(min=64, max=131072), default=None, help=f"Target context in tokens [default: {MODEL.max_context}].")(function)
+    function = click.option("--max-context", type=SettingValue(ModelSettings, "max_context"), default=None,
+                            help=f"Target context in tokens [default: {MODEL.max_context}].")(function)
     function = click.option("--memory-budget", default=None, help="Memory budget for everything, e.g. 512MiB, 3GiB, 3.5G.")(function)
     function = click.option("--gamma", default="auto", show_default=True, help="Draft length: `auto` (adaptive) or a fixed N.")(function)
     return function

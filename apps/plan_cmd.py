@@ -6,8 +6,7 @@ import json
 
 import click
 
-from apps.options import (GENERATION, LARGEST_GAMMA, MODEL, SAMPLING, SPECULATION, model_choice_options,
-                          repack_allowed, repack_option)
+from apps.options import GENERATION, MODEL, SAMPLING, SPECULATION, model_choice_options, repack_allowed, repack_option, setting_option
 from memplanner.defaults import ACCEPTANCE_PRIORS, LLAMA_KV_TYPES
 from memplanner.device import detect_device
 from memplanner.planner import Plan, Workload, plan
@@ -16,6 +15,7 @@ from memplanner.sizes import format_bytes, parse_size
 from memplanner.split import SplitPlan, is_per_device_budget, parse_device_budgets, plan_split
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models, trained_context_limit
+from pocketspec.settings import GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings
 
 
 def _settings_line(plan_: Plan | SplitPlan) -> str:
@@ -97,15 +97,14 @@ def _plan_devices(devices, memory_budget, target_shape, draft_shape, workload, a
                    "with --devices one per device (6GiB,4GiB), or cuda:0=6GiB,cuda:1=4GiB.")
 @click.option("--devices", default=None,
               help="Split the target's layers over these devices, e.g. cuda:0,cuda:1 (they need not be here).")
-@click.option("--max-context", type=click.IntRange(min=64, max=1 << 20), default=MODEL.max_context,
-              show_default=True, help="Prompt + generated tokens.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=GENERATION.max_new_tokens, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0.0), default=SAMPLING.temperature, show_default=True)
-@click.option("--max-gamma", type=click.IntRange(min=1, max=LARGEST_GAMMA), default=SPECULATION.max_gamma, show_default=True)
+@setting_option("--max-context", ModelSettings, "max_context", show_default=True, help="Prompt + generated tokens.")
+@setting_option("--max-tokens", GenerationSettings, "max_new_tokens", show_default=True)
+@setting_option("--temperature", SamplingSettings, "temperature", show_default=True)
+@setting_option("--max-gamma", SpeculationSettings, "max_gamma", show_default=True)
 @click.option("--kv-type", type=click.Choice(LLAMA_KV_TYPES), default=MODEL.kv_type, show_default=True,
               help="The target's KV cache type; the plan never changes it (only the draft's).")
-@click.option("--alpha", type=click.FloatRange(min=0.0, max=1.0), default=None,
-              help=f"Expected per-token acceptance of the draft model [default: {ACCEPTANCE_PRIORS['model']}].")
+@setting_option("--alpha", SpeculationSettings, "expected_acceptance",
+                help=f"Expected per-token acceptance of the draft model [default: {ACCEPTANCE_PRIORS['model']}].")
 @repack_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan_command(target, draft, pair, memory_budget, devices, max_context, max_tokens, temperature, max_gamma,

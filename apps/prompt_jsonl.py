@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from apps.jsonl_objects import read_jsonl_objects
+from apps.text_input import as_text
 from pocketspec.errors import UserError
 
 _SHAPE = 'give {"prompt": "..."} or {"turns": ["..."]}, one object per line'
@@ -43,7 +44,7 @@ def _text(row: dict, where: str) -> str:
         raise UserError(f"{where}: the prompt must be a string, got {type(text).__name__}")
     if not text.strip():
         raise UserError(f"{where}: the prompt is empty")
-    return text
+    return as_text(text, where)
 
 
 def _whole_number(row: dict, key: str, where: str, minimum: int | None) -> int | None:

@@ -58,6 +58,7 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
     if context_note is not None and announce:
         click.echo(context_note, err=True)
     fixed_gamma = parse_gamma(gamma)
+    choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
     target_settings = ModelSettings(
         num_threads=threads,
         max_context=max_context,

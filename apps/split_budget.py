@@ -17,6 +17,7 @@ from memplanner.planner import REPACK_EITHER
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
 from memplanner.split import DeviceBudget, layer_counts, parse_device_budgets, plan_split
+from pocketspec.backends.device_check import check_devices
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import ModelSettings, SpeculationSettings
@@ -42,22 +43,6 @@ def _share_note(device: str, first: int, count: int, terms: dict[str, int], budg
     parts = ", ".join(f"{name} {format_bytes(size)}" for name, size in terms.items())
     of_budget = f" of {format_bytes(budget_bytes)}" if budget_bytes is not None else ""
     return f"memory plan {device}: {blocks}; {parts} = {format_bytes(sum(terms.values()))}{of_budget}"
-
-
-def _check_devices(settings: ModelSettings) -> None:
-    has_gpu = any(is_gpu(device) for device in settings.devices)
-    if settings.backend == "llama.cpp" and has_gpu:
-        import llama_cpp
-
-        if not llama_cpp.llama_supports_gpu_offload():
-            raise UserError(f"--devices {','.join(settings.devices)}: this llama.cpp build runs on the CPU only; "
-                            "rebuild it for your GPUs (POCKETSPEC_ACCEL=cuda|rocm|vulkan make setup) or use cpu:N")
-    if settings.backend == "torch":
-        from pocketspec.torch_model.device import resolve_devices
-
-        resolve_devices(settings.devices)
-        if settings.split_mode == "row" and len(settings.devices) < 2:
-            raise UserError("--split-mode row needs two or more --devices, e.g. cuda:0,cuda:1")
 
 
 def _torch_split(applied: AppliedSplit, budgets: list[DeviceBudget]) -> AppliedSplit:
@@ -106,7 +91,7 @@ def apply_split(choice: ModelChoice, memory_budget: str | None, target_settings:
         except ValueError as error:
             raise UserError(str(error)) from None
         target_settings = replace(target_settings, devices=tuple(budget.name for budget in budgets))
-    _check_devices(target_settings)
+    check_devices(target_settings)  # the budget may have named the devices
     applied = AppliedSplit(choice, target_settings, speculation)
     if budgets is None:
         counts = layer_counts(target_settings.layers_per_device, shape_from_gguf(choice.target_path).num_layers,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from memplanner.constants import REPACKED_TYPES
 from memplanner.gguf_header import read_gguf_header
+from memplanner.gguf_sanity import header_problem
 
 DTYPE_BYTES = {"f32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "f16": 2, "float16": 2, "int8": 1}
 _BIASED_QKV_ARCHS = {"qwen2"}  # qwen2 keeps biases on q, k and v projections
@@ -49,6 +50,9 @@ class ModelShape:
 def shape_from_gguf(path: str | Path) -> ModelShape:
     """Shape of a GGUF model from its header (~0.05 s even for a 1 GB file)."""
     header = read_gguf_header(path)
+    problem = header_problem(header)
+    if problem is not None:
+        raise ValueError(f"{path} cannot be planned for: {problem}")
     meta = header.metadata
     arch = str(meta["general.architecture"])
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+MAX_BYTES = 2**60  # an exbibyte
 _UNIT_EXPONENTS = {"": 0, "b": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 _SIZE_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -32,7 +33,10 @@ def parse_size(text: str | int) -> int:
         suffix = "ib"
     if not prefix and suffix.lower() not in ("", "b"):
         raise ValueError(f"cannot read {text!r} as a size: unit {suffix!r} needs K, M, G or T before it")
-    return int(round(float(number) * 1024 ** _UNIT_EXPONENTS[prefix.lower()]))
+    num_bytes = float(number) * 1024 ** _UNIT_EXPONENTS[prefix.lower()]
+    if num_bytes >= MAX_BYTES:  # also a number too long for a float, which reads as inf
+        raise ValueError(f"{text!r:.40} is more memory than any machine has; write e.g. 3GiB")
+    return int(round(num_bytes))
 
 
 def format_bytes(num_bytes: int) -> str:

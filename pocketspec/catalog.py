@@ -94,6 +94,36 @@ def models_dir() -> Path:
     return pocketspec_home() / "models"
 
 
+def folder_problem(folder: Path) -> str | None:
+    """Why files cannot be written into `folder` (made on the way when missing), or None; changes nothing."""
+    existing = Path(folder)
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def _home_error(what: str, problem: str) -> UserError:
+    return UserError(f"POCKETSPEC_HOME {pocketspec_home()} cannot hold {what}: {problem}; "
+                     "set POCKETSPEC_HOME to a folder you can write")
+
+
+def writable_home_folder(folder: Path, what: str) -> Path:
+    """`folder` (under POCKETSPEC_HOME) made and writable, or one UserError that names POCKETSPEC_HOME."""
+    problem = folder_problem(folder)
+    if problem is None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            problem = f"{folder} cannot be made ({error.strerror or error})"
+    if problem is not None:
+        raise _home_error(what, problem)
+    return folder
+
+
 def model_path(name: str) -> Path:
     """Where the catalog model `name` lives once pulled (it may not exist yet)."""
     return models_dir() / f"{name}.gguf"
@@ -139,6 +169,9 @@ def resolve_model(name_or_path: str, *, pull_if_missing: bool = False) -> Path:
     path = model_path(entry.name)
     fix = f"re-download with: pocketspec models pull {entry.name}"
     if not path.exists():
+        problem = folder_problem(path.parent)
+        if problem is not None:  # a pull could not save it either: say what to fix instead
+            raise _home_error(f"model '{entry.name}', which is not downloaded", problem)
         if not pull_if_missing:
             raise UserError(f"model '{entry.name}' is not downloaded; run: pocketspec models pull {entry.name}")
         from pocketspec.pull import pull

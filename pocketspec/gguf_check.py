@@ -1,7 +1,8 @@
 """Checks a GGUF file before llama.cpp loads it, and reads the metadata PocketSpec needs.
 
-A missing, foreign, truncated or unreadable file becomes one UserError line that names the
-path and the fix, instead of a crash inside llama.cpp. Only the header is parsed (with
+A missing, foreign, truncated or unreadable file, or one whose shape values cannot be
+trusted (memplanner.gguf_sanity), becomes one UserError line that names the path and the
+fix, instead of a crash inside the planner or llama.cpp. Only the header is parsed (with
 memplanner.gguf_header, which walks it over an mmap): tensor data is never read, so a
 1 GB file is checked in well under a second.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memplanner.gguf_header import GGUFHeader, read_gguf_header
+from memplanner.gguf_sanity import header_problem
 from pocketspec.errors import UserError
 
 GGUF_MAGIC = b"GGUF"
@@ -56,9 +58,10 @@ def _parse(path: Path, header: GGUFHeader, buffer: mmap.mmap, fix: str) -> GGUFI
     metadata = header.metadata
     if "tokenizer.ggml.tokens" not in header.array_spans:
         raise UserError(f"{path} has no tokenizer vocabulary (tokenizer.ggml.tokens); {fix}")
-    arch = metadata.get("general.architecture")
-    if not isinstance(arch, str):
-        raise UserError(f"{path} does not name its architecture (general.architecture); {fix}")
+    problem = header_problem(header)
+    if problem is not None:
+        raise UserError(f"{path} cannot be used: {problem}; {fix}")
+    arch = metadata["general.architecture"]
 
     def arch_int(key: str) -> int | None:
         value = metadata.get(f"{arch}.{key}")

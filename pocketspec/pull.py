@@ -27,7 +27,7 @@ from pathlib import Path
 
 import click
 
-from pocketspec.catalog import ModelEntry, get_model, model_path, pocketspec_home
+from pocketspec.catalog import ModelEntry, get_model, model_path, pocketspec_home, writable_home_folder
 from pocketspec.errors import UserError
 from pocketspec.pull_work import die_with_parent, owned_work_folder, remove_stale_work_folders
 
@@ -221,7 +221,7 @@ def pull(name: str, *, progress: bool = True, verify: bool = False, find_links: 
     entry = get_model(name)
     final = model_path(entry.name)
     stamp = stamp_path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    writable_home_folder(final.parent, "downloaded models")
     remove_stale_work_folders(final.parent, say=_say)
     final.with_name(final.name + ".partial").unlink(missing_ok=True)  # left by pulls before the work folders
     if _already_present(entry, final, stamp, verify=verify, progress=progress):

@@ -7,11 +7,18 @@ planner shares with the runtime comes from memplanner.defaults.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field, replace
 
 from memplanner.defaults import LLAMA_KV_TYPES, MAX_DRAFTLESS_GAMMA, MAX_GAMMA, MAX_NEW_TOKENS
 from memplanner.device import is_gpu
 from memplanner.torch_sizes import AUTO, KV_DTYPES, WEIGHT_FORMATS
+from pocketspec.setting_ranges import check_ranges, in_range
+
+RANDOM_SEED = -1  # --seed -1: draw a seed, and say which
+LARGEST_GAMMA = 32  # the longest draft --gamma and plan's --max-gamma accept
+MAX_CONTEXT = 131072
+MAX_TOKENS = 1 << 20
 
 DRAFTERS = ("auto", "model", "ngram", "none")  # SpeculationSettings.drafter; auto: the controller picks per step
 DRAFTLESS = ("ngram", "none")  # --draft values that load no draft model
@@ -24,14 +31,24 @@ TORCH_KV_TYPES = (AUTO, *KV_DTYPES)  # --torch-kv-type, --self-draft-kv-type
 class SamplingSettings:
     """How a token is chosen from a distribution; identical for target and draft."""
 
-    temperature: float = 0.0
-    top_k: int = 0  # 0 keeps the whole vocabulary
-    top_p: float = 1.0
-    seed: int = 0
+    # Below 0.001, logits / temperature can overflow float64; 0 is greedy decoding instead.
+    temperature: float = field(default=0.0, metadata=in_range("--temperature", 0.001, 100.0, also=(0.0,),
+                                                               meaning="greedy"))
+    top_k: int = field(default=0, metadata=in_range("--top-k", 0, MAX_TOKENS, is_integer=True))  # 0 keeps all
+    top_p: float = field(default=1.0, metadata=in_range("--top-p", 0.0, 1.0, is_low_open=True))
+    seed: int = field(default=0, metadata=in_range("--seed", 0, 2**63 - 1, is_integer=True, also=(RANDOM_SEED,),
+                                                   meaning="a random seed"))
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    def with_seed_drawn(self) -> SamplingSettings:
+        """A random seed in place of RANDOM_SEED; the caller shows it, so the run can be repeated."""
+        return replace(self, seed=secrets.randbelow(2**31)) if self.seed == RANDOM_SEED else self
 
 
 @dataclass(frozen=True)
@@ -39,8 +56,9 @@ class SpeculationSettings:
     """What drafts tokens and how many per step."""
 
     drafter: str = "auto"  # one of DRAFTERS
-    gamma: int | None = None  # None: adaptive (`--gamma auto`)
-    max_gamma: int = MAX_GAMMA  # a draft model's longest draft: each of its tokens costs a draft forward
+    gamma: int | None = field(default=None, metadata=in_range("--gamma", 0, LARGEST_GAMMA, is_integer=True))  # None: auto
+    # a draft model's longest draft: each of its tokens costs a draft forward
+    max_gamma: int = field(default=MAX_GAMMA, metadata=in_range("--max-gamma", 1, LARGEST_GAMMA, is_integer=True))
     # A draftless proposal costs nothing to draft: only the verify's width limits it. On the
     # 2-core CPU a verify of 16 rows costs what one of 8 does, so long accepted copies need room.
     max_draftless_gamma: int = MAX_DRAFTLESS_GAMMA
@@ -56,9 +74,12 @@ class SpeculationSettings:
     # llama.cpp's CPU backend means plain decoding.
     exact_verify: bool = False
     # --draft self-sparse / self-skip (torch backend): the target drafts for itself
-    self_draft_window: int = 256  # self-sparse: KV positions the draft keeps (attention sinks + recent tokens)
+    self_draft_window: int = field(default=256, metadata=in_range("--self-draft-window", 16, MAX_CONTEXT,
+                                                                  is_integer=True))  # attention sinks + recent tokens
     self_draft_kv_type: str = AUTO  # self-sparse KV: one of TORCH_KV_TYPES (auto: the target's compute format)
-    self_skip_layers: int = 0  # self-skip: first layers the draft runs (0: half of them)
+    self_skip_layers: int = field(default=0, metadata=in_range("--self-skip-layers", 0, 4096, is_integer=True))  # 0: half
+    # The planner's guess at the draft model's per-token acceptance (None: memplanner's default)
+    expected_acceptance: float | None = field(default=None, metadata=in_range("--alpha", 0.0, 1.0))
 
     def verify_width(self, drafts: bool = True) -> int:
         """The widest verify a step may run: the target's logits rows (1 when nothing drafts)."""
@@ -76,6 +97,7 @@ class SpeculationSettings:
 
 
 def default_num_threads() -> int:
+    """The cores this process may use: more threads than that only wait on each other."""
     return max(1, len(os.sched_getaffinity(0)))
 
 
@@ -83,8 +105,9 @@ def default_num_threads() -> int:
 class ModelSettings:
     """How one model is loaded by a backend."""
 
-    num_threads: int = 0  # 0: every core this process may use
-    max_context: int = 4096
+    # 0: every core; more than the cores is capped where the flag is read (apps/options.py)
+    num_threads: int = field(default=0, metadata=in_range("--threads", 0, 2**31 - 1, is_integer=True))
+    max_context: int = field(default=4096, metadata=in_range("--max-context", 64, MAX_CONTEXT, is_integer=True))
     n_batch: int = 512
     n_ubatch: int = 512
     kv_type: str = LLAMA_KV_TYPES[0]  # one of LLAMA_KV_TYPES
@@ -129,8 +152,9 @@ class ModelSettings:
 class GenerationSettings:
     """What one generate call asks for."""
 
-    max_new_tokens: int = MAX_NEW_TOKENS
-    max_reply_tokens: int = 512  # chat: the longest reply, longer than one generate call's default
+    max_new_tokens: int = field(default=MAX_NEW_TOKENS, metadata=in_range("--max-tokens", 1, MAX_TOKENS, is_integer=True))
+    # chat: the longest reply, longer than one generate call's default
+    max_reply_tokens: int = field(default=512, metadata=in_range("--max-tokens", 1, MAX_TOKENS, is_integer=True))
     stop_at_eos: bool = True
 
 
@@ -138,11 +162,15 @@ class GenerationSettings:
 class BenchSettings:
     """What `pocketspec bench` measures unless told otherwise."""
 
-    per_category: int = 3
-    max_context: int = 2048  # every system gets the same context, so KV and logits buffers compare
+    per_category: int = field(default=3, metadata=in_range("--per-category", 1, 1 << 20, is_integer=True))
+    max_new_tokens: int = field(default=128, metadata=in_range("--max-tokens", 2, MAX_TOKENS, is_integer=True))
+    # every system gets the same context, so KV and logits buffers compare
+    max_context: int = field(default=2048, metadata=in_range("--max-context", 256, MAX_CONTEXT, is_integer=True))
     drafters: str = "auto,ngram"  # PocketSpec drafters: auto (draft model + n-gram, adaptive), ngram, self-sparse, self-skip
     peers: str = "auto"  # auto: the peers that run on --backend (llama.cpp + prompt-lookup, or transformers)
-    peer_draft_max: int | None = None  # llama-speculative-simple's --spec-draft-n-max (None: llama.cpp's default)
+    # llama-speculative-simple's --spec-draft-n-max (None: llama.cpp's default)
+    peer_draft_max: int | None = field(default=None, metadata=in_range("--peer-draft-max", 1, MAX_GAMMA * 8,
+                                                                       is_integer=True))
     num_warmup_tokens: int = 4  # generated once per process before timing, so page faults are not timed
     # A round runs every system over one category's prompts (at most this many; a suite without
     # categories is cut into groups of this size), so the systems interleave in time.
@@ -153,8 +181,9 @@ class BenchSettings:
 class BatchSettings:
     """Batched decoding (`--batch`, torch): how many sequences step together and how their forwards are shaped."""
 
-    max_batch: int = 8  # sequences per forward
-    num_rows: int = 0  # sequences held in the KV cache at once (0: max_batch); the scheduler picks among them
+    max_batch: int = field(default=8, metadata=in_range("--batch", 1, 4096, is_integer=True))  # sequences per forward
+    # sequences held in the KV cache at once (0: max_batch); the scheduler picks among them
+    num_rows: int = field(default=0, metadata=in_range("--pool-rows", 0, 1 << 16, is_integer=True))
     scheduler: str = "pad"  # pad: step the longest-waiting rows together | group: equal-length rows (EXSPEC)
     # Batch-invariant kernels (pocketspec/torch_model/invariant.py): every generated token's
     # logits are bit-identical whatever else shares its forward, so batched greedy output equals

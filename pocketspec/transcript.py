@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from pocketspec.atomic_file import replaced_on_success
-from pocketspec.catalog import pocketspec_home
+from pocketspec.catalog import pocketspec_home, writable_home_folder
 from pocketspec.conversation import Conversation, Replayed, TranscriptError, header_record, replay
 from pocketspec.errors import UserError
 
@@ -29,6 +29,7 @@ def chats_dir() -> Path:
 
 def new_transcript_path(now: float | None = None) -> Path:
     """A fresh file name, chats/chat-YYYYmmdd-HHMMSS.jsonl, with a suffix if that one is taken."""
+    writable_home_folder(chats_dir(), "chat transcripts")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     path = chats_dir() / f"chat-{stamp}.jsonl"
     number = 2

@@ -50,8 +50,11 @@ def test_missing_empty_and_binary_files(tmp_path):
         read_suite(write_lines(tmp_path, "", ""))
     binary = tmp_path / "binary.jsonl"
     binary.write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(UserError, match="cannot read --suite"):
+    with pytest.raises(UserError, match="line 1 is not JSON"):  # its bytes read as U+FFFD, as every text input's
         read_suite(binary)
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    assert read_suite(latin1)[0].text == "caf\ufffd"
 
 
 def test_select_per_category_in_suite_order():

@@ -124,3 +124,40 @@ def write_near_tie_model(path: Path, seed: int = 0, relative_gap: float = 1e-6) 
     noise = relative_gap * np.random.default_rng(seed + 1).standard_normal(head[1::2][:num_twins].shape)
     head[1::2][:num_twins] = head[0::2][:num_twins] * (1 + noise).astype(np.float32)
     return write_tiny_model(path, tensors, quant=None, **shape)
+
+
+SHAPE_KEYS = ("context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
+              "attention.head_count_kv", "rope.dimension_count")
+
+
+def write_header_variant(path: Path, arch: str = "llama", drop: tuple[str, ...] = (), **values) -> Path:
+    """A tiny F32 llama model whose header says `values` instead of the truth, for tests of header checks.
+
+    Keys are SHAPE_KEYS with `__` for `.` (attention__head_count=0), or token_bos / token_eos;
+    `drop` leaves SHAPE_KEYS out; `arch` renames the architecture. The tensors keep their shape.
+    """
+    shape = dict(dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=128)
+    tokens, scores, types = _vocabulary()
+    header = dict(zip(SHAPE_KEYS, (1024, shape["dim"], shape["num_layers"], shape["ffn_dim"], shape["num_heads"],
+                                   shape["num_kv_heads"], shape["dim"] // shape["num_heads"])))
+    header.update({key.replace("__", "."): value for key, value in values.items() if not key.startswith("token_")})
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(path.stem)
+    for key, value in header.items():
+        if key not in drop:
+            writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(values.get("token_bos", 1))
+    writer.add_eos_token_id(values.get("token_eos", 2))
+    writer.add_unk_token_id(0)
+    for name, array in _weights(np.random.default_rng(0), len(tokens), **shape).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -1,0 +1,67 @@
+"""Text a person hands the CLI (a prompt, a system prompt, piped stdin, a prompt file), made valid UTF-8.
+
+One rule everywhere: bytes that are not UTF-8 become U+FFFD, and a note says so once per
+source on stderr. Python hands such bytes over as lone surrogates (argv and a stdin read
+with surrogateescape), which no tokenizer or file can encode; after `as_text` they are gone.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from pocketspec.errors import UserError
+
+REPLACEMENT = "\ufffd"
+_noted_sources: set[str] = set()
+
+
+def _note_replaced(source: str, num_replaced: int) -> None:
+    if num_replaced and source not in _noted_sources:
+        _noted_sources.add(source)
+        click.echo(f"note: {source} holds bytes that are not UTF-8; each was replaced with U+FFFD", err=True)
+
+
+def decode_bytes(data: bytes, source: str) -> str:
+    text = data.decode("utf-8", errors="replace")
+    _note_replaced(source, text.count(REPLACEMENT) - data.count(REPLACEMENT.encode()))
+    return text
+
+
+def as_text(text: str, source: str) -> str:
+    """`text` with every stray byte (a lone surrogate) replaced by U+FFFD."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        data = text.encode("utf-8", errors="surrogateescape")  # argv and stdin: one surrogate per stray byte
+    except UnicodeEncodeError:
+        data = text.encode("utf-8", errors="surrogatepass")  # a JSON "\ud800" escape
+    return decode_bytes(data, source)
+
+
+def read_text_file(path: Path, flag: str) -> str:
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{flag} {path} does not exist") from None
+    except OSError as error:
+        raise UserError(f"cannot read {flag} {path}: {error.strerror or error}") from None
+    return decode_bytes(data, f"{flag} {path}")
+
+
+def read_piped_stdin() -> str:
+    return decode_bytes(sys.stdin.buffer.read(), "stdin")
+
+
+def make_streams_safe() -> None:
+    """Whatever a message quotes (a path with stray bytes) prints, escaped, instead of raising;
+    stdin hands stray bytes over as surrogates for `as_text`, instead of raising on read."""
+    for stream, errors in ((sys.stdout, "backslashreplace"), (sys.stderr, "backslashreplace"),
+                           (sys.stdin, "surrogateescape")):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors=errors)
