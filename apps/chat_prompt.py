@@ -52,8 +52,12 @@ class KeptHistory(FileHistory):
     def store_string(self, string: str) -> None:
         if self.is_in_memory:
             return
+        # prompt_toolkit hands bytes that are not UTF-8 over as lone surrogates, which no file can hold
+        string = string.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
+        folder = Path(self.filename).parent
         try:
-            Path(self.filename).parent.mkdir(parents=True, exist_ok=True)
+            if not folder.exists():  # a file there fails below, as "Not a directory"
+                folder.mkdir(parents=True)
             super().store_string(string)
         except OSError as error:
             self._fall_back(error, "write")

@@ -149,6 +149,12 @@ def test_history_keeps_multi_line_messages_across_instances(tmp_path):
     assert history.take_problem() is None
 
 
+def test_history_file_holds_stray_bytes_as_replacement_characters(tmp_path):
+    path = tmp_path / "chat_history"
+    KeptHistory(path).append_string("caf\udce9 au lait")  # the byte 0xe9 (Latin-1 é), as prompt_toolkit decodes it
+    assert list(KeptHistory(path).load_history_strings()) == ["caf\ufffd au lait"]
+
+
 @pytest.mark.parametrize("blocker", ["parent_is_a_file", "history_is_a_folder"])
 def test_history_that_cannot_be_written_is_kept_in_memory_and_said_once(tmp_path, blocker):
     if blocker == "parent_is_a_file":
