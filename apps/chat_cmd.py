@@ -118,7 +118,9 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
             note(f"transcript: {transcript_path}")
             if replayed is not None:
                 _show_history(replayed, transcript_path)
-            Repl(chat_, session, show_stats=show_stats, models=models).run()
+            from apps.chat_prompt import terminal_prompt  # only here: piped stdin needs no prompt_toolkit
+
+            Repl(chat_, session, terminal_prompt(note), show_stats=show_stats, models=models).run()
 
 
 COMMANDS = [chat]

@@ -3,7 +3,8 @@
 Chat trims the conversation to the context, renders it with the model's own template and
 generates; the engine keeps the longest common prefix of its KV cache, so each turn
 prefills only what is new, and after a trim both caches roll back to the system prompt.
-Repl reads lines, runs commands and turns Ctrl-C during a reply into a clean stop.
+Repl reads messages (through apps/chat_prompt.py in a terminal), runs commands and turns
+Ctrl-C during a reply into a clean stop.
 """
 
 from __future__ import annotations
@@ -153,8 +154,9 @@ HELP = """\
 
 
 class Repl:
-    def __init__(self, chat: Chat, session, *, show_stats: bool = True, models: tuple[str, str] = ("", "")):
+    def __init__(self, chat: Chat, session, prompt, *, show_stats: bool = True, models: tuple[str, str] = ("", "")):
         self.chat = chat
+        self.prompt = prompt  # read() -> one message, raising EOFError / KeyboardInterrupt; keys_help
         self.session = session
         self.show_stats = show_stats
         self.models = models  # target and draft, as the transcript header names them
@@ -163,22 +165,18 @@ class Repl:
                          "/save": self.save, "/budget": self.budget, "/exit": None, "/quit": None}
 
     def run(self) -> None:
-        # No `import readline`: it blocks SIGINT while it redraws the line, the signal then lands
-        # outside its select() and Ctrl-C is ignored until the next key (CPython 3.11). Plain
-        # input() on a tty keeps the kernel's line editing and always sees Ctrl-C.
         # A parent that started us with SIGINT ignored (a background job of a script) would
         # leave Ctrl-C dead in an interactive chat: take the default handler back.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         while True:
             try:
-                line = as_text(input("> "), "your message").strip()
+                line = as_text(self.prompt.read(), "your message").strip()
                 if line and not self._handle(line):
                     return
             except EOFError:
-                click.echo()
                 return
             except KeyboardInterrupt:  # like a shell: Ctrl-C drops the line being typed
-                click.echo(" (Ctrl-D or /exit quits)", err=True)  # after the ^C the terminal echoed
+                click.echo("(Ctrl-D or /exit quits)", err=True)
 
     def _handle(self, line: str) -> bool:
         """Run a command or answer a message; False means quit."""
@@ -221,7 +219,7 @@ class Repl:
         sys.stdout.flush()
 
     def help(self, _argument: str) -> None:
-        note(HELP)
+        note("\n".join(filter(None, [HELP, self.prompt.keys_help])))
 
     def toggle_stats(self, _argument: str) -> None:
         self.show_stats = not self.show_stats
