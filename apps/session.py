@@ -13,7 +13,7 @@ from apps.options import MODEL, SPECULATION, parse_gamma, repack_allowed
 from apps.split_budget import apply_split, is_split
 from pocketspec.loader import ModelChoice, choose_models, close_engine, draft_settings_for, load_engine
 from pocketspec.settings import ModelSettings, SamplingSettings
-from pocketspec.stats import GenerationStats, peak_rss_bytes
+from pocketspec.stats import GenerationStats, gpu_allocator_peaks, peak_rss_bytes
 
 
 @dataclass
@@ -26,9 +26,9 @@ class Session:
     notes: list[str] = field(default_factory=list)
 
     def peak_memory_bytes(self) -> int:
-        """The allocators' peaks, summed over every GPU the target uses (torch backend); on a CPU,
+        """torch's allocator peaks, summed over every GPU used (target, draft, split devices); on a CPU,
         peak resident memory above the process's baseline before any model loaded."""
-        gpu_peaks = getattr(self.engine.target, "allocator_peaks", dict)()
+        gpu_peaks = gpu_allocator_peaks()
         if gpu_peaks:
             return sum(gpu_peaks.values())
         return max(0, peak_rss_bytes() - self.baseline_rss_bytes)

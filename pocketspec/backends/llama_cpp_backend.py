@@ -14,7 +14,7 @@ import numpy as np
 from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
 
 from pocketspec.backends import llama_logs
-from pocketspec.backends.llama_split import apply_llama_split, llama_split
+from pocketspec.backends.llama_split import apply_llama_split, is_cpu_planned, llama_split
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
 from pocketspec.tokenizer import Tokenizer
@@ -67,6 +67,7 @@ class LlamaCppBackend:
         context_params.type_k = KV_TYPES[settings.kv_type]
         context_params.type_v = KV_TYPES[settings.kv_type]
         context_params.no_perf = True
+        context_params.op_offload = not is_cpu_planned(settings)
         try:
             self._context = LlamaContext(model=self._model, params=context_params, verbose=False)
         except ValueError:
