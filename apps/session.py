@@ -26,9 +26,9 @@ class Session:
     notes: list[str] = field(default_factory=list)
 
     def peak_memory_bytes(self) -> int:
-        """torch's allocator peaks, summed over every GPU used (target, draft, split devices); on a CPU,
-        peak resident memory above the process's baseline before any model loaded."""
-        gpu_peaks = gpu_allocator_peaks()
+        """torch's allocator peaks, summed over every GPU used (target, draft, split devices, a row split's
+        other ranks); on a CPU, peak resident memory above the process's baseline before any model loaded."""
+        gpu_peaks = {**gpu_allocator_peaks(), **getattr(self.engine.target, "allocator_peaks", dict)()}
         if gpu_peaks:
             return sum(gpu_peaks.values())
         return max(0, peak_rss_bytes() - self.baseline_rss_bytes)
