@@ -39,6 +39,9 @@ class Session:
     def stats_dict(self, stats: GenerationStats) -> dict:
         result = stats.as_dict()
         result["peak_memory_bytes"] = self.peak_memory_bytes()
+        reserved = gpu_allocator_peaks(reserved=True)
+        if reserved:  # this process's GPUs (a row split's other ranks are not in it)
+            result["peak_gpu_reserved_bytes"] = sum(reserved.values())
         if self.budget_bytes is not None:
             result["memory_budget_bytes"] = self.budget_bytes
         return result

@@ -19,15 +19,16 @@ def vm_hwm_bytes(pid: int | str) -> int | None:
     return None
 
 
-def gpu_allocator_peaks() -> dict[str, int]:
-    """torch's allocator peak on every GPU this process used (target, draft, each split device), by
-    name; {} when torch never touched a GPU. torch.cuda.max_memory_allocated() with no argument reads
-    only the current device: a draft on cuda:1 or a split's later devices would go uncounted."""
+def gpu_allocator_peaks(reserved: bool = False) -> dict[str, int]:
+    """torch's allocator peak (allocated, or reserved) on every GPU this process used (target, draft,
+    each split device), by name; {} when torch never touched a GPU. torch.cuda.max_memory_allocated()
+    with no argument reads only the current device: a draft on cuda:1 or a split's later devices
+    would go uncounted."""
     torch = sys.modules.get("torch")  # never imported here: a llama.cpp run has no torch allocator
     if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return {}
-    peaks = {f"cuda:{index}": int(torch.cuda.max_memory_allocated(index))
-             for index in range(torch.cuda.device_count())}
+    read = torch.cuda.max_memory_reserved if reserved else torch.cuda.max_memory_allocated
+    peaks = {f"cuda:{index}": int(read(index)) for index in range(torch.cuda.device_count())}
     return {name: peak for name, peak in peaks.items() if peak}
 
 

@@ -56,4 +56,6 @@ def test_the_peak_reads_every_gpu_not_only_the_current_one():
     with torch.cuda.device(0):
         peaks = gpu_allocator_peaks()
     assert all(peaks[f"cuda:{ordinal}"] >= 64 * 2**20 for ordinal in ordinals)
+    reserved = gpu_allocator_peaks(reserved=True)
+    assert all(reserved[name] >= peak for name, peak in peaks.items())
     del blocks
