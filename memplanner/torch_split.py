@@ -74,9 +74,10 @@ def _gpu_terms(shape: ModelShape, layout: TorchLayout, tensor_sizes: list[int], 
     activations = max(activation_bytes(shape, num_tokens, layout.max_context, compute_bytes,
                                        rows if holds_head else 0, kv_is_int8, on_gpu=True)
                       for num_tokens, rows in widths)
-    return {"activations": activations, "activation_buffers": buffer_bytes,
-            "allocator_reserve": gpu_terms.allocator_reserve_bytes(tensor_sizes, activations + buffer_bytes),
-            "cuda_context": gpu_terms.cuda_context_bytes(True)}
+    found = {"activations": activations, "activation_buffers": buffer_bytes,
+             "allocator_reserve": gpu_terms.allocator_reserve_bytes(tensor_sizes, activations + buffer_bytes),
+             "cuda_context": gpu_terms.cuda_context_bytes(True)}
+    return {name: size for name, size in found.items() if size}
 
 
 def _widest(layout: TorchLayout) -> int:
