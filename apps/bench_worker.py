@@ -14,6 +14,7 @@ import json
 import sys
 
 from pocketspec.errors import UserError
+from pocketspec.stats import gpu_allocator_peaks
 
 RUNNERS = {
     "pocketspec": "apps.bench_worker:run_pocketspec",
@@ -28,11 +29,9 @@ def emit(record: dict) -> None:
 
 
 def gpu_peak_bytes() -> int | None:
-    """torch's CUDA/ROCm allocator peak, when this process used a GPU through torch."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return None
-    return int(torch.cuda.max_memory_allocated())
+    """torch's CUDA/ROCm allocator peaks summed over every GPU used, when this process used one through torch."""
+    peaks = gpu_allocator_peaks()
+    return sum(peaks.values()) if peaks else None
 
 
 def measured_row(prompt: dict, *, tokens: list[int], num_decode_tokens: int, decode_seconds: float,

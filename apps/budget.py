@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from memplanner.device import detect_device
+from memplanner.device import DeviceInfo, read_device
 from memplanner.options import PlanSettings
 from memplanner.planner import REPACK_EITHER, Plan, Workload, plan
 from memplanner.shapes import shape_from_gguf
@@ -56,18 +56,29 @@ def workload_for(choice: ModelChoice, target_settings: ModelSettings, speculatio
                     max_gamma=max_gamma, temperature=temperature, target_kv_type=target_settings.kv_type)
 
 
+def planned_device_name(settings: ModelSettings) -> str:
+    """Where llama.cpp really runs the target: the one device named, else GPU 0 when layers are offloaded
+    (llama.cpp's main_gpu), else the CPU."""
+    if settings.devices:
+        return settings.devices[0]
+    return "cuda:0" if settings.gpu_layers != 0 else "cpu"
+
+
 def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSettings,
                speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
                alpha: float | None = None,
-               repack: tuple[bool, ...] = REPACK_EITHER) -> AppliedPlan:
+               repack: tuple[bool, ...] = REPACK_EITHER, device: DeviceInfo | None = None) -> AppliedPlan:
+    """The plan for one device: `device` as described, or the one the settings name, read now."""
     budget_bytes = parse_budget(memory_budget)
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
     workload = workload_for(choice, target_settings, speculation, max_new_tokens, temperature)
-    # plan for where the backend really runs: the CPU unless layers are offloaded
-    device = detect_device(prefer_gpu=target_settings.gpu_layers != 0)
+    device = device or read_device(planned_device_name(target_settings))
     notes = []
-    if budget_bytes > device.free_bytes:
+    if device.free_bytes is None:
+        notes.append(f"memory plan: cannot read {device.name}'s free memory (torch sees no such GPU); "
+                     f"planning for the whole --memory-budget {format_bytes(budget_bytes)}")
+    elif budget_bytes > device.free_bytes:
         notes.append(f"memory plan: --memory-budget {format_bytes(budget_bytes)} is more than the "
                      f"{format_bytes(device.free_bytes)} free now; planning for what is free")
         budget_bytes = device.free_bytes

@@ -15,7 +15,7 @@ from memplanner.split import is_split
 from pocketspec.loader import (ModelChoice, choose_models, close_engine, draft_settings_for, load_engine,
                                trained_context_limit)
 from pocketspec.settings import ModelSettings, SamplingSettings
-from pocketspec.stats import GenerationStats, peak_rss_bytes
+from pocketspec.stats import GenerationStats, gpu_allocator_peaks, peak_rss_bytes
 
 
 @dataclass
@@ -27,10 +27,10 @@ class Session:
     notes: list[str] = field(default_factory=list)
 
     def peak_memory_bytes(self) -> int:
-        """What --memory-budget bounds: the allocators' peaks, summed over every GPU the target uses
-        (torch backend); on a CPU the whole process's peak resident memory (VmHWM, as `top` and
-        /usr/bin/time -v show it), the interpreter and the CLI's own modules included."""
-        gpu_peaks = getattr(self.engine.target, "allocator_peaks", dict)()
+        """What --memory-budget bounds: torch's allocator peaks, summed over every GPU used (target, draft,
+        split devices, a row split's other ranks); on a CPU the whole process's peak resident memory
+        (VmHWM, as `top` and /usr/bin/time -v show it), the interpreter and the CLI's own modules included."""
+        gpu_peaks = {**gpu_allocator_peaks(), **getattr(self.engine.target, "allocator_peaks", dict)()}
         if gpu_peaks:
             return sum(gpu_peaks.values())
         return peak_rss_bytes()
@@ -41,6 +41,9 @@ class Session:
     def stats_dict(self, stats: GenerationStats) -> dict:
         result = stats.as_dict()
         result["peak_memory_bytes"] = self.peak_memory_bytes()
+        reserved = gpu_allocator_peaks(reserved=True)
+        if reserved:  # this process's GPUs (a row split's other ranks are not in it)
+            result["peak_gpu_reserved_bytes"] = sum(reserved.values())
         if self.budget_bytes is not None:
             result["memory_budget_bytes"] = self.budget_bytes
         return result

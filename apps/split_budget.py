@@ -72,7 +72,8 @@ def _llama_split(applied: AppliedSplit, budgets: list[DeviceBudget], max_new_tok
         raise UserError(found.reason)
     applied.choice, target_settings, applied.speculation, applied.draft_max_context = settings_from_plan(
         found.settings, choice, applied.target_settings, applied.speculation)
-    applied.target_settings = replace(target_settings, layers_per_device=tuple(s.num_layers for s in found.shares))
+    applied.target_settings = replace(target_settings, devices=tuple(share.device for share in found.shares),
+                                      layers_per_device=tuple(share.num_layers for share in found.shares))
     applied.draft_device = found.draft_device if applied.choice.draft_path is not None else None
     applied.notes = [_share_note(share.device, share.first_layer, share.num_layers, share.terms, share.budget_bytes)
                      + (" (and the draft model)" if share.holds_draft else "") for share in found.shares]

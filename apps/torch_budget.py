@@ -16,7 +16,7 @@ from memplanner.batch_rows import kv_dtype_for
 from memplanner.shapes import ModelShape, shape_from_gguf
 from memplanner.sizes import format_bytes
 from memplanner.torch_peak import heap_reserve_bytes, torch_peak_terms
-from memplanner.torch_sizes import gguf_layout, resolve_weights_format, torch_memory_terms
+from memplanner.torch_sizes import gguf_layout, resolve_weights_format, torch_memory_terms, torch_tensor_sizes
 from memplanner.torch_split import TorchLayout
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
@@ -52,20 +52,25 @@ def torch_layout(choice: ModelChoice, target_settings: ModelSettings,
         self_draft=choice.drafter if choice.drafter.startswith("self-") else None,
         draft_kv_dtype=kv_dtype_for(speculation.self_draft_kv_type, weights, on_gpu),
         draft_window=speculation.self_draft_window,
-        draft_layers=speculation.skip_layers_kept(shape.num_layers))
+        draft_layers=speculation.skip_layers_kept(shape.num_layers),
+        n_batch=target_settings.n_batch, max_logits_rows=target_settings.max_logits_rows)
 
 
 def torch_peak(choice: ModelChoice, target_settings: ModelSettings, speculation: SpeculationSettings) -> dict[str, int]:
-    """Every term of the torch backend's predicted peak for these settings (CPU: RSS; GPU: allocator)."""
+    """Every term of the torch backend's predicted peak for these settings (CPU: RSS; GPU: the device's
+    memory, allocator and CUDA context: torch_peak.gpu_views)."""
     shape, layout = torch_layout(choice, target_settings, speculation)
     tensors = torch_memory_terms(
         shape, weights_format=layout.weights_format, kv_dtype=layout.kv_dtype, max_context=layout.max_context,
         is_tied=layout.is_tied, has_qkv_bias=layout.has_qkv_bias, on_gpu=layout.on_gpu, self_draft=layout.self_draft,
         draft_kv_dtype=layout.draft_kv_dtype, draft_window=layout.draft_window, draft_layers=layout.draft_layers)
     kv_dtypes = (layout.kv_dtype, layout.draft_kv_dtype if layout.self_draft else layout.kv_dtype)
+    sizes = torch_tensor_sizes(shape, tensors, weights_format=layout.weights_format, is_tied=layout.is_tied,
+                               has_qkv_bias=layout.has_qkv_bias, on_gpu=layout.on_gpu)
     return torch_peak_terms(shape, tensors, weights_format=layout.weights_format, max_context=layout.max_context,
                             n_batch=target_settings.n_batch, max_logits_rows=target_settings.max_logits_rows,
-                            kv_is_int8="int8" in kv_dtypes, on_gpu=layout.on_gpu, is_tied=layout.is_tied)
+                            kv_is_int8="int8" in kv_dtypes, on_gpu=layout.on_gpu, is_tied=layout.is_tied,
+                            tensor_sizes=sizes)
 
 
 def torch_reserve_bytes(target_settings: ModelSettings) -> int:

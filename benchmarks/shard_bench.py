@@ -46,7 +46,7 @@ def _prompts(tokenizer, num_prompts: int) -> list[list[int]]:
 def _planned(config: dict, settings, target_path: Path) -> dict[str, int]:
     from apps.torch_budget import torch_layout
     from memplanner.split import DeviceBudget
-    from memplanner.torch_split import plan_layer_split, plan_row_split
+    from memplanner.torch_split import plan_layer_split, plan_row_split, tensor_bytes
     from pocketspec.loader import ModelChoice
     from pocketspec.settings import SpeculationSettings
 
@@ -54,7 +54,7 @@ def _planned(config: dict, settings, target_path: Path) -> dict[str, int]:
     shape, layout = torch_layout(ModelChoice(target_path, None, "none"), settings, SpeculationSettings())
     found = (plan_row_split(devices, shape, layout) if config["mode"] == "row"
              else plan_layer_split(devices, shape, layout, settings.layers_per_device))
-    return {share.device: share.peak_bytes for share in found.shares}
+    return {share.device: tensor_bytes(share) for share in found.shares}
 
 
 def _run(engine_target, draft, drafter: str, prompts, config: dict) -> dict:

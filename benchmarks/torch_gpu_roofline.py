@@ -61,12 +61,14 @@ def measure_bandwidth(device: torch.device, num_bytes: int = 2 ** 30, repeats: i
 
 
 def random_model(config: ModelConfig, weights: str, device: torch.device) -> Transformer:
-    """Random weights in `weights` format, materialised straight on `device`."""
+    """Random weights in `weights` format, materialised straight on `device` in their own dtype (cast
+    on the meta device first: materialising fp32 and then casting would double the peak)."""
     dtype = compute_dtype(weights, device)
     with torch.device("meta"):
         model = Transformer(config)
         swap_linears(model, weights, dtype)
-    model = model.to_empty(device=device).to(dtype=dtype)  # integer weights keep their dtype
+        model = model.to(dtype=dtype)  # integer weights keep their dtype
+    model = model.to_empty(device=device)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.normal_(0.0, 0.02)

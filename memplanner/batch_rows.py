@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memplanner.defaults import MAX_GAMMA
+from memplanner.gpu_terms import cuda_context_bytes
 from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes
 from memplanner.torch_peak import heap_reserve_bytes, loading_bytes, process_terms
@@ -97,6 +98,8 @@ def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int,
     elif draft_layers:
         per_row["self-skip KV"] = torch_kv_bytes(shape, kv_dtype, workload.max_context, num_layers=draft_layers)
     fixed = {**process_terms(shape, on_gpu), **fixed}
+    if on_gpu:  # the device gives the process its context too (gpu_terms.py)
+        fixed["cuda context"] = cuda_context_bytes(on_gpu)
     fixed["prefill activations"] = prefill_bytes(shape, workload, kv_dtype)
     row_bytes = sum(per_row.values())
     sequence_bytes = forward_bytes_per_sequence(shape, workload, kv_dtype)

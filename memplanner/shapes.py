@@ -34,6 +34,7 @@ class ModelShape:
     embedding_bytes: int = 0  # token embeddings (input); the output head too when tied
     output_bytes: int = 0  # final norm + untied output head
     block_bytes: tuple[int, ...] = ()  # weights of each transformer block, when known (GGUF mixes types)
+    tied_output: bool = False  # the output head is token_embd (no output.weight)
 
     def layer_weight_bytes(self, first: int, count: int) -> int:
         """Weights of blocks first .. first + count - 1 (an even share when sizes are unknown)."""
@@ -85,6 +86,7 @@ def shape_from_gguf(path: str | Path) -> ModelShape:
         output_bytes=sum(t.num_bytes for t in header.tensors if t.name in ("output.weight", "output_norm.weight")),
         block_bytes=tuple(sum(t.num_bytes for t in header.tensors if t.name.startswith(f"blk.{index}."))
                           for index in range(key("block_count"))),
+        tied_output=not any(t.name == "output.weight" for t in header.tensors),
     )
 
 
@@ -133,4 +135,5 @@ def shape_from_hf_config(config: dict | str | Path, dtype: str = "bf16") -> Mode
         intermediate_size=config["intermediate_size"],
         embedding_bytes=embedding_elements * DTYPE_BYTES[dtype],
         output_bytes=(config["hidden_size"] + (0 if is_tied else embedding_elements)) * DTYPE_BYTES[dtype],
+        tied_output=is_tied,
     )

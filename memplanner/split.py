@@ -1,9 +1,12 @@
 """Per-device plans: the target's layers split over several devices' budgets, the draft placed
 where it fits best, and every device's terms.
 
-A pipeline (layer) split: device 0 holds the token embeddings, the last device the output
-head and logits, each device its share of transformer blocks with their KV cache and its own
-compute buffer. Layers go to devices in proportion to the room each budget leaves after its
+A pipeline (layer) split, in the order llama.cpp runs the devices (execution_order): CPU
+devices first, then the GPUs by ordinal. llama.cpp keeps the token embeddings in host memory
+(llama-model.cpp, load_tensors: "always keep [the input layer] on the CPU"), so they are a host
+term unless the first device is a CPU; the last device holds the output head and logits (a
+tied head is token_embd itself, which llama.cpp copies onto a GPU), each device its share of
+transformer blocks with their KV cache and its own compute buffer. Layers go to devices in proportion to the room each budget leaves after its
 fixed terms. The draft model, whole, goes to the device where it leaves the most room. The
 configuration (drafter, γ, KV type, window, n_ubatch) is the fastest candidate of
 memplanner/options.py that splits, so the degradation order is the single-device one.
@@ -47,6 +50,18 @@ def is_per_device_budget(memory_budget: str | None) -> bool:
 def is_split(devices: tuple[str, ...], memory_budget: str | None) -> bool:
     """Whether the target is split: several devices, or a per-device budget."""
     return len(devices) > 1 or is_per_device_budget(memory_budget)
+
+
+def device_ordinal(name: str) -> int:
+    """cuda:2 -> 2; cuda, rocm or cpu alone -> 0."""
+    _, _, index = name.partition(":")
+    return int(index or 0)
+
+
+def execution_order(names: list[str]) -> list[str]:
+    """The order llama.cpp runs a layer split in: CPU devices as listed, then the GPUs by ordinal
+    (llama.cpp numbers its GPUs and hands them consecutive runs of blocks in that order)."""
+    return [name for name in names if not is_gpu(name)] + sorted(filter(is_gpu, names), key=device_ordinal)
 
 
 def parse_device_budgets(devices: str | None, budgets: str) -> list[DeviceBudget]:
@@ -137,7 +152,8 @@ class SplitPlan:
 
     @property
     def tensor_split(self) -> list[float]:
-        """Each device's fraction of the target's layers: llama.cpp's tensor_split."""
+        """Each device's fraction of the target's blocks (llama.cpp's own tensor_split also counts the
+        head: pocketspec/backends/llama_split.py)."""
         total = sum(share.num_layers for share in self.shares) or 1
         return [share.num_layers / total for share in self.shares]
 
@@ -161,10 +177,11 @@ def _fixed_terms(candidate: Candidate, target: ModelShape, index: int, devices: 
     fixed = {"compute": found.get("target_compute", 0)}
     if kind == "cuda" or is_first:  # one CUDA context per GPU; one Python process in all
         fixed["runtime_overhead"] = terms.runtime_overhead_bytes(kind)
-    if is_first:
+    if is_first and kind == "cpu":  # the host: token_embd never leaves it
         fixed["embeddings"] = target.embedding_bytes
     if is_last:
-        fixed["output_head"] = target.output_bytes
+        fixed["output_head"] = target.output_bytes + (target.embedding_bytes if target.tied_output
+                                                      and kind == "cuda" else 0)
         fixed.update({name: found.get(name, 0) for name in ("target_logits", "target_probs")})
     if holds_draft:
         fixed.update({name: value for name, value in found.items()
@@ -237,7 +254,10 @@ def _split(candidate: Candidate, target: ModelShape, devices: list[DeviceBudget]
 def plan_split(devices: list[DeviceBudget], target: ModelShape, draft: ModelShape | None, workload: Workload,
                alpha: float | dict[str, float] | None = None,
                repack: tuple[bool, ...] = REPACK_EITHER) -> SplitPlan:
-    """The fastest configuration whose layer split fits every device's budget, or a refusal."""
+    """The fastest configuration whose layer split fits every device's budget, or a refusal. The
+    shares come in execution_order, whatever order the devices were given in."""
+    by_name = {device.name: device for device in devices}
+    devices = [by_name[name] for name in execution_order(list(by_name))]
     kind = "cuda" if any(device.kind == "cuda" for device in devices) else "cpu"
     candidates = sorted(_candidates(target, draft, workload, kind, _alpha_table(alpha), repack),
                         key=lambda c: c.preference, reverse=True)
@@ -246,8 +266,9 @@ def plan_split(devices: list[DeviceBudget], target: ModelShape, draft: ModelShap
         splits = [shares for index in placements if (shares := _split(candidate, target, devices, index))]
         if splits:
             shares = max(splits, key=lambda found: min(s.budget_bytes - s.peak_bytes for s in found))
-            host = {} if kind == "cpu" else {name: value for name, value in candidate.terms.items()
-                                             if name in HOST_TERMS}
+            host = {} if devices[0].kind == "cpu" else {
+                **{name: value for name, value in candidate.terms.items() if name in HOST_TERMS},
+                "embeddings": target.embedding_bytes}
             return SplitPlan(True, "", candidate.settings, shares, host, candidate.tokens_per_second,
                              _degradations(candidate, candidates[0]))
     smallest = min(candidates, key=lambda c: c.peak_bytes)

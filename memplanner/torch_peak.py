@@ -4,14 +4,16 @@ On a CPU the peak is the whole process's resident memory. Four things are always
 the interpreter with the CLI's modules, the torch library, llama.cpp's vocabulary (the
 tokenizer) and the Python side of a generation. Then comes the larger of two moments. Loading: the weights, the GGUF mapped
 in full and the float32 staging of one chunk of rows. Generating: the weights, the KV
-caches and the activations of the widest forward. On a GPU the peak is the allocator's
-(torch.cuda.max_memory_allocated): weights, KV caches, activations and the staging of a
-chunk; the CUDA context and the host side are not in it.
+caches and the activations of the widest forward. On a GPU the peak is what the device gives
+the process: the allocated bytes (torch.cuda.max_memory_allocated: weights, KV caches,
+activations and the staging of a chunk), the allocator's rounding and reserve on top
+(max_memory_reserved) and the CUDA context (memplanner/gpu_terms.py); gpu_views tells them
+apart. The host side of a GPU run is not in it.
 """
 
 from __future__ import annotations
 
-from memplanner import terms
+from memplanner import gpu_terms, terms
 from memplanner.shapes import ModelShape
 from memplanner.torch_sizes import compute_dtype_bytes
 
@@ -91,8 +93,9 @@ def activation_bytes(shape: ModelShape, num_tokens: int, context: int, compute_b
 
 def torch_peak_terms(shape: ModelShape, tensor_terms: dict[str, int], *, weights_format: str, max_context: int,
                      n_batch: int, max_logits_rows: int, kv_is_int8: bool = False, on_gpu: bool = False,
-                     is_tied: bool = True) -> dict[str, int]:
-    """Every term of the peak, with tensor_terms from torch_sizes.torch_memory_terms.
+                     is_tied: bool = True, tensor_sizes: list[int] = ()) -> dict[str, int]:
+    """Every term of the peak, with tensor_terms from torch_sizes.torch_memory_terms and, on a GPU, each
+    lasting allocation's size (torch_sizes.torch_tensor_sizes) for the allocator's rounding.
 
     The terms add up to the peak: `loading_excess` is what the loading moment needs beyond
     the KV caches and activations of the generating moment (usually nothing).
@@ -109,4 +112,15 @@ def torch_peak_terms(shape: ModelShape, tensor_terms: dict[str, int], *, weights
     found.update(tensor_terms)
     found["activations"] = activations
     found["loading_excess"] = max(0, loading - kv_total - activations)
+    if on_gpu:
+        found["allocator_reserve"] = gpu_terms.allocator_reserve_bytes(list(tensor_sizes), activations)
+        found["cuda_context"] = gpu_terms.cuda_context_bytes(on_gpu)
     return found
+
+
+def gpu_views(peak_terms: dict[str, int]) -> dict[str, int]:
+    """A GPU peak as each measurement sees it: allocated (max_memory_allocated), reserved
+    (max_memory_reserved) and device (what mem_get_info loses: reserved plus the CUDA context)."""
+    reserve, context = peak_terms.get("allocator_reserve", 0), peak_terms.get("cuda_context", 0)
+    allocated = sum(peak_terms.values()) - reserve - context
+    return {"allocated": allocated, "reserved": allocated + reserve, "device": allocated + reserve + context}

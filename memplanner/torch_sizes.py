@@ -55,10 +55,11 @@ def linear_bytes(num_in: int, num_out: int, weights_format: str, compute_bytes: 
     return num_out * num_in * FLOAT_FORMAT_BYTES[weights_format]
 
 
-def torch_block_bytes(shape: ModelShape, weights_format: str, *, has_qkv_bias: bool, on_gpu: bool = False,
-                      num_heads: int | None = None, num_kv_heads: int | None = None, ffn_dim: int | None = None,
-                      group_size: int = INT4_GROUP_SIZE) -> int:
-    """One transformer block; num_heads, num_kv_heads, ffn_dim narrow it to a rank's slice in a row split."""
+def torch_block_tensor_sizes(shape: ModelShape, weights_format: str, *, has_qkv_bias: bool, on_gpu: bool = False,
+                             num_heads: int | None = None, num_kv_heads: int | None = None,
+                             ffn_dim: int | None = None, group_size: int = INT4_GROUP_SIZE) -> list[int]:
+    """Each allocation of one transformer block (a quantized linear's scales counted with it);
+    num_heads, num_kv_heads, ffn_dim narrow it to a rank's slice in a row split."""
     compute_bytes = compute_dtype_bytes(weights_format, on_gpu)
     dim = shape.hidden_size
     ffn_dim = shape.intermediate_size if ffn_dim is None else ffn_dim
@@ -68,9 +69,18 @@ def torch_block_bytes(shape: ModelShape, weights_format: str, *, has_qkv_bias: b
     def linear(num_in: int, num_out: int) -> int:
         return linear_bytes(num_in, num_out, weights_format, compute_bytes, group_size)
 
-    found = (linear(dim, q_size) + 2 * linear(dim, kv_size) + linear(q_size, dim)
-             + 2 * linear(dim, ffn_dim) + linear(ffn_dim, dim) + 2 * dim * compute_bytes)
-    return found + ((q_size + 2 * kv_size) * compute_bytes if has_qkv_bias else 0)
+    found = [linear(dim, q_size), linear(dim, kv_size), linear(dim, kv_size), linear(q_size, dim),
+             linear(dim, ffn_dim), linear(dim, ffn_dim), linear(ffn_dim, dim), dim * compute_bytes, dim * compute_bytes]
+    return found + ([size * compute_bytes for size in (q_size, kv_size, kv_size)] if has_qkv_bias else [])
+
+
+def torch_block_bytes(shape: ModelShape, weights_format: str, *, has_qkv_bias: bool, on_gpu: bool = False,
+                      num_heads: int | None = None, num_kv_heads: int | None = None, ffn_dim: int | None = None,
+                      group_size: int = INT4_GROUP_SIZE) -> int:
+    """One transformer block; num_heads, num_kv_heads, ffn_dim narrow it to a rank's slice in a row split."""
+    return sum(torch_block_tensor_sizes(shape, weights_format, has_qkv_bias=has_qkv_bias, on_gpu=on_gpu,
+                                        num_heads=num_heads, num_kv_heads=num_kv_heads, ffn_dim=ffn_dim,
+                                        group_size=group_size))
 
 
 def torch_embedding_bytes(shape: ModelShape, weights_format: str, on_gpu: bool = False) -> int:
@@ -124,3 +134,19 @@ def torch_memory_terms(shape: ModelShape, *, weights_format: str, kv_dtype: str,
     elif self_draft == "self-skip":
         terms["self-skip KV"] = torch_kv_bytes(shape, kv_dtype, max_context, num_layers=draft_layers)
     return terms
+
+
+def torch_tensor_sizes(shape: ModelShape, tensor_terms: dict[str, int], *, weights_format: str, is_tied: bool,
+                       has_qkv_bias: bool, on_gpu: bool = False) -> list[int]:
+    """Each allocation the model keeps for its lifetime: embeddings, head, every block's tensors, and
+    every KV cache of tensor_terms (torch_memory_terms) as one K and one V tensor per layer."""
+    compute_bytes = compute_dtype_bytes(weights_format, on_gpu)
+    found = [shape.vocab_size * shape.hidden_size * compute_bytes, shape.hidden_size * compute_bytes]
+    if not is_tied:
+        found.append(linear_bytes(shape.hidden_size, shape.vocab_size, weights_format, compute_bytes))
+    found += shape.num_layers * torch_block_tensor_sizes(shape, weights_format, has_qkv_bias=has_qkv_bias,
+                                                         on_gpu=on_gpu)
+    for name, num_bytes in tensor_terms.items():
+        if name != "weights" and num_bytes:
+            found += [num_bytes // (2 * shape.num_layers)] * (2 * shape.num_layers)
+    return found

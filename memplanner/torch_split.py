@@ -6,18 +6,28 @@ model a copy of the embeddings, unless first and last are one device), and every
 of blocks with their KV cache and the self-draft's KV for those blocks. Blocks go to devices by
 the room each budget leaves (split.assign_layers). Row split: every rank holds its slice of every
 block's heads (whole key/value groups) and feed-forward columns, the KV cache of its heads, and
-whole embeddings, norm and head.
+whole embeddings, norm and head. On GPUs each device also holds the activations of the widest
+forward (the logits on the device with the head), the buffers that pass activations on (the
+hidden states a layer split hands over, a row split's all-reduces), the allocator's reserve and
+its own CUDA context (gpu_terms.py). cpu:N devices share one process, whose heap the
+single-device plan (torch_peak.py) covers.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memplanner import gpu_terms
 from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes
 from memplanner.split import DeviceBudget, DeviceShare, assign_layers, even_layer_counts
-from memplanner.torch_sizes import (compute_dtype_bytes, torch_block_bytes, torch_embedding_bytes, torch_head_bytes,
-                                    torch_kv_bytes)
+from memplanner.torch_peak import activation_bytes
+from memplanner.torch_sizes import (compute_dtype_bytes, torch_block_bytes, torch_block_tensor_sizes,
+                                    torch_embedding_bytes, torch_head_bytes, torch_kv_bytes)
+
+# The terms that are tensors the backend keeps (what memory_by_device reports); the rest are transient or
+# outside torch's tensors.
+TENSOR_TERMS = ("target_blocks", "target_kv_cache", "self_sparse_kv", "self_skip_kv", "embeddings", "output_head")
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,8 @@ class TorchLayout:
     draft_kv_dtype: str | None = None
     draft_window: int = 0
     draft_layers: int = 0
+    n_batch: int = 512  # the widest prefill chunk
+    max_logits_rows: int = 9  # the widest verify
 
 
 @dataclass
@@ -45,6 +57,31 @@ class TorchSplitPlan:
     @property
     def layers_per_device(self) -> tuple[int, ...]:
         return tuple(share.num_layers for share in self.shares)
+
+
+def tensor_bytes(share: DeviceShare) -> int:
+    """The bytes of the tensors a device keeps, without activations, buffers and GPU terms."""
+    return sum(size for name, size in share.terms.items() if name in TENSOR_TERMS)
+
+
+def _gpu_terms(shape: ModelShape, layout: TorchLayout, tensor_sizes: list[int], *, holds_head: bool,
+               buffer_bytes: int) -> dict[str, int]:
+    """A GPU's terms beside its tensors: activations of the widest forward (prefill chunk or verify; the
+    logits only where the head is), the buffers passing activations on, the allocator's reserve, the context."""
+    compute_bytes = compute_dtype_bytes(layout.weights_format, on_gpu=True)
+    kv_is_int8 = "int8" in (layout.kv_dtype, layout.draft_kv_dtype if layout.self_draft else layout.kv_dtype)
+    widths = [(min(layout.n_batch, layout.max_context), 1), (layout.max_logits_rows, layout.max_logits_rows)]
+    activations = max(activation_bytes(shape, num_tokens, layout.max_context, compute_bytes,
+                                       rows if holds_head else 0, kv_is_int8, on_gpu=True)
+                      for num_tokens, rows in widths)
+    found = {"activations": activations, "activation_buffers": buffer_bytes,
+             "allocator_reserve": gpu_terms.allocator_reserve_bytes(tensor_sizes, activations + buffer_bytes),
+             "cuda_context": gpu_terms.cuda_context_bytes(True)}
+    return {name: size for name, size in found.items() if size}
+
+
+def _widest(layout: TorchLayout) -> int:
+    return max(min(layout.n_batch, layout.max_context), layout.max_logits_rows)
 
 
 def _block_terms(shape: ModelShape, layout: TorchLayout, layer: int) -> dict[str, int]:
@@ -91,11 +128,20 @@ def plan_layer_split(devices: list[DeviceBudget], shape: ModelShape, layout: Tor
     if counts is None:
         return _refusal(shape, devices, needed, "layer")
     shares, first = [], 0
-    for device, count, device_fixed in zip(devices, counts, fixed):
+    compute_bytes = compute_dtype_bytes(layout.weights_format, layout.on_gpu)
+    block_tensors = torch_block_tensor_sizes(shape, layout.weights_format, has_qkv_bias=layout.has_qkv_bias,
+                                             on_gpu=layout.on_gpu)
+    for index, (device, count, device_fixed) in enumerate(zip(devices, counts, fixed)):
         terms = dict(device_fixed)
         for block in blocks[first:first + count]:
             for name, size in block.items():
                 terms[name] = terms.get(name, 0) + size
+        if layout.on_gpu:
+            kv_tensors = [size // 2 for block in blocks[first:first + count] for name, size in block.items()
+                          if name != "target_blocks" for _ in range(2)]
+            handoff = gpu_terms.layer_handoff_bytes(_widest(layout), shape.hidden_size, compute_bytes) if index else 0
+            terms.update(_gpu_terms(shape, layout, count * block_tensors + kv_tensors + list(device_fixed.values()),
+                                    holds_head=index == len(devices) - 1, buffer_bytes=handoff))
         shares.append(DeviceShare(device.name, device.budget_bytes, first, count, False, terms))
         first += count
     is_feasible = all(share.peak_bytes <= share.budget_bytes for share in shares)
@@ -121,6 +167,17 @@ def plan_row_split(devices: list[DeviceBudget], shape: ModelShape, layout: Torch
                  "embeddings": torch_embedding_bytes(shape, layout.weights_format, layout.on_gpu),
                  "output_head": torch_head_bytes(shape, layout.weights_format, is_tied=layout.is_tied,
                                                  on_gpu=layout.on_gpu)}
+        if layout.on_gpu:
+            compute_bytes = compute_dtype_bytes(layout.weights_format, True)
+            block_tensors = torch_block_tensor_sizes(
+                shape, layout.weights_format, has_qkv_bias=layout.has_qkv_bias, on_gpu=True,
+                num_heads=num_kv_heads * group_size, num_kv_heads=num_kv_heads,
+                ffn_dim=_shard(shape.intermediate_size, world_size, rank))
+            kv_tensors = [terms["target_kv_cache"] // (2 * shape.num_layers)] * (2 * shape.num_layers)
+            reduce = gpu_terms.all_reduce_bytes(_widest(layout), shape.hidden_size, compute_bytes, world_size, True)
+            terms.update(_gpu_terms(shape, layout, shape.num_layers * block_tensors + kv_tensors
+                                    + [terms["embeddings"], terms["output_head"]], holds_head=True,
+                                    buffer_bytes=reduce))
         shares.append(DeviceShare(device.name, device.budget_bytes, 0, shape.num_layers, False, terms))
     if all(share.peak_bytes <= share.budget_bytes for share in shares):
         return TorchSplitPlan(True, "", shares)

@@ -23,13 +23,40 @@ portable_cpu_args() {
 }
 PORTABLE_CPU_ARGS="$(portable_cpu_args)"
 
+# GPU code for named architectures. Without a list, a non-native build of llama.cpp 0.3.36
+# ships sm_75, sm_80 and sm_90 as PTX only (ggml/src/ggml-cuda/CMakeLists.txt), which the
+# driver JIT-compiles for minutes at the first load on a T4, an A100 or an H100. Each
+# architecture adds compile time: set POCKETSPEC_CUDA_ARCHITECTURES to your GPU's alone
+# (e.g. 89-real for an RTX 4060) for a faster build.
+# 75 T4/RTX 20, 80 A100/A30, 86 RTX 30/A10, 89 RTX 40/L4, 90 H100/H200 (+ PTX for newer GPUs),
+# and with CUDA >= 12.8, 100 B200 and 120a RTX 50 (CUDA 13 dropped everything before 75).
+DEFAULT_CUDA_ARCHITECTURES="75-real;80-real;86-real;89-real;90-real;90-virtual"
+DEFAULT_CUDA_ARCHITECTURES_12_8="$DEFAULT_CUDA_ARCHITECTURES;100-real;120a-real"
+# ROCm: MI50/MI60, MI100, MI210/MI250, MI300, RX 6000, RX 7000 (POCKETSPEC_GPU_TARGETS overrides).
+DEFAULT_GPU_TARGETS="gfx906;gfx908;gfx90a;gfx942;gfx1030;gfx1100;gfx1101;gfx1102"
+
+# The CUDA architectures to build: POCKETSPEC_CUDA_ARCHITECTURES, else the default for the nvcc on PATH.
+cuda_architectures() {
+  if [[ -n "${POCKETSPEC_CUDA_ARCHITECTURES:-}" ]]; then
+    echo "$POCKETSPEC_CUDA_ARCHITECTURES"
+    return
+  fi
+  local release
+  release="$(nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')"
+  if [[ -n "$release" ]] && printf '12.8\n%s\n' "$release" | sort -V -C; then
+    echo "$DEFAULT_CUDA_ARCHITECTURES_12_8"
+  else
+    echo "$DEFAULT_CUDA_ARCHITECTURES"
+  fi
+}
+
 # Prints the CMake arguments for one accelerator (cpu|cuda|rocm|vulkan); an unknown one
 # gives one line on stderr and status 2.
 llama_cmake_args() {
   case "$1" in
     cpu) echo "$PORTABLE_CPU_ARGS" ;;
-    cuda) echo "$PORTABLE_CPU_ARGS -DGGML_CUDA=on" ;;
-    rocm) echo "$PORTABLE_CPU_ARGS -DGGML_HIP=on" ;;
+    cuda) echo "$PORTABLE_CPU_ARGS -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$(cuda_architectures)" ;;
+    rocm) echo "$PORTABLE_CPU_ARGS -DGGML_HIP=on -DGPU_TARGETS=${POCKETSPEC_GPU_TARGETS:-$DEFAULT_GPU_TARGETS}" ;;
     vulkan) echo "$PORTABLE_CPU_ARGS -DGGML_VULKAN=on" ;;
     *) echo "error: POCKETSPEC_ACCEL='$1' is not one of cpu, cuda, rocm, vulkan" >&2; return 2 ;;
   esac

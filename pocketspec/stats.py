@@ -19,6 +19,19 @@ def vm_hwm_bytes(pid: int | str) -> int | None:
     return None
 
 
+def gpu_allocator_peaks(reserved: bool = False) -> dict[str, int]:
+    """torch's allocator peak (allocated, or reserved) on every GPU this process used (target, draft,
+    each split device), by name; {} when torch never touched a GPU. torch.cuda.max_memory_allocated()
+    with no argument reads only the current device: a draft on cuda:1 or a split's later devices
+    would go uncounted."""
+    torch = sys.modules.get("torch")  # never imported here: a llama.cpp run has no torch allocator
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    read = torch.cuda.max_memory_reserved if reserved else torch.cuda.max_memory_allocated
+    peaks = {f"cuda:{index}": int(read(index)) for index in range(torch.cuda.device_count())}
+    return {name: peak for name, peak in peaks.items() if peak}
+
+
 def peak_rss_bytes() -> int:
     """Highest resident set size of this process's own address space so far.
 

@@ -117,3 +117,35 @@ def test_the_plan_keeps_the_users_kv_type_and_quantizes_only_the_draft(qwen_targ
                                   draft_kv_type=draft_kv_type).kv_type == draft_kv_type
         draft_kv_types.add(draft_kv_type if applied.plan.settings.drafter == "model" else None)
     assert {"f16", "q8_0"} <= draft_kv_types
+
+
+def test_one_named_gpu_is_planned_as_that_gpu_with_its_own_free_memory(smollm2_path):
+    """`--devices cuda:1 --memory-budget 6GiB` offloads every block, so the plan is a GPU plan for GPU 1,
+    budgeted by what that GPU (here a described one) has free; it used to be a CPU plan."""
+    from apps.budget import apply_plan, planned_device_name
+    from memplanner import constants
+    from memplanner.device import DeviceInfo
+    from pocketspec.loader import ModelChoice
+    from pocketspec.settings import ModelSettings, SpeculationSettings
+
+    settings = ModelSettings(devices=("cuda:1",), max_context=1024)
+    assert planned_device_name(settings) == "cuda:1"
+    assert planned_device_name(ModelSettings(gpu_layers=-1)) == "cuda:0" and planned_device_name(ModelSettings()) == "cpu"
+    described = DeviceInfo("cuda", "cuda:1 (described)", 8 * 2**30, 700 * 2**20)
+    applied = apply_plan(ModelChoice(smollm2_path, None, "ngram"), "6GiB", settings, SpeculationSettings(), 64, 0.0,
+                         None, device=described)
+    assert applied.plan.settings.target_device == "cuda" and applied.budget_bytes == 700 * 2**20
+    assert applied.plan.terms["runtime_overhead"] == constants.ESTIMATED_CUDA_OVERHEAD_BYTES
+    assert "target_repacked_weights" not in applied.plan.terms
+    assert any("700.00 MiB free now" in note for note in applied.notes)
+
+
+def test_a_gpu_this_process_cannot_read_is_planned_for_the_whole_budget(smollm2_path):
+    from apps.budget import apply_plan
+    from pocketspec.loader import ModelChoice
+    from pocketspec.settings import ModelSettings, SpeculationSettings
+
+    applied = apply_plan(ModelChoice(smollm2_path, None, "ngram"), "3GiB", ModelSettings(devices=("cuda:7",)),
+                         SpeculationSettings(), 64, 0.0, None)
+    assert applied.plan.settings.target_device == "cuda" and applied.budget_bytes == 3 * 2**30
+    assert any("cannot read cuda:7's free memory" in note for note in applied.notes)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from memplanner.batch_rows import BatchWorkload, forward_bytes_per_sequence, kv_dtype_for, plan_batch
+from memplanner.gpu_terms import TORCH_CUDA_CONTEXT_BYTES
 from memplanner.shapes import shape_from_gguf
 from memplanner.torch_peak import CPU_HEAP_RESERVE_BYTES
 from memplanner.torch_sizes import gguf_layout, torch_kv_bytes, torch_weight_bytes
@@ -40,6 +41,7 @@ def test_a_cpu_budget_keeps_the_heap_reserve_free_and_a_gpu_budget_does_not(tiny
                      on_gpu=True)
     assert plan_batch(shape, one, budget_bytes=gpu.total_bytes, weights_format="fp32", kv_dtype="fp32",
                       is_tied=is_tied, on_gpu=True).feasible
+    assert gpu.terms["cuda context"] == TORCH_CUDA_CONTEXT_BYTES  # what the device gives beside the allocator
 
 
 def test_an_ample_budget_gets_every_row_and_the_whole_batch(tiny):

@@ -1,6 +1,7 @@
 """memplanner.split: per-device budgets, the layer split, draft placement, refusals and `plan --devices`."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -54,10 +55,35 @@ def test_blocks_cover_the_model_once_and_every_device_stays_in_budget():
         first += share.num_layers
     assert first == TARGET.num_layers
     assert sum(share.terms["target_blocks"] for share in result.shares) == sum(BLOCKS)
-    assert "embeddings" in result.shares[0].terms and "output_head" in result.shares[-1].terms
+    assert "output_head" in result.shares[-1].terms
     assert sum(result.tensor_split) == pytest.approx(1.0)
     # the middle device holds neither embeddings nor head, so it takes the most blocks
     assert result.shares[1].num_layers == max(share.num_layers for share in result.shares)
+
+
+def test_token_embeddings_stay_in_host_memory():
+    """llama.cpp never offloads token_embd: a GPU-only split charges it to the host, not to cuda:0."""
+    gpus = plan_split(parse_device_budgets("cuda:0,cuda:1", "1GiB"), TARGET, None, WORKLOAD)
+    assert all("embeddings" not in share.terms for share in gpus.shares)
+    assert gpus.host_terms["embeddings"] == TARGET.embedding_bytes
+    mixed = plan_split(parse_device_budgets("cpu:0,cuda:0", "2GiB,1GiB"), TARGET, None, WORKLOAD)
+    assert mixed.shares[0].terms["embeddings"] == TARGET.embedding_bytes and mixed.host_terms == {}
+
+
+def test_a_tied_head_is_copied_onto_the_last_gpu():
+    """llama.cpp loads a tied output head (token_embd, TENSOR_DUPLICATED) into the output device's buffer."""
+    tied = replace(TARGET, tied_output=True)
+    on_gpus = plan_split(parse_device_budgets("cuda:0,cuda:1", "1.5GiB"), tied, None, WORKLOAD)
+    assert on_gpus.shares[-1].terms["output_head"] == TARGET.output_bytes + TARGET.embedding_bytes
+    on_cpus = plan_split(parse_device_budgets("cpu:0,cpu:1", "1.5GiB"), tied, None, WORKLOAD)
+    assert on_cpus.shares[-1].terms["output_head"] == TARGET.output_bytes
+
+
+def test_gpus_given_out_of_order_are_planned_in_the_order_llama_cpp_runs_them():
+    result = plan_split(parse_device_budgets("cuda:1,cpu:0,cuda:0", "1GiB,1.5GiB,2GiB"), TARGET, None, WORKLOAD)
+    assert [(share.device, share.budget_bytes) for share in result.shares] == [
+        ("cpu:0", int(1.5 * GIB)), ("cuda:0", 2 * GIB), ("cuda:1", 1 * GIB)]
+    assert "output_head" in result.shares[-1].terms
 
 
 def test_layers_follow_the_room_each_budget_leaves():

@@ -11,7 +11,8 @@ import torch
 from memplanner.shapes import shape_from_gguf
 from memplanner.split import DeviceBudget
 from memplanner.torch_sizes import gguf_layout
-from memplanner.torch_split import TorchLayout, plan_layer_split, plan_row_split
+from memplanner.gpu_terms import TORCH_CUDA_CONTEXT_BYTES
+from memplanner.torch_split import TorchLayout, plan_layer_split, plan_row_split, tensor_bytes
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.backends.torch_open import open_backend, open_self_draft
 from pocketspec.settings import ModelSettings, SpeculationSettings
@@ -90,6 +91,25 @@ def test_a_tied_head_costs_the_last_device_a_copy_of_the_embeddings(uneven_model
         sum(share.peak_bytes for share in tied.shares) - head_bytes)
 
 
+def test_gpu_split_plans_count_activations_buffers_reserve_and_a_context_per_device(uneven_model):
+    """Only the tensors were planned on GPUs: the activations of the widest forward, the hidden states handed
+    to the next device, the all-reduce buffers, the allocator's reserve and each GPU's CUDA context were not."""
+    shape = shape_from_gguf(uneven_model)
+    layout = _layout(uneven_model, weights_format="bf16", kv_dtype="bf16", on_gpu=True, n_batch=64)
+    gpus = [DeviceBudget("cuda:0", 4 << 30), DeviceBudget("cuda:1", 4 << 30)]
+    layers = plan_layer_split(gpus, shape, layout, (2, 2))
+    first, last = (share.terms for share in layers.shares)
+    assert first["cuda_context"] == last["cuda_context"] == TORCH_CUDA_CONTEXT_BYTES
+    assert "activation_buffers" not in first and last["activation_buffers"] == 64 * shape.hidden_size * 2
+    assert last["activations"] - first["activations"] == shape.vocab_size * (2 + 4)  # one logits row, bf16 and fp32
+    assert all(share.terms["allocator_reserve"] > 0 for share in layers.shares)
+    assert all(share.peak_bytes > tensor_bytes(share) + TORCH_CUDA_CONTEXT_BYTES for share in layers.shares)
+    rows = plan_row_split(gpus, shape, layout)
+    assert all(share.terms["activation_buffers"] >= 2 * 64 * shape.hidden_size * 2 for share in rows.shares)
+    on_cpus = plan_layer_split(_devices(8, 8), shape, _layout(uneven_model))
+    assert all(share.peak_bytes == tensor_bytes(share) for share in on_cpus.shares)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA/ROCm GPU")
 def test_on_one_gpu_the_allocator_holds_what_the_plan_counts(uneven_model):
@@ -102,4 +122,4 @@ def test_on_one_gpu_the_allocator_holds_what_the_plan_counts(uneven_model):
     with TorchBackend.open(uneven_model, settings) as backend:
         allocated = torch.cuda.memory_allocated(0) - before
         num_tensors = len(list(backend.model.parameters())) + len(list(backend.model.buffers())) + 2 * 4
-        assert 0 <= allocated - plan.shares[0].peak_bytes <= 512 * num_tensors
+        assert 0 <= allocated - tensor_bytes(plan.shares[0]) <= 512 * num_tensors

@@ -119,6 +119,29 @@ def test_a_forward_cut_short_on_rank_0_still_closes_every_rank(tiny_pair):
     assert not follower.is_alive()
 
 
+def test_an_error_mid_forward_tears_the_split_down(tiny_pair):
+    """The follower is left inside an all-reduce that the next forward's first all-reduce would pair with
+    (wrong logits, no error; NCCL cannot cancel it): after any error the ranks are stopped, and a later
+    forward says so instead of computing."""
+    backend = open_backend(tiny_pair[0], ModelSettings(**ROW))
+    follower = backend.ranks.followers[0]
+
+    def fail(*args):
+        raise ValueError("a failure inside the forward")
+
+    hook = backend.model.layers[2].register_forward_pre_hook(fail)
+    try:
+        with pytest.raises(ValueError):
+            backend.forward([5, 6, 7], [2])
+        hook.remove()
+        follower.join(15)
+        assert not follower.is_alive()
+        with pytest.raises(UserError, match="its ranks were stopped"):
+            backend.forward([8], [0])
+    finally:
+        backend.close()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs that torch sees")
 def test_two_gpu_row_split_over_nccl_equals_one_gpu_plain(tiny_pair):

@@ -46,3 +46,18 @@ def test_self_sparse_on_gpu_equals_plain_in_fp32(tiny_target):
         assert engine.target.device.type == "cuda"
         assert_drafted_past_its_window(engine, result, len(prompt), gamma=4)
     assert result.tokens == expected
+
+
+def test_the_peak_reads_every_gpu_not_only_the_current_one():
+    """A draft or a split device on another GPU counts too; with one GPU, a block on it while the
+    current device is it still shows, and a second GPU's block is read when there is one."""
+    from pocketspec.stats import gpu_allocator_peaks
+
+    ordinals = range(min(2, torch.cuda.device_count()))
+    blocks = [torch.empty(64 * 2**20, dtype=torch.uint8, device=f"cuda:{ordinal}") for ordinal in ordinals]
+    with torch.cuda.device(0):
+        peaks = gpu_allocator_peaks()
+    assert all(peaks[f"cuda:{ordinal}"] >= 64 * 2**20 for ordinal in ordinals)
+    reserved = gpu_allocator_peaks(reserved=True)
+    assert all(reserved[name] >= peak for name, peak in peaks.items())
+    del blocks

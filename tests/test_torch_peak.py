@@ -2,9 +2,10 @@
 with `--backend torch` sizing n_batch or refusing in one line."""
 
 from memplanner import terms
+from memplanner.gpu_terms import TORCH_CUDA_CONTEXT_BYTES
 from memplanner.shapes import ModelShape
 from memplanner.torch_peak import (CPU_ACTIVATION_FACTOR, CPU_HEAP_RESERVE_BYTES, DEQUANTIZE_CHUNK_BYTES,
-                                   TORCH_CPU_RUNTIME_BYTES, activation_bytes, dequantized_weight_bytes,
+                                   TORCH_CPU_RUNTIME_BYTES, activation_bytes, dequantized_weight_bytes, gpu_views,
                                    load_staging_bytes, torch_peak_terms)
 from test_cli_errors import assert_one_line_error, run_cli
 
@@ -48,11 +49,17 @@ def test_cpu_peak_is_the_larger_of_loading_and_generating():
     assert big_kv["loading_excess"] == 0
 
 
-def test_gpu_peak_is_the_allocator_view_tensors_activations_and_staging():
+def test_gpu_peak_is_tensors_activations_staging_allocator_reserve_and_context():
     tensors = {"weights": 400_000, "target KV": 10_000}
     found = torch_peak_terms(TINY, tensors, weights_format="bf16", max_context=100, n_batch=64, max_logits_rows=9,
-                             on_gpu=True)
-    assert set(found) == {"weights", "target KV", "activations", "loading_excess"}
+                             on_gpu=True, tensor_sizes=[400_000, 5_000, 5_000])
+    assert set(found) == {"weights", "target KV", "activations", "loading_excess", "allocator_reserve", "cuda_context"}
+    assert found["cuda_context"] == TORCH_CUDA_CONTEXT_BYTES
+    # three small tensors fill one 2 MiB segment; half the activations are planned as fragmentation
+    assert found["allocator_reserve"] == 2 * 2**20 - 410_000 + found["activations"] // 2
+    views = gpu_views(found)
+    assert views["device"] == sum(found.values()) and views["device"] - views["reserved"] == TORCH_CUDA_CONTEXT_BYTES
+    assert views["reserved"] - views["allocated"] == found["allocator_reserve"]
     assert found["activations"] == activation_bytes(TINY, 64, 100, 2, 1, on_gpu=True)
     assert found["loading_excess"] == DEQUANTIZE_CHUNK_BYTES - 10_000 - found["activations"]
     # quantizing to int8/int4 stages a second chunk of float32 temporaries

@@ -25,6 +25,9 @@ import torch.distributed as dist
 
 from pocketspec.errors import UserError
 
+# The first forward (where --compile compiles, on every rank at once) may take minutes longer on one
+# rank than on another; NCCL's watchdog would end the process at the serving timeout.
+WARM_UP_TIMEOUT_S = 900.0
 COMMAND_WAIT = timedelta(days=30)  # a follower waits for rank 0's next command as long as a chat is open
 STOP_WAIT_S = 5.0  # how long stopping followers may take before they are killed
 HEADER_SIZE = 4  # command, start, count, num_cached
@@ -66,6 +69,12 @@ class Ranks:
         dist.init_process_group(collective_backend(device), init_method=init_method or "env://", rank=self.rank,
                                 world_size=self.world_size, timeout=timedelta(seconds=timeout_s))
         self.control = dist.new_group(backend="gloo", timeout=COMMAND_WAIT)
+
+    def set_timeout(self, timeout_s: float) -> None:
+        """The all-reduces' timeout from now on (set at join: the serving one)."""
+        from torch.distributed.distributed_c10d import _set_pg_timeout  # no public setter (torch 2.13)
+
+        _set_pg_timeout(timedelta(seconds=timeout_s))
 
     def send(self, command: Command, start: int = 0, count: int = 0, num_cached: int = 0,
              tokens: list[int] = (), wait_s: float | None = None) -> bool:

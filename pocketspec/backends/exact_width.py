@@ -23,6 +23,8 @@ PROBE_FIRST_TOKEN = 1000
 # llama.cpp's CPU attention for one token changes algorithm past 256 cached tokens
 # (observed with 0.3.36); probing past that catches it.
 LONG_CONTEXT_PROBE = 320
+# They renumber the GPUs: cuda:0 may be another card from one run to the next
+VISIBLE_DEVICES_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 
 def _cache_file() -> Path:
@@ -30,12 +32,17 @@ def _cache_file() -> Path:
 
 
 def _cache_key(backend, max_width: int) -> str:
+    """The model file, the build and every setting that changes which kernels run where: the devices,
+    the split over them and which physical GPUs those ordinals are."""
     stat = os.stat(backend.model_path)
     import llama_cpp
 
+    settings = backend.settings
     parts = [str(backend.model_path.resolve()), str(stat.st_size), str(stat.st_mtime_ns), llama_cpp.__version__,
-             llama_cpp.llama_print_system_info().decode(), repr(backend.settings.repack_weights),
-             str(backend.settings.gpu_layers), str(backend.settings.kv_type), str(max_width), str(LONG_CONTEXT_PROBE)]
+             llama_cpp.llama_print_system_info().decode(), repr(settings.repack_weights),
+             str(settings.gpu_layers), str(settings.kv_type), str(max_width), str(LONG_CONTEXT_PROBE),
+             ",".join(settings.devices), settings.split_mode, repr(settings.layers_per_device),
+             *(f"{name}={os.environ.get(name, '')}" for name in VISIBLE_DEVICES_VARIABLES)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 

@@ -18,7 +18,7 @@ from memplanner.shapes import shape_from_gguf
 from memplanner.terms import loads_without_mmap
 from pocketspec.backends import llama_logs
 from pocketspec.backends.base import CachedTokens
-from pocketspec.backends.llama_split import apply_llama_split, llama_split
+from pocketspec.backends.llama_split import apply_llama_split, is_cpu_planned, llama_split
 from pocketspec.errors import ContextFullError, UserError
 from pocketspec.settings import ModelSettings
 from pocketspec.tokenizer import Tokenizer
@@ -78,6 +78,7 @@ class LlamaCppBackend(CachedTokens):
         context_params.type_k = KV_TYPES[settings.kv_type]
         context_params.type_v = KV_TYPES[settings.kv_type]
         context_params.no_perf = True
+        context_params.op_offload = not is_cpu_planned(settings)
         try:
             self._context = LlamaContext(model=self._model, params=context_params, verbose=False)
         except ValueError:

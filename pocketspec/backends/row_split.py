@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from memplanner.device import is_gpu
-from pocketspec.backends.distributed import Command, Ranks, spawn_followers, torchrun_rank
+from pocketspec.backends.distributed import WARM_UP_TIMEOUT_S, Command, Ranks, spawn_followers, torchrun_rank
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings, default_num_threads
@@ -35,13 +35,28 @@ class RowSplitBackend(TorchBackend):
 
     @contextlib.contextmanager
     def _failures_reported(self):
-        """torch.distributed's errors (a rank died or timed out) as one line for the user."""
+        """torch.distributed's errors (a rank died or timed out) as one line for the user, and the split
+        torn down after any error or interruption: a follower may be left inside an all-reduce that the
+        next forward's first all-reduce would silently pair with, and NCCL cannot cancel it."""
+        if self.ranks is None:
+            raise UserError("row split: an earlier forward failed or was interrupted, so its ranks were "
+                            "stopped; start again to keep generating")
         try:
             yield
         except torch.OutOfMemoryError:
+            self._tear_down()
             raise
         except RuntimeError as error:
-            raise self.ranks.failure(error) from None
+            failure = self.ranks.failure(error)
+            self._tear_down()
+            raise failure from None
+        except BaseException:
+            self._tear_down()
+            raise
+
+    def _tear_down(self) -> None:
+        self.ranks.close()
+        self.ranks = None
 
     def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
         self.check_forward(tokens, logits_rows)  # refused here, before any follower runs it
@@ -118,7 +133,17 @@ def _load_rank(model_path: Path, settings: ModelSettings, ranks: Ranks, backend_
             backend.close()
         rank, text = errors[0]
         raise UserError(text if rank == 0 else f"row split: rank {rank} could not load the model: {text}")
+    _warm_up(backend, ranks, settings.distributed_timeout_s)
     return backend
+
+
+def _warm_up(backend: TorchBackend, ranks: Ranks, timeout_s: float) -> None:
+    """One forward on every rank together under the long warm-up timeout (a --compile model compiles
+    here, on every rank, before serving), then back to the serving timeout."""
+    ranks.set_timeout(WARM_UP_TIMEOUT_S)
+    TorchBackend.forward(backend, [0], [])
+    backend.rollback(0)
+    ranks.set_timeout(timeout_s)
 
 
 def _follow(backend: TorchBackend, ranks: Ranks) -> None:

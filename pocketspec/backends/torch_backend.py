@@ -177,12 +177,11 @@ class TorchBackend(CachedTokens):
         return found
 
     def allocator_peaks(self) -> dict[str, int]:
-        """torch.cuda.max_memory_allocated of every GPU the model sits on, by device name (none on a CPU)."""
+        """torch.cuda.max_memory_allocated of every GPU the model sits on, by torch's name (cuda:N; none on a CPU)."""
         split: LayerSplit | None = getattr(self.model, "layer_split", None)
         names = split.device_names if split is not None else self.settings.all_devices[:1]
-        devices = {name: resolve_device(name) for name in names}
-        return {name: int(torch.cuda.max_memory_allocated(device)) for name, device in devices.items()
-                if device.type == "cuda"}
+        devices = {str(device): device for device in map(resolve_device, names) if device.type == "cuda"}
+        return {name: int(torch.cuda.max_memory_allocated(device)) for name, device in devices.items()}
 
     def close(self) -> None:
         self.cache = None
