@@ -58,6 +58,7 @@ def _place(model: nn.Module, name: str, shape: tuple[int, ...], chunks, dtype: t
         module.materialize(device)
         for start, rows in chunks:
             module.load_rows(start, _as_tensor(rows).to(device=device, dtype=torch.float32))
+        module.pack()
         return
     expected = getattr(module, attribute).shape
     if tuple(expected) != tuple(shape):
