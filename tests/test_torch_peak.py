@@ -4,7 +4,7 @@ with `--backend torch` sizing n_batch or refusing in one line."""
 from memplanner import terms
 from memplanner.shapes import ModelShape
 from memplanner.torch_peak import (CPU_ACTIVATION_FACTOR, CPU_HEAP_RESERVE_BYTES, DEQUANTIZE_CHUNK_BYTES,
-                                   TORCH_CPU_RUNTIME_BYTES, activation_bytes, dequantized_weight_bytes,
+                                   TORCH_CPU_RUNTIME_BYTES, activation_bytes, quantized_matmul_bytes,
                                    load_staging_bytes, torch_peak_terms)
 from test_cli_errors import assert_one_line_error, run_cli
 
@@ -24,10 +24,17 @@ def test_activation_bytes_by_hand():
     assert gpu_extra == 2 * 4 * 8 * 100 * 2
 
 
-def test_quantized_linears_dequantize_their_largest_weight_per_forward():
-    assert dequantized_weight_bytes(TINY, "fp32", 4, is_tied=True) == 0
-    assert dequantized_weight_bytes(TINY, "int8", 4, is_tied=True) == 2 * 64 * 128 * 4  # the feed-forward
-    assert dequantized_weight_bytes(TINY, "int4", 2, is_tied=False) == 2 * 64 * 1000 * 2  # the untied head
+def test_quantized_linears_stage_bf16_rows_on_a_cpu_and_may_dequantize_on_a_gpu():
+    assert quantized_matmul_bytes(TINY, "fp32", 4, is_tied=True, num_tokens=8) == 0
+    # fused CPU kernels: bf16 copies of the down projection's 8 input rows (128) and its output (64)
+    assert quantized_matmul_bytes(TINY, "int8", 4, is_tied=False, num_tokens=8) == 2 * 8 * (128 + 64)
+    # int4's CPU kernel needs outputs in multiples of 16: the untied head of 1000 dequantizes
+    assert quantized_matmul_bytes(TINY, "int4", 4, is_tied=True, num_tokens=8) == 2 * 8 * (128 + 64)
+    assert quantized_matmul_bytes(TINY, "int4", 4, is_tied=False, num_tokens=8) == (2 * 64 * 1000 * 4
+                                                                                      + 2 * 8 * (128 + 64))
+    # on a GPU the largest weight, as the worst case: the feed-forward, or the untied head
+    assert quantized_matmul_bytes(TINY, "int8", 2, is_tied=True, num_tokens=8, on_gpu=True) == 2 * 64 * 128 * 2
+    assert quantized_matmul_bytes(TINY, "int4", 2, is_tied=False, num_tokens=8, on_gpu=True) == 2 * 64 * 1000 * 2
 
 
 def test_cpu_peak_is_the_larger_of_loading_and_generating():
