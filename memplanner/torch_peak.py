@@ -90,8 +90,8 @@ def activation_bytes(shape: ModelShape, num_tokens: int, context: int, compute_b
 
     Hidden states and the SwiGLU block in the compute dtype, RoPE in float32, the boolean
     causal mask and its float copy, keys and values repeated to every query head (grouped-query
-    attention), int8 keys and values dequantized for the whole context, and the logits rows
-    in the compute dtype and in float32. CPU SDPA runs a fused kernel: no score matrix. On a
+    attention), int8 keys and values dequantized once for the whole context (straight to the
+    compute dtype, kv_cache.py), and the logits rows in the compute dtype and in float32. CPU SDPA runs a fused kernel: no score matrix. On a
     GPU a masked, grouped-query SDPA may fall back to the math kernel, which holds the scores
     and their softmax: counted, as the worst case.
     """
@@ -100,7 +100,7 @@ def activation_bytes(shape: ModelShape, num_tokens: int, context: int, compute_b
     rope = 4 * 3 * num_tokens * (q_size + kv_size)
     mask = num_tokens * context * (1 + 4)
     repeated_kv = 2 * context * q_size * compute_bytes if shape.num_kv_heads < shape.num_heads else 0
-    dequantized = 2 * context * kv_size * (4 + compute_bytes) if kv_is_int8 else 0
+    dequantized = 2 * context * kv_size * compute_bytes if kv_is_int8 else 0
     logits = logits_rows * shape.vocab_size * (compute_bytes + 4)
     scores = 2 * shape.num_heads * num_tokens * context * compute_bytes if on_gpu else 0
     return hidden + rope + mask + repeated_kv + dequantized + logits + scores

@@ -16,9 +16,9 @@ def test_activation_bytes_by_hand():
     # as booleans and floats 8*100*5, K and V repeated to 4 query heads 2*100*64*4, logits 2 rows * 1000 * (4 + 4)
     assert activation_bytes(TINY, 8, 100, 4, 2) == (4 * 8 * (256 + 384) + 4 * 3 * 8 * 96 + 8 * 100 * 5
                                                     + 2 * 100 * 64 * 4 + 2 * 1000 * 8)
-    # int8 KV dequantizes keys and values of the whole context to float32 and the compute dtype
-    extra = activation_bytes(TINY, 8, 100, 4, 2, kv_is_int8=True) - activation_bytes(TINY, 8, 100, 4, 2)
-    assert extra == 2 * 100 * 32 * (4 + 4)
+    # int8 KV dequantizes keys and values of the whole context once, straight to the compute dtype
+    extra = activation_bytes(TINY, 8, 100, 2, 2, kv_is_int8=True) - activation_bytes(TINY, 8, 100, 2, 2)
+    assert extra == 2 * 100 * 32 * 2
     # on a GPU the math kernel's scores and softmax: 2 x 4 heads x 8 x 100 in the compute dtype
     gpu_extra = activation_bytes(TINY, 8, 100, 2, 2, on_gpu=True) - activation_bytes(TINY, 8, 100, 2, 2)
     assert gpu_extra == 2 * 4 * 8 * 100 * 2
