@@ -91,9 +91,11 @@ def activation_bytes(shape: ModelShape, num_tokens: int, context: int, compute_b
     Hidden states and the SwiGLU block in the compute dtype, RoPE in float32, the boolean
     causal mask and its float copy, keys and values repeated to every query head (grouped-query
     attention), int8 keys and values dequantized once for the whole context (straight to the
-    compute dtype, kv_cache.py), and the logits rows in the compute dtype and in float32. CPU SDPA runs a fused kernel: no score matrix. On a
-    GPU a masked, grouped-query SDPA may fall back to the math kernel, which holds the scores
-    and their softmax: counted, as the worst case.
+    compute dtype, kv_cache.py), and the logits rows in the compute dtype and in float32. CPU
+    SDPA runs a fused kernel: no score matrix. On a GPU, one query runs unmasked and several
+    run with keys and values repeated to every head (model.causal_attention), so CUDA's fused
+    kernels apply; where none serves (a ROCm build without them) SDPA falls back to the math
+    kernel, which holds the scores and their softmax in float32: counted, as the worst case.
     """
     q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     hidden = compute_bytes * num_tokens * (4 * shape.hidden_size + 3 * shape.intermediate_size)
@@ -102,7 +104,7 @@ def activation_bytes(shape: ModelShape, num_tokens: int, context: int, compute_b
     repeated_kv = 2 * context * q_size * compute_bytes if shape.num_kv_heads < shape.num_heads else 0
     dequantized = 2 * context * kv_size * compute_bytes if kv_is_int8 else 0
     logits = logits_rows * shape.vocab_size * (compute_bytes + 4)
-    scores = 2 * shape.num_heads * num_tokens * context * compute_bytes if on_gpu else 0
+    scores = 2 * shape.num_heads * num_tokens * context * 4 if on_gpu else 0
     return hidden + rope + mask + repeated_kv + dequantized + logits + scores
 
 
