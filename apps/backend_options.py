@@ -31,7 +31,8 @@ def backend_options(function):
                      help="With --devices: layer gives each device a run of blocks; row splits every matrix over "
                           "them (tensor parallel; torch: one process per device, or run under torchrun)."),
         click.option("--weights", type=click.Choice(TORCH_WEIGHTS), default=MODEL.weights, show_default=True,
-                     help="torch weight format (auto: fp32 on CPU, bf16 on GPU); int8/int4 quantize on load."),
+                     help="torch weight format (auto: fp32 on CPU, bf16 on GPU, fp16 where bf16 is emulated); "
+                          "int8/int4 quantize on load."),
         click.option("--torch-kv-type", type=click.Choice(TORCH_KV_TYPES), default=MODEL.torch_kv_type,
                      show_default=True, help="torch KV cache dtype (auto: the weights' compute dtype)."),
         click.option("--compile/--no-compile", "compile", default=MODEL.compile, show_default=True,

@@ -30,7 +30,8 @@ def is_on_gpu(target_settings: ModelSettings) -> bool:
 
 
 def weights_format_for(target_settings: ModelSettings, on_gpu: bool) -> str:
-    """What `--weights` loads as: `auto` is fp32 on a CPU and bf16 on a GPU."""
+    """What `--weights` loads as, for its bytes: `auto` is fp32 on a CPU and a 2-byte float on a GPU
+    (bf16 or fp16 by the GPU, pocketspec/torch_model/device.gpu_float_format: the same bytes)."""
     if target_settings.weights == "auto":
         return "bf16" if on_gpu else "fp32"
     return target_settings.weights

@@ -69,7 +69,7 @@ class ModelSettings:
     repack_weights: bool = True
     backend: str = "llama.cpp"  # llama.cpp | torch
     device: str = "cpu"  # torch: cpu | cuda | cuda:N | rocm
-    weights: str = "auto"  # torch: auto (fp32 on CPU, bf16 on GPU) | fp32 | bf16 | fp16 | int8 | int4
+    weights: str = "auto"  # torch: auto (fp32 on CPU, bf16 or fp16 on GPU) | fp32 | bf16 | fp16 | int8 | int4
     torch_kv_type: str = "auto"  # torch: auto (the weights' compute dtype) | fp32 | bf16 | fp16 | int8
     compile: bool = False  # torch: torch.compile the forward (GPU)
     # Several devices (cuda:N, rocm:N, or cpu:N: devices simulated on one CPU); empty: `device` alone

@@ -172,3 +172,21 @@ def test_expanding_grouped_keys_gives_the_same_attention(num_tokens, start):
     changed_keys[:, :, -1] += 1.0
     moved = causal_attention(q, changed_keys, values, start, expand_groups=True)
     assert torch.equal(moved[:, :, :-1], expanded[:, :, :-1]) and not torch.equal(moved[:, :, -1], expanded[:, :, -1])
+
+
+def test_fp16_keeps_the_residual_stream_in_float32():
+    """Residual values past fp16's 65504 (Qwen2 reaches them) stay finite; every block still runs in fp16."""
+    model, cache = _random_model()
+    with torch.no_grad():
+        model.tok_embeddings.weight.fill_(6e4)
+        for block in model.layers:  # the normed rows are all ones, so attention adds 1e4 to every element
+            block.attention.wv.weight.fill_(1 / 64)
+            block.attention.wo.weight.fill_(1e4 / 64)
+    tokens, rows = torch.tensor([[3, 4, 5, 6]]), torch.tensor([0, 1, 2, 3])
+    with torch.inference_mode():
+        expected = model(tokens, 0, cache, rows)
+        half_cache = StaticKVCache(num_layers=2, num_kv_heads=2, head_dim=16, max_context=32, kv_dtype="fp16",
+                                   device=torch.device("cpu"))
+        got = model.half()(tokens, 0, half_cache, rows)
+    assert torch.isfinite(got).all()
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max()

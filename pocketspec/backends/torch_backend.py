@@ -19,7 +19,7 @@ import torch
 from pocketspec.backends.llama_cpp_backend import ContextFullError
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
-from pocketspec.torch_model.device import resolve_device
+from pocketspec.torch_model.device import gpu_float_format, resolve_device
 from pocketspec.torch_model.kv_cache import KV_DTYPES, StaticKVCache
 from pocketspec.torch_model.layer_split import LayerSplit, install_layer_split, tensor_bytes_by_device
 from pocketspec.torch_model.load import load_model
@@ -29,10 +29,10 @@ DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp
 
 
 def resolve_weights_format(weights: str, device: torch.device) -> str:
-    """`auto` is fp32 on a CPU (exact greedy verification) and bf16 on a GPU."""
+    """`auto` is fp32 on a CPU (exact greedy verification) and the GPU's 2-byte float on a GPU."""
     if weights != "auto":
         return weights
-    return "fp32" if device.type == "cpu" else "bf16"
+    return "fp32" if device.type == "cpu" else gpu_float_format(device)
 
 
 def resolve_kv_dtype(kv_dtype: str, model: Transformer) -> str:

@@ -18,15 +18,17 @@ import torch
 from torch import nn
 
 from pocketspec.errors import UserError
+from pocketspec.torch_model.device import gpu_float_format
 from pocketspec.torch_model.model import Transformer, rope_inv_freq
 from pocketspec.torch_model.quantize import FLOAT_DTYPES, WEIGHT_FORMATS, Int4Linear, Int8Linear, swap_linears
 
 
 def compute_dtype(weights_format: str, device: torch.device) -> torch.dtype:
-    """The dtype activations run in: the weights' own float type; int8/int4 run in fp32 on CPU, bf16 on GPU."""
+    """The dtype activations run in: the weights' own float type; int8/int4 run in fp32 on a CPU and
+    in the GPU's 2-byte float on a GPU (device.gpu_float_format)."""
     if weights_format in FLOAT_DTYPES:
         return FLOAT_DTYPES[weights_format]
-    return torch.float32 if device.type == "cpu" else torch.bfloat16
+    return torch.float32 if device.type == "cpu" else FLOAT_DTYPES[gpu_float_format(device)]
 
 
 def open_weights(path: Path | str):

@@ -62,7 +62,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_float = x.to(torch.float32)
         normed = x_float * torch.rsqrt(x_float.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.to(x.dtype) * self.weight
+        return normed.to(self.weight.dtype) * self.weight  # the compute dtype, also from an fp32 residual
 
 
 class Attention(nn.Module):
@@ -171,6 +171,10 @@ class Transformer(nn.Module):
         attends per sequence.
         """
         x = self.tok_embeddings(tokens)
+        if x.dtype == torch.float16:
+            # the residual stream stays float32: Qwen2's outgrows fp16's 65504 and turns to inf
+            # (bf16 has fp32's range); each block still computes in fp16 from its fp16 norm
+            x = x.float()
         if layout is not None:
             cos, sin = layout.cos, layout.sin
         else:
