@@ -103,17 +103,24 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     matrix, so expand_groups repeats keys and values to every query head first. The CPU's
     fused kernel takes both.
     """
-    num_tokens, is_grouped = q.shape[2], q.shape[1] != keys.shape[1]
+    num_tokens = q.shape[2]
     if num_tokens == 1:
-        return F.scaled_dot_product_attention(q, keys, values, enable_gqa=is_grouped)
+        return F.scaled_dot_product_attention(q, keys, values, enable_gqa=q.shape[1] != keys.shape[1])
     query_positions = torch.arange(start, start + num_tokens, device=q.device)[:, None]
     key_positions = torch.arange(keys.shape[2], device=q.device)[None, :]
     mask = key_positions <= query_positions  # [num_tokens, end]
+    return masked_attention(q, keys, values, mask, expand_groups=expand_groups)
+
+
+def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *,
+                     expand_groups: bool) -> torch.Tensor:
+    """SDPA with a boolean mask; expand_groups repeats grouped keys and values to every query head
+    (causal_attention says why a GPU needs it)."""
+    is_grouped = q.shape[1] != keys.shape[1]
     if is_grouped and expand_groups:
         group = q.shape[1] // keys.shape[1]
         keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                          enable_gqa=is_grouped and not expand_groups)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=is_grouped and not expand_groups)
 
 
 class FeedForward(nn.Module):
