@@ -34,7 +34,8 @@ def backend_options(function):
                           "them (tensor parallel; torch: one process per device, or run under torchrun)."),
         click.option("--weights", type=click.Choice(TORCH_WEIGHTS), default=MODEL.weights, show_default=True,
                      help=f"torch weight format (auto: {resolve_weights_format(AUTO, on_gpu=False)} on a CPU, "
-                          f"{resolve_weights_format(AUTO, on_gpu=True)} on a GPU); int8/int4 quantize on load."),
+                          f"{resolve_weights_format(AUTO, on_gpu=True)} on a GPU, fp16 where bf16 is emulated); "
+                          "int8/int4 quantize on load."),
         click.option("--torch-kv-type", type=click.Choice(TORCH_KV_TYPES), default=MODEL.torch_kv_type,
                      show_default=True, help="torch KV cache dtype (auto: the weights' compute dtype)."),
         click.option("--compile/--no-compile", "compile", default=MODEL.compile, show_default=True,

@@ -44,7 +44,7 @@ def batch_options(function):
         click.option("--scheduler", type=click.Choice(SCHEDULERS), default=BATCH.scheduler, show_default=True,
                      help="--batch: step the longest-waiting rows together (pad) or equal-length rows (group)."),
         click.option("--batch-invariant/--fast-batch", "batch_invariant", default=BATCH.is_batch_invariant,
-                     show_default=True, help="--batch: kernels whose result for a token does not depend on the rest "
+                     show_default="invariant on a CPU, fast on a GPU", help="--batch: kernels whose result for a token does not depend on the rest "
                                              "of the batch (greedy output = each prompt alone), or faster ones."),
         setting_option("--pool-rows", BatchSettings, "num_rows", show_default=True,
                        help="--batch: sequences held at once, from which each step picks (0: the batch size)."),

@@ -89,13 +89,11 @@ class Runner:
         if self.tiles is not None:
             make_batch_invariant(self.model, self.tiles)
         self.kv_dtype = resolve_weights_format("auto", device)  # the KV cache in the weights' own dtype
-        self.synchronize = torch.cuda.synchronize if device.type == "cuda" else None
 
     def engine(self, mode: str, max_batch: int, scheduler: str, max_context: int) -> BatchEngine:
         rows = dict(num_rows=max_batch * self.args.pool_factor, max_context=max_context, kv_dtype=self.kv_dtype,
                     n_batch=512)
         target = BatchedModel(self.model, settings=self.settings, tiles=self.tiles, **rows)
-        target.timer.synchronize = self.synchronize
         draft = None
         if mode == "self-skip":
             draft = BatchedModel(self.model, settings=replace(self.settings, is_batch_invariant=False),

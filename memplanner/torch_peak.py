@@ -60,13 +60,30 @@ def process_terms(shape: ModelShape, on_gpu: bool) -> dict[str, int]:
             "working_set": terms.GENERATION_WORKING_SET_BYTES}  # the logits copies are in activation_bytes
 
 
-def dequantized_weight_bytes(shape: ModelShape, weights_format: str, compute_bytes: int, is_tied: bool) -> int:
-    """int8/int4 linears dequantize their whole weight in every forward (quantize.py): the largest
-    one, the output head when untied, in the compute dtype and once more for the scaling."""
+def quantized_matmul_bytes(shape: ModelShape, weights_format: str, compute_bytes: int, is_tied: bool,
+                           num_tokens: int, on_gpu: bool = False) -> int:
+    """What an int8 / int4 linear allocates in a call beyond the activations (quant_kernels.py).
+
+    On a CPU the fused kernels read the quantized weight in place, with bf16 copies of their
+    input rows and bf16 results: at most the down projection's, num_tokens x (ffn + dim) x 2.
+    An int4 linear whose output count is not a multiple of 16 has no CPU kernel and
+    dequantizes its weight instead. On a GPU a fused kernel depends on the torch build and
+    the GPU, and int8 prompt chunks dequantize by design: the largest weight dequantized,
+    the worst case.
+    """
     if weights_format not in ("int8", "int4"):
         return 0
-    largest = max(shape.hidden_size * shape.intermediate_size, 0 if is_tied else shape.hidden_size * shape.vocab_size)
-    return 2 * largest * compute_bytes
+    q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    dim, ffn_dim = shape.hidden_size, shape.intermediate_size
+    weights = [(dim, q_size), (dim, kv_size), (q_size, dim), (dim, ffn_dim), (ffn_dim, dim)]  # (in, out)
+    weights += [] if is_tied else [(dim, shape.vocab_size)]
+    if not on_gpu and weights_format == "int4":
+        weights = [(num_in, num_out) for num_in, num_out in weights if num_out % 16]
+    elif not on_gpu:
+        weights = []
+    # the weight in the compute dtype, and once more for the scaling
+    dequantized = max((2 * num_in * num_out * compute_bytes for num_in, num_out in weights), default=0)
+    return dequantized + (0 if on_gpu else 2 * num_tokens * (ffn_dim + dim))
 
 
 def activation_bytes(shape: ModelShape, num_tokens: int, context: int, compute_bytes: int, logits_rows: int,
@@ -75,19 +92,21 @@ def activation_bytes(shape: ModelShape, num_tokens: int, context: int, compute_b
 
     Hidden states and the SwiGLU block in the compute dtype, RoPE in float32, the boolean
     causal mask and its float copy, keys and values repeated to every query head (grouped-query
-    attention), int8 keys and values dequantized for the whole context, and the logits rows
-    in the compute dtype and in float32. CPU SDPA runs a fused kernel: no score matrix. On a
-    GPU a masked, grouped-query SDPA may fall back to the math kernel, which holds the scores
-    and their softmax: counted, as the worst case.
+    attention), int8 keys and values dequantized once for the whole context (straight to the
+    compute dtype, kv_cache.py), and the logits rows in the compute dtype and in float32. CPU
+    SDPA runs a fused kernel: no score matrix. On a GPU, one query runs unmasked and several
+    run with keys and values repeated to every head (model.causal_attention), so CUDA's fused
+    kernels apply; where none serves (a ROCm build without them) SDPA falls back to the math
+    kernel, which holds the scores and their softmax in float32: counted, as the worst case.
     """
     q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     hidden = compute_bytes * num_tokens * (4 * shape.hidden_size + 3 * shape.intermediate_size)
     rope = 4 * 3 * num_tokens * (q_size + kv_size)
     mask = num_tokens * context * (1 + 4)
     repeated_kv = 2 * context * q_size * compute_bytes if shape.num_kv_heads < shape.num_heads else 0
-    dequantized = 2 * context * kv_size * (4 + compute_bytes) if kv_is_int8 else 0
+    dequantized = 2 * context * kv_size * compute_bytes if kv_is_int8 else 0
     logits = logits_rows * shape.vocab_size * (compute_bytes + 4)
-    scores = 2 * shape.num_heads * num_tokens * context * compute_bytes if on_gpu else 0
+    scores = 2 * shape.num_heads * num_tokens * context * 4 if on_gpu else 0
     return hidden + rope + mask + repeated_kv + dequantized + logits + scores
 
 
@@ -105,7 +124,8 @@ def torch_peak_terms(shape: ModelShape, tensor_terms: dict[str, int], *, weights
     verify = activation_bytes(shape, max_logits_rows, max_context, compute_bytes, max_logits_rows, kv_is_int8,
                               on_gpu)
     activations = max(prefill, verify) if on_gpu else int(CPU_ACTIVATION_FACTOR * max(prefill, verify))
-    activations += dequantized_weight_bytes(shape, weights_format, compute_bytes, is_tied)
+    activations += quantized_matmul_bytes(shape, weights_format, compute_bytes, is_tied,
+                                          max(min(n_batch, max_context), max_logits_rows), on_gpu)
     kv_total = sum(value for name, value in tensor_terms.items() if name != "weights")
     loading = loading_bytes(shape, weights_format, on_gpu)
     found = process_terms(shape, on_gpu)

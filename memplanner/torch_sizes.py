@@ -4,7 +4,10 @@ Pure arithmetic on a ModelShape. Float formats store every tensor in their dtype
 int8 and int4 quantize only the linear layers (the output head too when untied);
 embeddings, norms and biases stay in the compute dtype, which is fp32 on a CPU and bf16
 on a GPU for the integer formats. int8 keeps one scale per output row; int4 packs two
-values a byte and keeps a scale and an offset per group of INT4_GROUP_SIZE inputs.
+values a byte and keeps a scale and a zero per group of INT4_GROUP_SIZE inputs. Scales and
+zeros are 2-byte floats whatever the compute dtype (bf16 beside fp32: what torch's fused
+CPU kernels read, pocketspec/torch_model/quant_kernels.py); packing for a kernel keeps the
+weight's bytes.
 The rope frequency table (head_dim / 2 float32) is the one buffer beside the weights.
 """
 
@@ -20,6 +23,7 @@ KV_DTYPES = tuple(KV_DTYPE_BYTES)
 AUTO = "auto"  # --weights: from the device; KV dtypes: the weights' compute format
 INT8_KV_SCALE_BYTES = 4  # one float32 scale per (head, position), for keys and values each
 INT4_GROUP_SIZE = 32
+QUANT_SCALE_BYTES = 2
 BIASED_QKV_ARCHS = ("qwen2",)
 
 
@@ -45,13 +49,12 @@ def compute_dtype_bytes(weights_format: str, on_gpu: bool = False) -> int:
     return FLOAT_FORMAT_BYTES[compute_format(weights_format, on_gpu)]
 
 
-def linear_bytes(num_in: int, num_out: int, weights_format: str, compute_bytes: int,
-                 group_size: int = INT4_GROUP_SIZE) -> int:
+def linear_bytes(num_in: int, num_out: int, weights_format: str, group_size: int = INT4_GROUP_SIZE) -> int:
     """One [num_out, num_in] weight matrix (no bias) in `weights_format`."""
     if weights_format == "int8":
-        return num_out * num_in + num_out * compute_bytes
+        return num_out * num_in + num_out * QUANT_SCALE_BYTES
     if weights_format == "int4":
-        return num_out * num_in // 2 + 2 * num_out * (num_in // group_size) * compute_bytes
+        return num_out * num_in // 2 + 2 * num_out * (num_in // group_size) * QUANT_SCALE_BYTES
     return num_out * num_in * FLOAT_FORMAT_BYTES[weights_format]
 
 
@@ -67,7 +70,7 @@ def torch_block_tensor_sizes(shape: ModelShape, weights_format: str, *, has_qkv_
     kv_size = (shape.num_kv_heads if num_kv_heads is None else num_kv_heads) * shape.head_dim
 
     def linear(num_in: int, num_out: int) -> int:
-        return linear_bytes(num_in, num_out, weights_format, compute_bytes, group_size)
+        return linear_bytes(num_in, num_out, weights_format, group_size)
 
     found = [linear(dim, q_size), linear(dim, kv_size), linear(dim, kv_size), linear(q_size, dim),
              linear(dim, ffn_dim), linear(dim, ffn_dim), linear(ffn_dim, dim), dim * compute_bytes, dim * compute_bytes]
@@ -92,7 +95,7 @@ def torch_head_bytes(shape: ModelShape, weights_format: str, *, is_tied: bool, o
                      group_size: int = INT4_GROUP_SIZE) -> int:
     """The final norm and an untied output head (a tied head reuses the embeddings)."""
     compute_bytes = compute_dtype_bytes(weights_format, on_gpu)
-    head = 0 if is_tied else linear_bytes(shape.hidden_size, shape.vocab_size, weights_format, compute_bytes, group_size)
+    head = 0 if is_tied else linear_bytes(shape.hidden_size, shape.vocab_size, weights_format, group_size)
     return shape.hidden_size * compute_bytes + head
 
 

@@ -188,7 +188,16 @@ class BatchSettings:
     # Batch-invariant kernels (pocketspec/torch_model/invariant.py): every generated token's
     # logits are bit-identical whatever else shares its forward, so batched greedy output equals
     # decoding each prompt alone. False uses the faster SDPA and one matmul per linear.
-    is_batch_invariant: bool = True
+    # None: by device (batch_invariance_on).
+    is_batch_invariant: bool | None = None
     row_tile: int = 16  # rows per linear call when decoding; MKL takes slower paths below 16 rows
     query_tile: int = 4  # queries per attention tile when decoding (batch-invariant)
     key_block: int = 128  # keys per attention block; every row's key length is padded to a multiple
+
+    def batch_invariance_on(self, device_type: str) -> bool:
+        """The setting, or its default for the device: on for a CPU, where tests/test_invariant.py
+        proves the property; off for a GPU, where the fixed tiles only fix shapes: whether cuBLAS
+        and CUDA's reductions then give bit-identical rows is unverified (invariant.py), and the
+        padded tiles and blockwise attention give up the fused kernels. `--batch-invariant` asks
+        for it on a GPU all the same."""
+        return self.is_batch_invariant if self.is_batch_invariant is not None else device_type == "cpu"

@@ -3,7 +3,11 @@ sees, and that attend writes keys at (row, position) and attends per row."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pocketspec.batch.layout import AlignmentTimer, AttentionShape, BatchLayout, RowInput
 from pocketspec.torch_model.kv_cache import StaticKVCache
@@ -55,3 +59,56 @@ def test_attend_writes_at_each_row_position_and_reads_every_row_past():
     counts = [6, 7, 8, 10]
     assert torch.allclose(out[0, :, :, 0], torch.tensor([e / c for e, c in zip(expected, counts)]).expand(2, 4))
     assert layout.timer.seconds["layout"] > 0 and layout.timer.seconds["kv_and_padding"] > 0
+
+
+class _HostToDeviceCopies(TorchDispatchMode):
+    """Counts copies from the host to another device."""
+
+    count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default and args[0].device.type == "cpu" \
+                and (kwargs or {}).get("device", torch.device("cpu")).type != "cpu":
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_layout_copies_its_indices_to_the_device_once():
+    """A GPU forward blocked on each host-to-device copy: the layout makes one (a meta device stands in)."""
+    meta_rope = (ROPE[0].to("meta"), ROPE[1].to("meta"))
+    with _HostToDeviceCopies() as copies:
+        layout = BatchLayout(ITEMS, rope=meta_rope, shape=AttentionShape(is_blockwise=False), timer=AlignmentTimer())
+    assert copies.count == 1
+    assert layout.tokens.device.type == layout.logits_rows.device.type == layout.mask.device.type == "meta"
+    assert layout.tokens.shape == (1, 4) and layout.write_rows.shape == (4,) and layout.cache_rows.shape == (2,)
+
+
+class _FakeEvent:
+    """torch.cuda.Event on the host clock, counting synchronizations."""
+
+    num_synchronized = 0
+
+    def __init__(self, enable_timing: bool):
+        assert enable_timing
+
+    def record(self):
+        self.at = time.perf_counter()
+
+    def synchronize(self):
+        _FakeEvent.num_synchronized += 1
+
+    def elapsed_time(self, end) -> float:
+        return 1000 * (end.at - self.at)
+
+
+def test_gpu_timing_records_events_and_waits_only_when_read(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: pytest.fail("a mark waited for the GPU"))
+    timer = AlignmentTimer(uses_events=True)
+    for _ in range(3):
+        started = timer.now()
+        time.sleep(0.01)
+        timer.add("kv_and_padding", started, timer.now())
+    assert _FakeEvent.num_synchronized == 0 and len(timer.pending) == 3
+    assert 0.03 <= timer.seconds["kv_and_padding"] < 0.5 and timer.seconds["layout"] == 0.0
+    assert _FakeEvent.num_synchronized == 1 and not timer.pending  # read once, then kept as totals

@@ -118,3 +118,15 @@ def test_a_row_cannot_pass_its_context(tiny_target):
     model.prefill(0, list(range(3, 48)))
     with pytest.raises(ContextFullError):
         model.forward([0, 1], [[5, 6, 7, 8], [5]], [1, 1])
+
+
+def test_batch_invariance_defaults_on_for_a_cpu_and_off_for_a_gpu(tiny_target):
+    assert BatchSettings().batch_invariance_on("cpu") and not BatchSettings().batch_invariance_on("cuda")
+    assert BatchSettings(is_batch_invariant=True).batch_invariance_on("cuda")
+    assert not BatchSettings(is_batch_invariant=False).batch_invariance_on("cpu")
+    model = load_model(tiny_target, "fp32", torch.device("cpu"))
+    with pytest.raises(ValueError, match="make_batch_invariant"):  # the CPU default needs the wrapped model
+        BatchedModel(model, num_rows=2, max_context=64, kv_dtype="fp32", n_batch=64, settings=BatchSettings())
+    fast = BatchedModel(model, num_rows=2, max_context=64, kv_dtype="fp32", n_batch=64,
+                        settings=BatchSettings(is_batch_invariant=False))
+    assert fast.settings.is_batch_invariant is False and fast.tiles is None

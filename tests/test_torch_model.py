@@ -11,6 +11,8 @@ from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.settings import ModelSettings
 from pocketspec.torch_model.gguf_weights import unpermute_qk
+from pocketspec.torch_model.kv_cache import StaticKVCache
+from pocketspec.torch_model.model import ModelConfig, Transformer, causal_attention
 from tiny_models import write_tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -120,3 +122,71 @@ def test_loading_in_row_chunks_equals_loading_whole_tensors(tmp_path, monkeypatc
     assert expected.keys() == got.keys()
     for name in expected:
         assert torch.equal(expected[name], got[name]), name
+
+
+def _random_model(num_heads: int = 4, num_kv_heads: int = 2) -> tuple[Transformer, StaticKVCache]:
+    torch.manual_seed(0)
+    config = ModelConfig(arch="llama", num_layers=2, dim=64, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                         head_dim=16, ffn_dim=128, vocab_size=50)
+    model = Transformer(config)
+    torch.nn.init.normal_(model.tok_embeddings.weight)
+    cache = StaticKVCache(num_layers=2, num_kv_heads=num_kv_heads, head_dim=16, max_context=32, kv_dtype="fp32",
+                          device=torch.device("cpu"))
+    return model.eval(), cache
+
+
+def test_one_token_decoding_passes_no_mask(monkeypatch):
+    """A lone query sees every cached key: no mask, so SDPA may take its flash kernels."""
+    model, cache = _random_model()
+    masks = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, attn_mask=None, **kwargs):
+        masks.append(attn_mask)
+        return sdpa(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    with torch.inference_mode():
+        model(torch.tensor([[3, 4, 5]]), 0, cache, torch.tensor([2]))
+        assert all(mask is not None for mask in masks) and len(masks) == 2  # a prompt of 3 is masked
+        masks.clear()
+        decoded = model(torch.tensor([[6]]), 3, cache, torch.tensor([0]))
+    assert masks == [None, None]
+    fresh_model, fresh_cache = _random_model()
+    with torch.inference_mode():  # the same as the token's row of a masked prefill
+        prefilled = fresh_model(torch.tensor([[3, 4, 5, 6]]), 0, fresh_cache, torch.tensor([3]))
+    assert torch.allclose(decoded, prefilled, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_tokens, start", [(1, 7), (4, 0), (5, 9)])
+def test_expanding_grouped_keys_gives_the_same_attention(num_tokens, start):
+    """The GPU path repeats keys and values to every query head (the masked fast kernel lacks GQA)."""
+    generator = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 6, num_tokens, 16, generator=generator)
+    keys, values = (torch.randn(2, 2, start + num_tokens, 16, generator=generator) for _ in range(2))
+    grouped = causal_attention(q, keys, values, start, expand_groups=False)
+    expanded = causal_attention(q, keys, values, start, expand_groups=True)
+    assert torch.allclose(grouped, expanded, atol=1e-6)
+    # query i sees keys 0 .. start + i: the last key moves only the last query
+    changed_keys = keys.clone()
+    changed_keys[:, :, -1] += 1.0
+    moved = causal_attention(q, changed_keys, values, start, expand_groups=True)
+    assert torch.equal(moved[:, :, :-1], expanded[:, :, :-1]) and not torch.equal(moved[:, :, -1], expanded[:, :, -1])
+
+
+def test_fp16_keeps_the_residual_stream_in_float32():
+    """Residual values past fp16's 65504 (Qwen2 reaches them) stay finite; every block still runs in fp16."""
+    model, cache = _random_model()
+    with torch.no_grad():
+        model.tok_embeddings.weight.fill_(6e4)
+        for block in model.layers:  # the normed rows are all ones, so attention adds 1e4 to every element
+            block.attention.wv.weight.fill_(1 / 64)
+            block.attention.wo.weight.fill_(1e4 / 64)
+    tokens, rows = torch.tensor([[3, 4, 5, 6]]), torch.tensor([0, 1, 2, 3])
+    with torch.inference_mode():
+        expected = model(tokens, 0, cache, rows)
+        half_cache = StaticKVCache(num_layers=2, num_kv_heads=2, head_dim=16, max_context=32, kv_dtype="fp16",
+                                   device=torch.device("cpu"))
+        got = model.half()(tokens, 0, half_cache, rows)
+    assert torch.isfinite(got).all()
+    assert (got - expected).abs().max() < 0.05 * expected.abs().max()

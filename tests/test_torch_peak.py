@@ -5,7 +5,7 @@ from memplanner import terms
 from memplanner.gpu_terms import TORCH_CUDA_CONTEXT_BYTES
 from memplanner.shapes import ModelShape
 from memplanner.torch_peak import (CPU_ACTIVATION_FACTOR, CPU_HEAP_RESERVE_BYTES, DEQUANTIZE_CHUNK_BYTES,
-                                   TORCH_CPU_RUNTIME_BYTES, activation_bytes, dequantized_weight_bytes, gpu_views,
+                                   TORCH_CPU_RUNTIME_BYTES, activation_bytes, gpu_views, quantized_matmul_bytes,
                                    load_staging_bytes, torch_peak_terms)
 from test_cli_errors import assert_one_line_error, run_cli
 
@@ -17,18 +17,25 @@ def test_activation_bytes_by_hand():
     # as booleans and floats 8*100*5, K and V repeated to 4 query heads 2*100*64*4, logits 2 rows * 1000 * (4 + 4)
     assert activation_bytes(TINY, 8, 100, 4, 2) == (4 * 8 * (256 + 384) + 4 * 3 * 8 * 96 + 8 * 100 * 5
                                                     + 2 * 100 * 64 * 4 + 2 * 1000 * 8)
-    # int8 KV dequantizes keys and values of the whole context to float32 and the compute dtype
-    extra = activation_bytes(TINY, 8, 100, 4, 2, kv_is_int8=True) - activation_bytes(TINY, 8, 100, 4, 2)
-    assert extra == 2 * 100 * 32 * (4 + 4)
-    # on a GPU the math kernel's scores and softmax: 2 x 4 heads x 8 x 100 in the compute dtype
+    # int8 KV dequantizes keys and values of the whole context once, straight to the compute dtype
+    extra = activation_bytes(TINY, 8, 100, 2, 2, kv_is_int8=True) - activation_bytes(TINY, 8, 100, 2, 2)
+    assert extra == 2 * 100 * 32 * 2
+    # on a GPU the math kernel's scores and softmax, the worst case: 2 x 4 heads x 8 x 100 in float32
     gpu_extra = activation_bytes(TINY, 8, 100, 2, 2, on_gpu=True) - activation_bytes(TINY, 8, 100, 2, 2)
-    assert gpu_extra == 2 * 4 * 8 * 100 * 2
+    assert gpu_extra == 2 * 4 * 8 * 100 * 4
 
 
-def test_quantized_linears_dequantize_their_largest_weight_per_forward():
-    assert dequantized_weight_bytes(TINY, "fp32", 4, is_tied=True) == 0
-    assert dequantized_weight_bytes(TINY, "int8", 4, is_tied=True) == 2 * 64 * 128 * 4  # the feed-forward
-    assert dequantized_weight_bytes(TINY, "int4", 2, is_tied=False) == 2 * 64 * 1000 * 2  # the untied head
+def test_quantized_linears_stage_bf16_rows_on_a_cpu_and_may_dequantize_on_a_gpu():
+    assert quantized_matmul_bytes(TINY, "fp32", 4, is_tied=True, num_tokens=8) == 0
+    # fused CPU kernels: bf16 copies of the down projection's 8 input rows (128) and its output (64)
+    assert quantized_matmul_bytes(TINY, "int8", 4, is_tied=False, num_tokens=8) == 2 * 8 * (128 + 64)
+    # int4's CPU kernel needs outputs in multiples of 16: the untied head of 1000 dequantizes
+    assert quantized_matmul_bytes(TINY, "int4", 4, is_tied=True, num_tokens=8) == 2 * 8 * (128 + 64)
+    assert quantized_matmul_bytes(TINY, "int4", 4, is_tied=False, num_tokens=8) == (2 * 64 * 1000 * 4
+                                                                                      + 2 * 8 * (128 + 64))
+    # on a GPU the largest weight, as the worst case: the feed-forward, or the untied head
+    assert quantized_matmul_bytes(TINY, "int8", 2, is_tied=True, num_tokens=8, on_gpu=True) == 2 * 64 * 128 * 2
+    assert quantized_matmul_bytes(TINY, "int4", 2, is_tied=False, num_tokens=8, on_gpu=True) == 2 * 64 * 1000 * 2
 
 
 def test_cpu_peak_is_the_larger_of_loading_and_generating():

@@ -20,7 +20,7 @@ from memplanner.torch_sizes import resolve_weights_format as resolve_format_for
 from pocketspec.backends.base import CachedTokens
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
-from pocketspec.torch_model.device import resolve_device
+from pocketspec.torch_model.device import gpu_float_format, resolve_device
 from pocketspec.torch_model.kv_cache import KV_DTYPES, StaticKVCache
 from pocketspec.torch_model.layer_split import LayerSplit, install_layer_split, tensor_bytes_by_device
 from pocketspec.torch_model.load import load_model
@@ -30,8 +30,11 @@ DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp
 
 
 def resolve_weights_format(weights: str, device: torch.device) -> str:
-    """What `weights` loads as on this device (memplanner.torch_sizes.resolve_weights_format)."""
-    return resolve_format_for(weights, on_gpu=device.type != "cpu")
+    """What `weights` loads as on this device: memplanner.torch_sizes.resolve_weights_format, with the
+    GPU's own 2-byte float (bf16, or fp16 where bf16 is emulated) for `auto` on a GPU."""
+    if weights != "auto" or device.type == "cpu":
+        return resolve_format_for(weights, on_gpu=device.type != "cpu")
+    return gpu_float_format(device)
 
 
 def resolve_kv_dtype(kv_dtype: str, model: Transformer) -> str:

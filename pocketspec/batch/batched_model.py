@@ -10,6 +10,8 @@ A self-skip draft is another BatchedModel over the same model with fewer layers.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Callable, Sequence
 
 import numpy as np
@@ -29,13 +31,14 @@ class BatchedModel:
     def __init__(self, model: Transformer, *, num_rows: int, max_context: int, kv_dtype: str, n_batch: int,
                  settings: BatchSettings, tiles: TileShape | None = None, num_layers: int | None = None):
         """tiles: the TileShape of the model's RowTiled parts (make_batch_invariant), None when not wrapped."""
+        device = model.tok_embeddings.weight.device
+        settings = replace(settings, is_batch_invariant=settings.batch_invariance_on(device.type))
         if settings.is_batch_invariant and tiles is None:
             raise ValueError("batch-invariant decoding needs a model wrapped by make_batch_invariant")
         self.model, self.settings, self.tiles = model, settings, tiles
         self.num_layers = num_layers or model.config.num_layers
         self.max_context, self.n_batch = max_context, min(n_batch, max_context)
         config = model.config
-        device = model.tok_embeddings.weight.device
         # room for the padding of the last key block
         capacity = round_up(max_context, settings.key_block) if settings.is_batch_invariant else max_context
         self.cache = StaticKVCache(num_layers=self.num_layers, num_kv_heads=config.num_kv_heads,
@@ -45,7 +48,7 @@ class BatchedModel:
         self.rope = rope_angles(torch.arange(capacity, device=device), model.inv_freq)
         self.decode_shape = (AttentionShape(True, settings.key_block, settings.query_tile)
                              if settings.is_batch_invariant else FAST_ATTENTION)
-        self.timer = AlignmentTimer()
+        self.timer = AlignmentTimer(uses_events=device.type == "cuda")
         self.cached: list[list[int]] = [[] for _ in range(num_rows)]
 
     @property

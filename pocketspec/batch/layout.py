@@ -14,13 +14,13 @@ that "Batch Speculative Decoding Done Right" measures (AlignmentTimer).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from pocketspec.torch_model.invariant import blockwise_attention
+from pocketspec.torch_model.model import masked_attention
 
 
 @dataclass(frozen=True)
@@ -42,17 +42,40 @@ class AttentionShape:
     query_tile: int = 1
 
 
-@dataclass
 class AlignmentTimer:
-    """Seconds by part: building layouts, the per-row KV scatter/gather and padding, vs the rest."""
+    """Seconds by part: building layouts, the per-row KV scatter/gather and padding, vs the rest.
 
-    seconds: dict[str, float] = field(default_factory=lambda: {"layout": 0.0, "kv_and_padding": 0.0})
-    synchronize: object = None  # a GPU's synchronize, so that host timers measure finished work
+    On a CPU a mark is the host clock. On a GPU it is a CUDA event recorded on the current
+    stream: marking never waits for the GPU (a synchronize per mark made the timed forward
+    wait 4 times a layer), and the events are read when the seconds are asked for.
+    """
 
-    def now(self) -> float:
-        if self.synchronize is not None:
-            self.synchronize()
-        return time.perf_counter()
+    def __init__(self, uses_events: bool = False):
+        self.uses_events = uses_events
+        self.totals = {"layout": 0.0, "kv_and_padding": 0.0}
+        self.pending: list[tuple[str, object, object]] = []  # (part, start event, end event)
+
+    def now(self):
+        if not self.uses_events:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def add(self, part: str, start, end) -> None:
+        if self.uses_events:
+            self.pending.append((part, start, end))
+        else:
+            self.totals[part] += end - start
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        if self.pending:
+            self.pending[-1][2].synchronize()  # the last span ends after every earlier one
+            for part, start, end in self.pending:
+                self.totals[part] += start.elapsed_time(end) / 1000
+            self.pending.clear()
+        return dict(self.totals)
 
     @property
     def total(self) -> float:
@@ -79,17 +102,16 @@ class BatchLayout:
             slot_of += range(length)
             positions += range(item.start, item.start + length)
             logits_at += range(len(positions) - item.num_logits, len(positions))
-
-        def tensor(values) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=device)
-
-        self.tokens = tensor([token for item in items for token in item.tokens])[None]  # [1, N]
-        self.row_of, self.slot_of, positions = tensor(row_of), tensor(slot_of), tensor(positions)
-        self.cos, self.sin = rope[0][positions], rope[1][positions]  # [N, head_dim / 2]
         cache_rows = [item.row for item in items]
-        self.write_rows, self.write_positions = tensor([cache_rows[index] for index in row_of]), positions
+        tokens = [token for item in items for token in item.tokens]
+        write_rows = [cache_rows[index] for index in row_of]
+        (tokens, self.row_of, self.slot_of, positions, self.write_rows, cache_row_indices,
+         self.logits_rows) = _to_device([tokens, row_of, slot_of, positions, write_rows, cache_rows, logits_at], device)
+        self.tokens = tokens[None]  # [1, N]
+        self.cos, self.sin = rope[0][positions], rope[1][positions]  # [N, head_dim / 2]
+        self.write_positions = positions
         is_run = cache_rows == list(range(cache_rows[0], cache_rows[0] + len(cache_rows)))
-        self.cache_rows = slice(cache_rows[0], cache_rows[-1] + 1) if is_run else tensor(cache_rows)
+        self.cache_rows = slice(cache_rows[0], cache_rows[-1] + 1) if is_run else cache_row_indices
         # padded slots attend to position 0 only, so no softmax row is empty
         self.query_positions = torch.zeros(self.num_rows, self.num_slots, dtype=torch.long, device=device)
         self.query_positions[self.row_of, self.slot_of] = positions
@@ -97,9 +119,8 @@ class BatchLayout:
         if not shape.is_blockwise:  # [rows, 1, slots, keys]: each row sees its own past
             key_positions = torch.arange(self.key_length, device=device)
             self.mask = (key_positions <= self.query_positions[:, :, None])[:, None]
-        self.logits_rows = tensor(logits_at)
         self.logits_counts = [item.num_logits for item in items]
-        timer.seconds["layout"] += timer.now() - started
+        timer.add("layout", started, timer.now())
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: int) -> torch.Tensor:
         """Attention of the packed tokens: q [1, heads, N, head_dim], k and v [1, kv_heads, N, head_dim].
@@ -117,9 +138,18 @@ class BatchLayout:
             out = blockwise_attention(grid, keys, values, self.query_positions, key_block=self.shape.key_block,
                                       query_tile=self.shape.query_tile)
         else:
-            out = F.scaled_dot_product_attention(grid, keys, values, attn_mask=self.mask,
-                                                 enable_gqa=q.shape[1] != k.shape[1])
+            out = masked_attention(grid, keys, values, self.mask, expand_groups=q.device.type != "cpu")
         attended = self.timer.now()
         packed = out.transpose(1, 2)[self.row_of, self.slot_of].transpose(0, 1)[None]
-        self.timer.seconds["kv_and_padding"] += aligned - started + self.timer.now() - attended
+        self.timer.add("kv_and_padding", started, aligned)
+        self.timer.add("kv_and_padding", attended, self.timer.now())
         return packed
+
+
+def _to_device(index_lists: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """Every index list of a forward in one host-to-device copy (from pinned memory, asynchronous,
+    on a GPU), split into views: one copy per forward instead of one per list."""
+    host = torch.tensor([value for values in index_lists for value in values], dtype=torch.long)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return list(host.to(device, non_blocking=True).split([len(values) for values in index_lists]))

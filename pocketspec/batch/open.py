@@ -51,6 +51,7 @@ def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, sp
     vocab_model, tokenizer = _load_tokenizer(choice.target_path)
     weights = resolve_weights_format(target_settings.weights, device)
     model = load_model(choice.target_path, weights, device)
+    batch = replace(batch, is_batch_invariant=batch.batch_invariance_on(device.type))
     tiles = TileShape(batch.row_tile) if batch.is_batch_invariant else None
     if tiles is not None:
         make_batch_invariant(model, tiles)

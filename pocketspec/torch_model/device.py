@@ -1,4 +1,5 @@
-"""Which torch device `--device cpu|cuda|cuda:N|rocm` means here, and which GPU build torch is.
+"""Which torch device `--device cpu|cuda|cuda:N|rocm` means here, which GPU build torch is, and
+which 2-byte float a GPU computes in.
 
 ROCm builds of torch report their GPUs as `cuda` devices; torch.version.hip tells them apart.
 """
@@ -17,6 +18,20 @@ def gpu_build() -> str:
     if torch.version.cuda:
         return f"cuda {torch.version.cuda}"
     return "cpu-only"
+
+
+# AMD architectures with bf16 arithmetic (CDNA 1-4, RDNA 3-4); MI50 (gfx906) and older emulate it
+NATIVE_BF16_ROCM_ARCHS = ("gfx908", "gfx90a", "gfx94", "gfx95", "gfx11", "gfx12")
+
+
+def gpu_float_format(device: torch.device) -> str:
+    """bf16 where the GPU computes in it natively, else fp16: CUDA before sm80 (T4, V100) and
+    older AMD GPUs emulate bf16 several times slower. torch.cuda.is_bf16_supported() says True
+    on every ROCm GPU, so the architecture decides there."""
+    if getattr(torch.version, "hip", None):
+        arch = torch.cuda.get_device_properties(device).gcnArchName
+        return "bf16" if arch.startswith(NATIVE_BF16_ROCM_ARCHS) else "fp16"
+    return "bf16" if torch.cuda.get_device_capability(device) >= (8, 0) else "fp16"
 
 
 def resolve_device(name: str, flag: str = "--device") -> torch.device:

@@ -70,11 +70,7 @@ class StaticKVCache:
 
     def read(self, layer: int, end: int, dtype: torch.dtype, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values at positions 0 .. end - 1, [batch, kv_heads, end, head_dim] in `dtype`."""
-        keys, values = self.keys[layer][:batch, :, :end], self.values[layer][:batch, :, :end]
-        if self.is_int8:
-            keys = (keys.to(torch.float32) * self.key_scales[layer][:batch, :, :end]).to(dtype)
-            values = (values.to(torch.float32) * self.value_scales[layer][:batch, :, :end]).to(dtype)
-        return keys.to(dtype), values.to(dtype)
+        return self.read_rows(layer, slice(0, batch), end, dtype)
 
     def write_tokens(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
                      v: torch.Tensor) -> None:
@@ -90,10 +86,12 @@ class StaticKVCache:
                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the given rows at positions 0 .. end - 1, [len(rows), kv_heads, end, head_dim]."""
         keys, values = self.keys[layer][rows, :, :end], self.values[layer][rows, :, :end]
-        if self.is_int8:
-            keys = keys.to(torch.float32) * self.key_scales[layer][rows, :, :end]
-            values = values.to(torch.float32) * self.value_scales[layer][rows, :, :end]
-        return keys.to(dtype), values.to(dtype)
+        if not self.is_int8:
+            return keys.to(dtype), values.to(dtype)
+        # int8 times scales already in `dtype` promotes to `dtype` in one pass: the context is
+        # dequantized once, with no float32 copy on the way
+        return (keys * self.key_scales[layer][rows, :, :end].to(dtype),
+                values * self.value_scales[layer][rows, :, :end].to(dtype))
 
     def shift(self, start: int, count: int, num_cached: int, inv_freq: torch.Tensor) -> None:
         """Drop positions start .. start + count - 1 and move the later ones down by `count`.

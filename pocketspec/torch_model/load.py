@@ -19,13 +19,17 @@ from torch import nn
 
 from memplanner.torch_sizes import WEIGHT_FORMATS, compute_format
 from pocketspec.errors import UserError
+from pocketspec.torch_model.device import gpu_float_format
 from pocketspec.torch_model.model import Transformer, rope_inv_freq
 from pocketspec.torch_model.quantize import FLOAT_DTYPES, Int4Linear, Int8Linear, swap_linears
 
 
 def compute_dtype(weights_format: str, device: torch.device) -> torch.dtype:
-    """The dtype activations run in (memplanner.torch_sizes.compute_format)."""
-    return FLOAT_DTYPES[compute_format(weights_format, on_gpu=device.type != "cpu")]
+    """The dtype activations run in (memplanner.torch_sizes.compute_format); on a GPU the GPU's own
+    2-byte float (device.gpu_float_format) where the format is int8/int4."""
+    if weights_format in FLOAT_DTYPES or device.type == "cpu":
+        return FLOAT_DTYPES[compute_format(weights_format, on_gpu=device.type != "cpu")]
+    return FLOAT_DTYPES[gpu_float_format(device)]
 
 
 def open_weights(path: Path | str):
@@ -57,6 +61,7 @@ def _place(model: nn.Module, name: str, shape: tuple[int, ...], chunks, dtype: t
         module.materialize(device)
         for start, rows in chunks:
             module.load_rows(start, _as_tensor(rows).to(device=device, dtype=torch.float32))
+        module.pack()
         return
     expected = getattr(module, attribute).shape
     if tuple(expected) != tuple(shape):

@@ -62,7 +62,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_float = x.to(torch.float32)
         normed = x_float * torch.rsqrt(x_float.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.to(x.dtype) * self.weight
+        return normed.to(self.weight.dtype) * self.weight  # the compute dtype, also from an fp32 residual
 
 
 class Attention(nn.Module):
@@ -87,13 +87,40 @@ class Attention(nn.Module):
             return self.wo(out.transpose(1, 2).reshape(batch, num_tokens, -1))
         cache.write(layer, start, k, v)
         keys, values = cache.read(layer, start + num_tokens, dtype=q.dtype)  # [batch, kv_heads, end, head_dim]
-        # query i sits at position start + i and sees keys 0 .. start + i (a verify pass of γ + 1 rows)
-        query_positions = torch.arange(start, start + num_tokens, device=x.device)[:, None]
-        key_positions = torch.arange(start + num_tokens, device=x.device)[None, :]
-        mask = key_positions <= query_positions  # [num_tokens, end]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        out = causal_attention(q, keys, values, start, expand_groups=x.device.type != "cpu")
         return self.wo(out.transpose(1, 2).reshape(batch, num_tokens, -1))
+
+
+def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, *,
+                     expand_groups: bool) -> torch.Tensor:
+    """q [batch, heads, T, head_dim] at positions start .. start + T - 1 over keys and values
+    [batch, kv_heads, start + T, head_dim]; query i sees keys 0 .. start + i.
+
+    One query sees every key: no mask, so SDPA may pick its flash kernel, which takes grouped
+    queries (enable_gqa) but no mask. Several queries (a prompt chunk, a verify pass of γ + 1
+    rows) need the causal mask; on a GPU the kernel that takes a mask (memory-efficient) does
+    not take grouped queries, and SDPA would fall back to the math kernel and its full score
+    matrix, so expand_groups repeats keys and values to every query head first. The CPU's
+    fused kernel takes both.
+    """
+    num_tokens = q.shape[2]
+    if num_tokens == 1:
+        return F.scaled_dot_product_attention(q, keys, values, enable_gqa=q.shape[1] != keys.shape[1])
+    query_positions = torch.arange(start, start + num_tokens, device=q.device)[:, None]
+    key_positions = torch.arange(keys.shape[2], device=q.device)[None, :]
+    mask = key_positions <= query_positions  # [num_tokens, end]
+    return masked_attention(q, keys, values, mask, expand_groups=expand_groups)
+
+
+def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *,
+                     expand_groups: bool) -> torch.Tensor:
+    """SDPA with a boolean mask; expand_groups repeats grouped keys and values to every query head
+    (causal_attention says why a GPU needs it)."""
+    is_grouped = q.shape[1] != keys.shape[1]
+    if is_grouped and expand_groups:
+        group = q.shape[1] // keys.shape[1]
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=is_grouped and not expand_groups)
 
 
 class FeedForward(nn.Module):
@@ -151,6 +178,10 @@ class Transformer(nn.Module):
         attends per sequence.
         """
         x = self.tok_embeddings(tokens)
+        if x.dtype == torch.float16:
+            # the residual stream stays float32: Qwen2's outgrows fp16's 65504 and turns to inf
+            # (bf16 has fp32's range); each block still computes in fp16 from its fp16 norm
+            x = x.float()
         if layout is not None:
             cos, sin = layout.cos, layout.sin
         else:

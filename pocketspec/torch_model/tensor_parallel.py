@@ -106,10 +106,10 @@ class TensorShard:
 def _narrower(linear: nn.Module, in_features: int, out_features: int) -> nn.Module:
     has_bias = linear.bias is not None
     if isinstance(linear, Int8Linear):
-        return Int8Linear(in_features, out_features, has_bias, linear.scales.dtype)
+        return Int8Linear(in_features, out_features, has_bias, linear.compute_dtype)
     if isinstance(linear, Int4Linear):
         try:
-            return Int4Linear(in_features, out_features, has_bias, linear.scales.dtype, linear.group_size)
+            return Int4Linear(in_features, out_features, has_bias, linear.compute_dtype, linear.group_size)
         except ValueError as error:
             raise UserError(f"--weights int4 cannot be split by rows here: {error}; use --weights int8") from None
     return nn.Linear(in_features, out_features, bias=has_bias)

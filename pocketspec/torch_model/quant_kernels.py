@@ -1,0 +1,113 @@
+"""torch's fused weight-only kernels for the int8 / int4 linears: which one a device runs, and its packing.
+
+The kernels read the int8 or packed int4 weight and dequantize it in registers, so a
+forward reads 1 or 0.5 bytes a weight instead of materialising a float copy of it
+(what the linears did before, every call). Kernel names:
+
+- "cpu": _weight_int8pack_mm / _weight_int4pack_mm_for_cpu. On x86 they are vectorized
+  for bf16 activations only (fp32 takes a scalar loop, 50-100x slower, measured with
+  torch 2.13 on AVX2), so fp32 activations are cast to bf16 for the call and the result
+  back; they accumulate in fp32. int4 needs an output count divisible by 16.
+- "cuda-int4": _weight_int4pack_mm, the tensor-core kernel for bf16 on sm80+ (not ROCm).
+- "cuda-int8": _weight_int8pack_mm where this torch has a CUDA kernel (a gemv-style
+  kernel on CUDA cores): used for decode and verify rows only, see MAX_CUDA_INT8_ROWS.
+- "dequantize": no fused kernel here; the linear dequantizes its weight in the call.
+
+Each output element is computed by one thread from its own row alone, so these kernels
+are batch-invariant on the CPU as they stand (tests/test_quantize.py checks it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memplanner.torch_sizes import INT4_GROUP_SIZE  # one home, shared with the planner
+INT4_KERNEL_GROUP_SIZES = (32, 64, 128, 256)
+# A prompt chunk is compute-bound: dequantizing once per call costs little beside the
+# matmul, and cuBLAS's tensor cores beat the int8 gemv kernel. Decode and verify rows
+# are bandwidth-bound, where reading 1 byte a weight instead of 2 + 2 + 1 pays.
+MAX_CUDA_INT8_ROWS = 16
+# int32 codes unpacked at once while packing int4 (then freed): packing never holds a
+# second copy of the weight.
+PACK_SLICE_BYTES = 4 * 1024 * 1024
+CPU_INT4_ROW_BLOCK = 64  # the CPU packing lays rows out in blocks of 64 (AVX-512) or 32 (AVX2)
+
+
+def scale_dtype(compute_dtype: torch.dtype) -> torch.dtype:
+    """Scales (and int4 zeros) are 2 bytes: bf16 beside fp32 compute (what the CPU kernels read)."""
+    return torch.bfloat16 if compute_dtype == torch.float32 else compute_dtype
+
+
+def _has_cuda_kernel(op: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "CUDA")
+
+
+def int8_kernel(device: torch.device, compute_dtype: torch.dtype) -> str:
+    if device.type == "cpu":
+        return "cpu"
+    if device.type == "cuda" and _has_cuda_kernel("_weight_int8pack_mm"):
+        return "cuda-int8"
+    return "dequantize"
+
+
+def int4_kernel(device: torch.device, compute_dtype: torch.dtype, out_features: int, in_features: int,
+                group_size: int) -> str:
+    if group_size not in INT4_KERNEL_GROUP_SIZES:
+        return "dequantize"
+    if device.type == "cpu":
+        return "cpu" if out_features % 16 == 0 else "dequantize"
+    is_cuda_kernel_usable = (device.type == "cuda" and not getattr(torch.version, "hip", None)
+                             and torch.cuda.get_device_capability(device) >= (8, 0)
+                             and compute_dtype == torch.bfloat16 and _has_cuda_kernel("_weight_int4pack_mm"))
+    if is_cuda_kernel_usable and out_features % 8 == 0 and in_features % 32 == 0:
+        return "cuda-int4"
+    return "dequantize"
+
+
+def use_fused(kernel: str, num_rows: int) -> bool:
+    return kernel != "dequantize" and not (kernel == "cuda-int8" and num_rows > MAX_CUDA_INT8_ROWS)
+
+
+def int8_matmul(rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """rows [M, in] @ (weight [out, in] int8 * scales [out]).T -> [M, out] in rows' dtype."""
+    return torch._weight_int8pack_mm(rows.to(scales.dtype).contiguous(), weight, scales).to(rows.dtype)
+
+
+def int4_matmul(rows: torch.Tensor, weight: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int,
+                kernel: str) -> torch.Tensor:
+    """rows [M, in] against a packed int4 weight -> [M, out] in rows' dtype."""
+    if kernel == "cpu":
+        out = torch._weight_int4pack_mm_for_cpu(rows.to(scales_and_zeros.dtype).contiguous(), weight, group_size,
+                                                scales_and_zeros)
+        return out.to(rows.dtype)
+    return torch._weight_int4pack_mm(rows.contiguous(), weight, group_size, scales_and_zeros)
+
+
+def _inner_k_tiles(in_features: int) -> int:
+    """The CUDA layout's tiles along the input: 2, 4 or 8, with in_features divisible by 16 x tiles."""
+    return next(tiles for tiles in (8, 4, 2) if in_features % (16 * tiles) == 0)
+
+
+def pack_int4(weight: torch.Tensor, kernel: str) -> torch.Tensor:
+    """Codes [out, in / 2] (even input in the low nibble) laid out for `kernel`, in place, a slice at a time.
+
+    Both layouts keep a block of rows in the same bytes as the block's codes (the CPU's
+    blocks of 32 or 64 rows, CUDA's of 8), so slices of whole blocks pack independently.
+    """
+    num_rows, half_in = weight.shape
+    in_features = 2 * half_in
+    slice_rows = max(CPU_INT4_ROW_BLOCK, PACK_SLICE_BYTES // (4 * in_features) // CPU_INT4_ROW_BLOCK
+                     * CPU_INT4_ROW_BLOCK)
+    for start in range(0, num_rows, slice_rows):
+        codes = weight[start:start + slice_rows]
+        if kernel == "cpu":
+            unpacked = torch.stack([codes & 0xF, codes >> 4], dim=-1).view(len(codes), in_features).to(torch.int32)
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpacked, 2)
+        else:  # CUDA's packing reads the even input from the high nibble (torch >= 2.5)
+            packed = torch.ops.aten._convert_weight_to_int4pack((codes << 4) | (codes >> 4),
+                                                                _inner_k_tiles(in_features))
+        weight[start:start + slice_rows] = packed.contiguous().view(torch.uint8).view(len(codes), half_in)
+    if kernel == "cpu":
+        return weight
+    tiles = _inner_k_tiles(in_features)
+    return weight.view(torch.int32).view(num_rows // 8, in_features // (16 * tiles), 32, tiles // 2)
