@@ -9,8 +9,9 @@ from memplanner.options import PlanSettings
 from memplanner.planner import REPACK_EITHER, Plan, Workload, plan
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes, parse_size
+from pocketspec.calibrate import machine_costs
 from pocketspec.errors import UserError
-from pocketspec.loader import ModelChoice
+from pocketspec.loader import ModelChoice, draft_settings_for
 from pocketspec.settings import ModelSettings, SpeculationSettings
 
 
@@ -82,7 +83,9 @@ def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSe
         notes.append(f"memory plan: --memory-budget {format_bytes(budget_bytes)} is more than the "
                      f"{format_bytes(device.free_bytes)} free now; planning for what is free")
         budget_bytes = device.free_bytes
-    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=alpha, repack=repack)
+    costs = machine_costs(choice.target_path, choice.draft_path, target_settings, draft_settings_for(target_settings))
+    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=alpha, repack=repack,
+                 costs=costs)
     if not plan_.feasible:
         raise UserError(plan_.reason)
     notes += [describe(plan_)] + [f"memory plan: {step}" for step in plan_.degradations]

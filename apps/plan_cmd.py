@@ -14,6 +14,7 @@ from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes, parse_size
 from memplanner.split import SplitPlan, is_per_device_budget, parse_device_budgets, plan_split
 from pocketspec.errors import UserError
+from pocketspec.calibrate import machine_costs
 from pocketspec.loader import choose_models, trained_context_limit
 from pocketspec.settings import GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings
 
@@ -132,8 +133,9 @@ def plan_command(target, draft, pair, memory_budget, devices, max_context, max_t
     device = detect_device()
     if budget_bytes is None:
         budget_bytes = device.free_bytes
+    costs = machine_costs(choice.target_path, choice.draft_path, ModelSettings(kv_type=kv_type))
     result = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=alpha,
-                  repack=repack_allowed(repack))
+                  repack=repack_allowed(repack), costs=costs)
     if not result.feasible:
         raise UserError(f"{result.reason}; raise --memory-budget or lower --max-context")
     if as_json:
@@ -141,6 +143,9 @@ def plan_command(target, draft, pair, memory_budget, devices, max_context, max_t
         return
     _print_plan(result, f"plan for {pair_name}, max context {max_context}, budget "
                         f"{format_bytes(budget_bytes)} on {device.name}")
+    click.echo("speed predicted from: " + ("this machine's measured forward costs (POCKETSPEC_HOME/costs)"
+                                           if costs is not None else
+                                           "reference tables (`pocketspec doctor --calibrate` measures this machine)"))
 
 
 COMMANDS = [plan_command]

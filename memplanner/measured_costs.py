@@ -120,7 +120,7 @@ def best_draft_model_speedup(target: MeasuredCosts, draft: MeasuredCosts, alpha:
     return best
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: the planner's candidate cache keys on it
 class MachineCosts:
     """The calibrated tables of a plan's models, found by model shape, at a typical cached depth.
 

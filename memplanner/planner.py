@@ -14,8 +14,10 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass, field, replace
 
+from memplanner.costs import CPU_REFERENCES
 from memplanner.defaults import ACCEPTANCE_PRIORS
 from memplanner.device import DeviceInfo
+from memplanner.measured_costs import MachineCosts
 from memplanner.options import Candidate, PlanSettings, Workload, candidate_settings, evaluate
 from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes
@@ -61,9 +63,10 @@ def _alpha_table(alpha: float | dict[str, float] | None) -> tuple:
 
 @functools.lru_cache(maxsize=32)
 def _candidates(target: ModelShape, draft: ModelShape | None, workload: Workload, device_kind: str,
-                alpha_items: tuple, repack: tuple[bool, ...]) -> tuple[Candidate, ...]:
+                alpha_items: tuple, repack: tuple[bool, ...], costs: MachineCosts | None = None) -> tuple[Candidate, ...]:
+    """costs: this machine's calibrated forward costs; None predicts speed from the reference tables."""
     alpha = dict(alpha_items)
-    return tuple(evaluate(s, target, draft, workload, alpha)
+    return tuple(evaluate(s, target, draft, workload, alpha, costs or CPU_REFERENCES)
                  for s in candidate_settings(target, draft, workload, device_kind, repack))
 
 
@@ -92,14 +95,15 @@ def min_budget_any(target: ModelShape, workload: Workload, device: DeviceInfo | 
 
 
 def min_budget_keep(target: ModelShape, draft: ModelShape | None, workload: Workload, fraction: float = 0.95,
-                    device: DeviceInfo | str | None = None, alpha=None, repack: tuple[bool, ...] = REPACK_EITHER) -> int:
+                    device: DeviceInfo | str | None = None, alpha=None, repack: tuple[bool, ...] = REPACK_EITHER,
+                    costs: MachineCosts | None = None) -> int:
     """Least budget whose plan predicts >= fraction x the unconstrained plan's tokens/s.
 
     plan() takes the fastest candidate that fits, so this is exactly the smallest peak among
     candidates that fast (no search needed; tests check it against a bisection).
     """
     kind = _device_kind(device)
-    candidates = _candidates(target, draft, workload, kind, _alpha_table(alpha), repack)
+    candidates = _candidates(target, draft, workload, kind, _alpha_table(alpha), repack, costs)
     fastest = _best(candidates, UNLIMITED).tokens_per_second
     fast_enough = min(c.peak_bytes for c in candidates if c.tokens_per_second >= fraction * fastest)
     return max(fast_enough, min_budget_any(target, workload, kind, repack))
@@ -137,15 +141,16 @@ def _degradations(chosen_candidate: Candidate, best_candidate: Candidate) -> lis
 
 def plan(budget_bytes: int, target: ModelShape, draft: ModelShape | None, workload: Workload,
          device: DeviceInfo | str | None = None, alpha: float | dict[str, float] | None = None,
-         repack: tuple[bool, ...] = REPACK_EITHER) -> Plan:
+         repack: tuple[bool, ...] = REPACK_EITHER, costs: MachineCosts | None = None) -> Plan:
     """The fastest configuration whose predicted peak fits budget_bytes, or a refusal.
 
     `repack` lists the weight layouts allowed: (True,) or (False,) when the user fixed one.
+    `costs`: this machine's calibrated forward costs (pocketspec/calibrate.py), when measured.
     """
     kind = _device_kind(device)
-    candidates = _candidates(target, draft, workload, kind, _alpha_table(alpha), repack)
+    candidates = _candidates(target, draft, workload, kind, _alpha_table(alpha), repack, costs)
     minimum = _smallest(target, workload, kind, repack)
-    keep = min_budget_keep(target, draft, workload, device=kind, alpha=alpha, repack=repack)
+    keep = min_budget_keep(target, draft, workload, device=kind, alpha=alpha, repack=repack, costs=costs)
     if budget_bytes < minimum.peak_bytes:
         name, size = max(minimum.terms.items(), key=lambda item: item[1])
         reason = (f"budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(minimum.peak_bytes)}; "
@@ -157,7 +162,8 @@ def plan(budget_bytes: int, target: ModelShape, draft: ModelShape | None, worklo
     reason = ""
     if draft is not None and best.settings.drafter != "model":
         model_speed = max(c.tokens_per_second for c in candidates if c.settings.drafter == "model")
-        reason = (f"the draft model does not pay on this device: at best {model_speed:.1f} tok/s against "
+        where = "this machine's measured costs" if costs is not None else "this device's reference costs"
+        reason = (f"the draft model does not pay on {where}, so it is not loaded: at best {model_speed:.1f} tok/s against "
                   f"{best.tokens_per_second:.1f} tok/s for {'plain' if best.settings.drafter == 'none' else 'n-gram'} decoding")
     return Plan(True, budget_bytes, chosen.terms, chosen.settings, chosen.peak_bytes, chosen.tokens_per_second,
                 _degradations(chosen, best), minimum.peak_bytes, keep, reason)
