@@ -15,8 +15,11 @@ from pathlib import Path
 from memplanner.measured_costs import MeasuredCosts, load_measured_costs, save_measured_costs
 from pocketspec.catalog import pocketspec_home
 
-CALIBRATION_DEPTHS = (0, 512, 2048)  # cached tokens before the measured forward; clipped to the context
+CALIBRATION_DEPTHS = (0, 1024)  # cached tokens before the measured forward; clipped to the context
 MAX_CALIBRATED_WIDTH = 32
+# Every width up to 16 (llama.cpp's kernel steps sit there), then every fourth: a width between
+# two measured ones is costed as the wider (memplanner/measured_costs.py), never underestimated.
+CALIBRATED_WIDTHS = (*range(1, 17), 20, 24, 28, 32)
 NUM_REPEATS = 2  # the fastest of these is kept: a busy neighbour only ever makes a pass slower
 
 
@@ -84,7 +87,7 @@ def measure_costs(backend, *, max_width: int | None = None, depths=CALIBRATION_D
                 backend.rollback(depth)
             _time_forward(backend, depth, 1, all_rows, filler)  # warm the kernels at this depth
             seconds[depth] = {width: _time_forward(backend, depth, width, all_rows, filler)
-                              for width in range(1, widest + 1)}
+                              for width in sorted({*(w for w in CALIBRATED_WIDTHS if w < widest), widest})}
     finally:
         backend.rollback(0)
     return MeasuredCosts(cost_key(backend.model_path, backend.settings), seconds, weight_bytes=_weight_bytes(backend))
@@ -152,3 +155,21 @@ def describe_costs(costs: MeasuredCosts) -> list[str]:
         efficient = ",".join(map(str, costs.efficient_widths(depth)))
         lines.append(f"  depth {depth:5}: ms by width {{{shown}}}; efficient widths {efficient}")
     return lines
+
+
+def machine_costs(target_path: Path, draft_path: Path | None, target_settings, draft_settings=None):
+    """The planner's view of this machine: the cached tables of the target (and draft) under these
+    settings as a MachineCosts, or None when the target was never measured (the planner then uses
+    its reference tables)."""
+    from memplanner.measured_costs import MachineCosts
+    from memplanner.shapes import shape_from_gguf
+
+    target_costs = cached_costs(target_path, target_settings)
+    if target_costs is None:
+        return None
+    tables = [(shape_from_gguf(target_path), target_costs)]
+    if draft_path is not None:
+        draft_costs = cached_costs(draft_path, draft_settings or target_settings)
+        if draft_costs is not None:
+            tables.append((shape_from_gguf(draft_path), draft_costs))
+    return MachineCosts(tuple(tables))
