@@ -154,9 +154,9 @@ class GammaController:
             expected = [expected_tokens_per_step(alpha, gamma) for gamma in range(ngram_available + 1)]
         else:
             expected = expected_tokens_by_gamma(ngram_probs)
-        draftless_cap = min(len(expected) - 1, max_gamma, self.max_draftless_gamma)
-        for gamma in self._gammas(draftless_cap):
-            if gamma >= 1:
+        # a fixed γ is lowered by the step's room, never by what the proposal holds
+        for gamma in self._gammas(min(max_gamma, self.max_draftless_gamma)):
+            if 1 <= gamma < len(expected):
                 choices.append(Choice("ngram", gamma, self._rate(expected[gamma], verify(gamma + 1, depth))))
         if model_lag is not None:
             alpha_model = self.acceptance["model"].rate
