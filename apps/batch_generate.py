@@ -153,9 +153,7 @@ def run_batch(*, target, draft, pair, prompt, prompt_file, max_tokens, temperatu
     if output is not None:
         refuse_output_onto_inputs(output, [("--prompt-file", prompt_file), *model_inputs(choice)], flag="--output")
     fixed_gamma = parse_gamma(gamma)
-    max_context, context_note = trained_context_limit(choice.target_path, max_context, MODEL.max_context)
-    if context_note is not None:
-        click.echo(context_note, err=True)
+    max_context = trained_context_limit(choice.target_path, max_context, MODEL.max_context)
     target_settings = ModelSettings(num_threads=threads, max_context=max_context)
     speculation = replace(SPECULATION, gamma=fixed_gamma,
                           max_gamma=SPECULATION.max_gamma if fixed_gamma is None else fixed_gamma)

@@ -57,9 +57,7 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
                 pull_if_missing=False, **backend_options):
     """backend_options: the flags of apps.backend_options (--backend, --device, --weights, ...)."""
     choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
-    max_context, context_note = trained_context_limit(choice.target_path, max_context, MODEL.max_context)
-    if context_note is not None and announce:
-        click.echo(context_note, err=True)
+    max_context = trained_context_limit(choice.target_path, max_context, MODEL.max_context)
     fixed_gamma = parse_gamma(gamma)
     choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
     target_settings = ModelSettings(

@@ -40,21 +40,18 @@ def choose_models(
     return ModelChoice(target_path, draft_path, "auto", draft_is_explicit)
 
 
-def trained_context_limit(target_path: Path, max_context: int | None, default: int) -> tuple[int, str | None]:
-    """The target's context and a note: --max-context as given, or `default` capped to the trained length.
+def trained_context_limit(target_path: Path, max_context: int | None, default: int) -> int:
+    """The target's context: --max-context as given, else `default` capped to the trained length.
 
     A --max-context past the length the model was trained on is a UserError, the one `plan` gives.
     """
-    info = check_gguf(target_path)
-    trained = info.context_length or 0
-    if max_context is not None:
-        if max_context > trained > 0:
-            raise UserError(f"--max-context {max_context} exceeds {Path(target_path).stem}'s trained context "
-                            f"{trained}; lower it")
-        return max_context, None
-    if default > trained > 0:
-        return trained, f"context {trained} tokens: {Path(target_path).stem} was trained on no more"
-    return default, None
+    trained = check_gguf(target_path).context_length or 0
+    if max_context is None:
+        return min(default, trained) if trained > 0 else default
+    if max_context > trained > 0:
+        raise UserError(f"--max-context {max_context} exceeds {Path(target_path).stem}'s trained context "
+                        f"{trained}; lower it")
+    return max_context
 
 
 def draft_settings_for(target_settings: ModelSettings, draft_max_context: int | None = None,
