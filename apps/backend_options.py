@@ -9,7 +9,6 @@ import click
 
 from apps.options import setting_option
 from memplanner.split import parse_devices
-from pocketspec.backends.device_check import check_devices
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings, SpeculationSettings
 
@@ -63,7 +62,6 @@ def apply_backend_options(target_settings: ModelSettings, speculation: Speculati
         if changed:
             flag = "--" + changed[0].replace("_", "-")
             raise UserError(f"{flag} applies to --backend torch; add --backend torch or leave {flag} out")
-    check_devices(target_settings)
     return target_settings, replace(speculation, **speculation_options)
 
 
