@@ -11,7 +11,6 @@ from apps.options import setting_option
 from memplanner.defaults import ATTENTION_SINK_TOKENS
 from memplanner.split import parse_devices
 from memplanner.torch_sizes import AUTO, resolve_weights_format
-from pocketspec.backends.device_check import check_devices
 from pocketspec.errors import UserError
 from pocketspec.settings import TORCH_KV_TYPES, TORCH_WEIGHTS, ModelSettings, SpeculationSettings
 
@@ -65,7 +64,6 @@ def apply_backend_options(target_settings: ModelSettings, speculation: Speculati
         if changed:
             flag = "--" + changed[0].replace("_", "-")
             raise UserError(f"{flag} applies to --backend torch; add --backend torch or leave {flag} out")
-    check_devices(target_settings)
     return target_settings, replace(speculation, **speculation_options)
 
 

@@ -22,6 +22,7 @@ from apps.backend_options import apply_backend_options
 from apps.options import MODEL, SPECULATION, parse_gamma, setting_option
 from apps.prompt_jsonl import read_prompt_lines
 from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
+from pocketspec.backends.device_check import check_devices
 from pocketspec.batch.scheduler import SCHEDULERS
 from pocketspec.batch.sequence import BatchResult, Request
 from pocketspec.chat_template import FALLBACK_NOTE, encode_chat, template_for
@@ -158,6 +159,7 @@ def run_batch(*, target, draft, pair, prompt, prompt_file, max_tokens, temperatu
     speculation = replace(SPECULATION, gamma=fixed_gamma,
                           max_gamma=SPECULATION.max_gamma if fixed_gamma is None else fixed_gamma)
     target_settings, speculation = apply_backend_options(target_settings, speculation, backend_args)
+    check_devices(target_settings)
     if target_settings.backend != "torch":
         raise UserError("--batch decodes on --backend torch only; add --backend torch")
     batch = replace(BATCH, max_batch=batch_args["batch"], num_rows=batch_args["pool_rows"],

@@ -28,6 +28,7 @@ from apps.options import (MODEL, SPECULATION, model_choice_options, repack_optio
 from apps.peers import PEERS, parse_peers
 from apps.peers.llama_speculative import default_tools_dir, missing_binary
 from apps.peers.transformers_assisted import missing_requirement as transformers_missing
+from pocketspec.backends.device_check import check_devices
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models
 from pocketspec.settings import SELF_DRAFTS, BenchSettings, default_num_threads
@@ -122,7 +123,9 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, temp
           exact_verify, out_dir, **backend_args):
     """Benchmark plain decoding, PocketSpec's drafters and the peers on a prompt suite."""
     prompts = select_prompts(read_suite(suite), tuple(_split(categories)), per_category)
-    apply_backend_options(MODEL, SPECULATION, backend_args)  # refuse flags each worker would refuse
+    settings, _ = apply_backend_options(MODEL, SPECULATION, backend_args)  # refuse what every worker would refuse
+    if memory_budget is None or "=" not in memory_budget:  # a budget naming devices is checked as a split
+        check_devices(settings)
     backend = backend_args["backend"]
     choice = choose_models(target=target, draft=draft, pair=pair)
     if drafters is None:

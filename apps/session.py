@@ -12,6 +12,7 @@ from apps.backend_options import apply_backend_options
 from apps.options import GENERATION, MODEL, SPECULATION, parse_gamma, repack_allowed
 from apps.split_budget import apply_split
 from memplanner.split import is_split
+from pocketspec.backends.device_check import check_devices
 from pocketspec.loader import (ModelChoice, choose_models, close_engine, draft_settings_for, load_engine,
                                trained_context_limit)
 from pocketspec.settings import ModelSettings, SamplingSettings
@@ -69,6 +70,8 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
     speculation = replace(SPECULATION, gamma=fixed_gamma, exact_verify=exact_verify)
     target_settings = replace(target_settings, max_logits_rows=speculation.verify_width(choice.drafter != "none"))
     target_settings, speculation = apply_backend_options(target_settings, speculation, backend_options)
+    if not is_split(target_settings.devices, memory_budget):
+        check_devices(target_settings)  # a split checks the devices its budget may name (apps/split_budget.py)
     session_plan = None
     budget_bytes = None
     draft_max_context = draft_device = None
