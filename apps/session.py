@@ -60,7 +60,6 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
     choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
     max_context = trained_context_limit(choice.target_path, max_context, MODEL.max_context)
     fixed_gamma = parse_gamma(gamma)
-    choice = choose_models(target=target, draft=draft, pair=pair, pull_if_missing=pull_if_missing)
     target_settings = ModelSettings(
         num_threads=threads,
         max_context=max_context,
