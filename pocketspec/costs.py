@@ -20,6 +20,9 @@ _REFERENCE = CPU_REFERENCES[0].seconds_by_width
 CPU_PRIOR_RATIO = {width: seconds / _REFERENCE[1] for width, seconds in _REFERENCE.items()}
 
 
+MIN_WIDTH_OBSERVATIONS = 3  # timed passes of one width before its own correction replaces the shared one
+
+
 class CostTable:
     """Seconds for one forward pass of `width` tokens after `depth` cached tokens, on one backend."""
 
@@ -31,7 +34,9 @@ class CostTable:
         self._seconds_by_width: dict[int, float] = {}
         self._scale_sum = 0.0
         self._scale_count = 0
-        self._log_correction = 0.0  # log(observed / calibrated), smoothed
+        self._log_correction = 0.0  # log(observed / calibrated), smoothed over every width
+        # per width, once seen often enough: a table measured on a busy machine heals where it is used
+        self._width_corrections: dict[int, tuple[int, float]] = {}
 
     def observe(self, width: int, seconds: float, depth: int = 0) -> None:
         if width <= 0 or seconds <= 0:
@@ -39,7 +44,10 @@ class CostTable:
         if self.measured is not None:
             predicted = self.measured.forward_seconds(width, depth)
             if predicted > 0:
-                self._log_correction += self.smoothing * (math.log(seconds / predicted) - self._log_correction)
+                error = math.log(seconds / predicted)
+                self._log_correction += self.smoothing * (error - self._log_correction)
+                count, correction = self._width_corrections.get(width, (0, error))
+                self._width_corrections[width] = (count + 1, correction + self.smoothing * (error - correction))
             return
         previous = self._seconds_by_width.get(width)
         if previous is None:
@@ -57,7 +65,10 @@ class CostTable:
         if width <= 0:
             return 0.0
         if self.measured is not None:
-            return self.measured.forward_seconds(width, depth) * math.exp(self._log_correction)
+            count, correction = self._width_corrections.get(width, (0, 0.0))
+            if count < MIN_WIDTH_OBSERVATIONS:
+                correction = self._log_correction
+            return self.measured.forward_seconds(width, depth) * math.exp(correction)
         measured = self._seconds_by_width.get(width)
         if measured is not None:
             return measured

@@ -96,3 +96,12 @@ def test_the_draftless_cap_and_the_model_cap_are_separate():
     controller = _controller()
     assert controller.choose(ngram_probs=[1.0] * 31, model_lag=None, max_gamma=10).gamma <= 10
     assert max(choice.gamma for choice in controller.options(ngram_probs=[], model_lag=0, max_gamma=31)) <= 8
+
+
+def test_a_width_timed_often_gets_its_own_correction():
+    table = CostTable(MeasuredCosts("test", {0: dict(STEPPED)}))
+    for _ in range(10):
+        table.observe(16, 0.226 * 0.5)  # this width is really twice as fast as calibrated
+        table.observe(1, 0.037)
+    assert abs(table.seconds(16) - 0.113) < 0.01
+    assert abs(table.seconds(1) - 0.037) < 0.003
