@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass, field, replace
 
 import click
@@ -110,7 +111,8 @@ def open_engine(*, target, draft, pair, temperature=0.0, top_p=1.0, top_k=0, see
         draft_settings=draft_settings_for(target_settings, draft_max_context, draft_device, speculation.draft_kv_type),
         sampling=sampling,
         speculation=speculation,
-        notify=(lambda line: click.echo(line, err=True)) if announce else None,
+        # a progress line for someone watching a terminal; a script's stderr keeps only what it must read
+        notify=(lambda line: click.echo(line, err=True)) if announce and sys.stderr.isatty() else None,
     )
     if announce:
         for note in notes_after_loading + engine.notes:

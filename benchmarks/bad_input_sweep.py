@@ -84,7 +84,8 @@ def cases() -> list[Case]:
         Case("generate", ["generate", "--target", "{smollm2}", *FAST, "--prompt", ""]),
         Case("generate", ["generate", "--target", "{smollm2}", *FAST]),
         Case("generate", ["generate", "--target", "{smollm2}", *FAST, "--prompt", "hi", "--output", "{saved_txt}"],
-             why="--output without --batch"),
+             expect=0, why="--output without --batch is honoured: the reply replaces the file named, as asked, "
+                           "once complete", may_change=("saved.txt",)),
         Case("generate", ["generate", "--target", "{smollm2}", "--backend", "torch", "--batch", "2", "--prompt-file",
                           "{prompts_jsonl}", "--output", "{prompts_jsonl}", "--max-tokens", "2"],
              why="--output is the --prompt-file"),
