@@ -20,7 +20,7 @@ import click
 import psutil
 
 from apps.backend_options import backend_options
-from apps.options import model_choice_options
+from apps.options import model_choice_options, threads_option
 from pocketspec.catalog import folder_problem, load_catalog, model_path, models_dir, pocketspec_home
 
 CPU_FLAGS_OF_INTEREST = ("avx", "avx2", "avx512f", "avx512_vnni", "amx_tile", "f16c", "fma")
@@ -202,7 +202,7 @@ def _calibrate(target, draft, pair, threads, backend_options) -> None:
               help="Measure the models' forward costs by width and context on this machine again (the table "
                    "the adaptive γ and the planner use; otherwise measured once at first use).")
 @model_choice_options
-@click.option("--threads", type=click.IntRange(min=0), default=0, help="With --calibrate: CPU threads (0: all).")
+@threads_option
 @backend_options
 def doctor(as_json: bool, calibrate: bool, target, draft, pair, threads, **backend_args) -> None:
     """Report the llama.cpp build, CPU, GPUs, memory and downloaded models."""

@@ -61,7 +61,8 @@ class SpeculationSettings:
     max_gamma: int = field(default=MAX_GAMMA, metadata=in_range("--max-gamma", 1, LARGEST_GAMMA, is_integer=True))
     # A draftless proposal costs nothing to draft: only the verify's width limits it. On the
     # 2-core CPU a verify of 16 rows costs what one of 8 does, so long accepted copies need room.
-    max_draftless_gamma: int = MAX_DRAFTLESS_GAMMA
+    max_draftless_gamma: int = field(default=MAX_DRAFTLESS_GAMMA, metadata=in_range(
+        "max_draftless_gamma", 0, LARGEST_GAMMA - 1, is_integer=True))
     # The draft model's KV cache (llama.cpp): one of LLAMA_KV_TYPES. Its precision moves only the
     # acceptance rate, never the output, so a memory plan may quantize it (the target's never).
     draft_kv_type: str = "f16"

@@ -43,7 +43,11 @@ def test_draft_none_plans_plain_decoding_as_a_table():
 
 
 @needs_qwen
-def test_pair_preset_prints_terms_for_both_models():
+def test_pair_preset_prints_terms_for_both_models(tmp_path, monkeypatch):
+    # a home with the models but no measured costs: speed comes from the reference tables, where
+    # the draft model pays at α 0.95 (this machine's own table may say it does not)
+    (tmp_path / "models").symlink_to(MODELS)
+    monkeypatch.setenv("POCKETSPEC_HOME", str(tmp_path))
     result = run("--pair", "qwen-coder", "--memory-budget", "3GiB", "--max-context", "4096", "--alpha", "0.95",
                  "--json")
     assert result.exit_code == 0, result.output
