@@ -109,10 +109,12 @@ def best_draft_model_speedup(target: MeasuredCosts, draft: MeasuredCosts, alpha:
     A step drafts γ tokens (γ one-token draft passes) and verifies γ + 1 rows; it yields
     (1 − α^(γ+1)) / (1 − α) tokens. Below 1.0 the draft model cannot pay on these costs.
     """
+    from memplanner.costs import expected_tokens_per_step  # memplanner.costs imports this module
+
     plain_rate = 1.0 / target.forward_seconds(1, depth)
     best = (0.0, 0)
     for gamma in range(1, max_gamma + 1):
-        tokens = gamma + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+        tokens = expected_tokens_per_step(alpha, gamma)
         seconds = gamma * draft.forward_seconds(1, depth) + target.forward_seconds(gamma + 1, depth)
         speedup = tokens / seconds / plain_rate
         if speedup > best[0]:

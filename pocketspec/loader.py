@@ -129,15 +129,14 @@ def _draft_cannot_pay(choice: ModelChoice, target_costs, draft_settings: ModelSe
     if target_costs is None or choice.draft_is_explicit or speculation.drafter == "model":
         return None
     from memplanner.defaults import ACCEPTANCE_PRIORS
-    from memplanner.measured_costs import best_draft_model_speedup
+    from memplanner.measured_costs import MachineCosts, best_draft_model_speedup
     from memplanner.shapes import shape_from_gguf
     from pocketspec.calibrate import cached_costs
 
     draft_costs = cached_costs(choice.draft_path, draft_settings)
-    if draft_costs is None:  # not measured yet: decoding streams the weights, so scale the target's curve
-        draft_bytes = shape_from_gguf(choice.draft_path).weight_bytes
-        target_bytes = target_costs.weight_bytes or shape_from_gguf(choice.target_path).weight_bytes
-        draft_costs = target_costs.scaled(draft_bytes / target_bytes, weight_bytes=draft_bytes)
+    if draft_costs is None:  # not measured yet: the target's curve scaled by weight bytes
+        target_only = MachineCosts(((shape_from_gguf(choice.target_path), target_costs),))
+        draft_costs = target_only.table_for(shape_from_gguf(choice.draft_path))
     speedup, _ = best_draft_model_speedup(target_costs, draft_costs, ACCEPTANCE_PRIORS["model"], speculation.max_gamma)
     if speedup > 1.0:
         return None

@@ -90,6 +90,7 @@ class NgramDrafter:
         self.max_n = max_n
         self._corpus = SuffixIndex(min_n, max_n)
         self._corpus_documents: deque[list[int]] = deque()
+        self._num_corpus_tokens = 0
         self.reset()
 
     def reset(self) -> None:
@@ -100,16 +101,19 @@ class NgramDrafter:
         if len(tokens) <= self.min_n:
             return
         self._corpus_documents.append(list(tokens))
-        if sum(map(len, self._corpus_documents)) > CORPUS_MAX_TOKENS:
-            while sum(map(len, self._corpus_documents)) > CORPUS_MAX_TOKENS // 2:
-                self._corpus_documents.popleft()
-            self._corpus = SuffixIndex(self.min_n, self.max_n)
-            for document in self._corpus_documents:
-                self._corpus.extend(document)
-                self._corpus.tokens.append(-1)  # a separator no n-gram crosses
+        self._num_corpus_tokens += len(tokens)
+        if self._num_corpus_tokens <= CORPUS_MAX_TOKENS:
+            self._add_to_corpus(tokens)
             return
+        while self._num_corpus_tokens > CORPUS_MAX_TOKENS // 2:
+            self._num_corpus_tokens -= len(self._corpus_documents.popleft())
+        self._corpus = SuffixIndex(self.min_n, self.max_n)
+        for document in self._corpus_documents:
+            self._add_to_corpus(document)
+
+    def _add_to_corpus(self, tokens: Sequence[int]) -> None:
         self._corpus.extend(tokens)
-        self._corpus.tokens.append(-1)
+        self._corpus.tokens.append(-1)  # a separator no n-gram crosses
 
     def _index(self, context: Sequence[int]) -> None:
         indexed = self._context.tokens
