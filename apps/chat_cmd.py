@@ -7,15 +7,17 @@ from pathlib import Path
 
 import click
 
-from apps.chat_repl import Chat, Repl, note, stats_line, stop_note
-from apps.backend_options import backend_options
-from apps.options import GENERATION, model_choice_options, runtime_options, sampling_options, setting_option
-from apps.session import open_engine
+from apps.chat_repl import Repl, stats_line, stop_note
+from apps.flags import (backend_options, model_choice_options, runtime_options, sampling_options, session_settings,
+                        setting_option)
+from apps.terminal import note, progress_line
 from apps.text_input import as_text, read_piped_stdin
 from pocketspec.catalog import models_dir
+from pocketspec.chat import Chat
 from pocketspec.chat_template import FALLBACK_NOTE
 from pocketspec.conversation import Conversation, Replayed, assistant_record, header_record
 from pocketspec.errors import UserError
+from pocketspec.session import open_session
 from pocketspec.settings import GenerationSettings
 from pocketspec.transcript import TranscriptWriter, find_transcript, load_transcript, new_transcript_path
 
@@ -87,11 +89,11 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
         if not message:
             raise UserError("stdin is empty: pipe a message in, or run `pocketspec chat` in a terminal")
     transcript_path = resume or new_transcript_path()  # before loading: a home it cannot use stops it early
-    with open_engine(
+    settings = session_settings(
         target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads,
-        repack=repack, exact_verify=exact_verify, max_new_tokens=max_tokens, announce=True, pull_if_missing=True, **backend_args,
-    ) as session:
+        repack=repack, exact_verify=exact_verify, max_new_tokens=max_tokens, pull_if_missing=True, **backend_args)
+    with open_session(settings, on_note=note, on_progress=progress_line()) as session:
         choice = session.choice
         models = (_model_name(choice.target_path, "none"), _model_name(choice.draft_path, choice.drafter))
         with TranscriptWriter(transcript_path) as transcript:

@@ -1,8 +1,5 @@
-"""The chat's turns on an engine (Chat) and the interactive loop around them (Repl).
+"""The chat's interactive loop (Repl) around the runtime's Chat (pocketspec/chat.py).
 
-Chat trims the conversation to the context, renders it with the model's own template and
-generates; the engine keeps the longest common prefix of its KV cache, so each turn
-prefills only what is new, and after a trim both caches roll back to the system prompt.
 Repl reads messages (through apps/chat_prompt.py in a terminal), runs commands and turns
 Ctrl-C during a reply into a clean stop.
 """
@@ -12,116 +9,19 @@ from __future__ import annotations
 import re
 import signal
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import click
 
+from apps.terminal import note
 from apps.text_input import as_text
 from pocketspec.atomic_file import is_same_file
-from pocketspec.chat_template import encode_chat, template_for
-from pocketspec.conversation import (
-    Conversation, PromptTooLong, assistant_record, chunk_record, reset_record, system_record, user_record)
+from pocketspec.chat import Chat, Turn
 from pocketspec.errors import UserError
-from pocketspec.transcript import TranscriptWriter, save_conversation
-
-CUT_STOP_REASONS = ("interrupted", "context_full")
-
-
-@dataclass
-class Turn:
-    text: str
-    tokens: list[int]
-    prompt_tokens: list[int]
-    stop_reason: str
-    stats: object  # GenerationStats
-    num_dropped: int  # messages trimmed off the front of the history to make room
-
-    @property
-    def is_cut(self) -> bool:
-        return self.stop_reason in CUT_STOP_REASONS
-
-
-class Chat:
-    """One conversation on one engine, written to a transcript as it goes."""
-
-    def __init__(self, engine, conversation: Conversation, *, max_new_tokens: int,
-                 transcript: TranscriptWriter | None = None, stats_for: Callable | None = None):
-        self.engine = engine
-        self.conversation = conversation
-        self.transcript = transcript
-        self.max_new_tokens = max_new_tokens
-        self.stats_for = stats_for or (lambda stats: stats.as_dict())
-        self.tokenizer = engine.target.tokenizer
-        self.template = template_for(self.tokenizer)
-        self.max_context = engine.target.max_context
-        # The prompt leaves room for a reply; a longer reply stops with "context_full".
-        self.max_prompt_tokens = self.max_context - min(max_new_tokens, self.max_context // 2)
-
-    def count_tokens(self, messages: list[dict[str, str]]) -> int:
-        return len(encode_chat(self.tokenizer, self.template, messages))
-
-    def prompt_tokens(self) -> list[int]:
-        return encode_chat(self.tokenizer, self.template, self.conversation.messages())
-
-    def record(self, record: dict, *, sync: bool = True) -> None:
-        if self.transcript is not None:
-            self.transcript.append(record, sync=sync)
-
-    def set_system(self, text: str | None) -> None:
-        self.conversation.system = text or None
-        self.record(system_record(text))
-
-    def reset(self) -> None:
-        self.conversation.reset()
-        self.record(reset_record())
-
-    def reply(self, text: str, *, on_text: Callable[[str], None] | None = None,
-              on_note: Callable[[str], None] | None = None, should_stop: Callable[[], bool] | None = None) -> Turn:
-        """Add the user's message, trim to fit, stream the reply; raises UserError if the message cannot fit."""
-        self.conversation.add_user(text)
-        try:
-            num_dropped = self.conversation.trim_to_fit(self.count_tokens, self.max_prompt_tokens)
-        except PromptTooLong as error:
-            self.conversation.drop_pending()
-            raise UserError(f"{error} (context {self.max_context} tokens): shorten the message or raise --max-context") from None
-        if num_dropped and on_note is not None:
-            on_note(f"[context full: dropped the {num_dropped} oldest messages to make room; the system prompt is kept]")
-        self.record(user_record(text))
-        prompt = self.prompt_tokens()
-        streamer = self.tokenizer.streamer()
-        pieces: list[str] = []
-
-        def show(piece: str) -> None:
-            if piece:
-                pieces.append(piece)
-                self.record(chunk_record(piece), sync=False)  # written before shown: a kill loses nothing seen
-                if on_text is not None:
-                    on_text(piece)
-
-        try:
-            result = self.engine.generate(prompt, self.max_new_tokens, should_stop=should_stop,
-                                          on_tokens=lambda tokens: show(streamer.push(tokens)))
-        except KeyboardInterrupt:  # a Ctrl-C that no handler turned into a clean stop (piped stdin)
-            self._close_reply("".join(pieces), is_cut=True, stop_reason="interrupted")
-            raise
-        except BaseException:
-            self._close_reply("".join(pieces), is_cut=True, stop_reason="error")
-            raise
-        show(streamer.flush())
-        turn = Turn("".join(pieces), result.tokens, prompt, result.stop_reason, result.stats, num_dropped)
-        self._close_reply(turn.text, is_cut=turn.is_cut, stop_reason=turn.stop_reason, stats=self.stats_for(result.stats))
-        return turn
-
-    def _close_reply(self, text: str, *, is_cut: bool, stop_reason: str, stats: dict | None = None) -> None:
-        self.conversation.add_assistant(text, is_cut=is_cut)
-        self.record(assistant_record(text, is_cut=is_cut, stop_reason=stop_reason, stats=stats))
-
+from memplanner import format_bytes
+from pocketspec.transcript import save_conversation
 
 def stats_line(stats, session) -> str:
-    from memplanner.sizes import format_bytes
-
     budget = format_bytes(session.budget_bytes) if session.budget_bytes is not None else "no budget"
     return (f"[{stats.num_tokens} tokens, {stats.tokens_per_second:.1f} tok/s, "
             f"acceptance {stats.acceptance_rate:.0%}, {stats.mean_accepted_per_step:.2f} accepted/step, "
@@ -136,10 +36,6 @@ def stop_note(turn: Turn, max_new_tokens: int) -> str | None:
     if turn.stop_reason == "max_tokens":
         return f"[reply stopped at --max-tokens {max_new_tokens}]"
     return None
-
-
-def note(text: str) -> None:
-    click.echo(text, err=True)
 
 
 HELP = """\
@@ -259,17 +155,8 @@ class Repl:
         note(f"saved {len(self.chat.conversation.turns)} messages to {name}; continue with --resume {name}")
 
     def budget(self, _argument: str) -> None:
-        from memplanner.sizes import format_bytes
-
         plan = self.session.plan
-        if plan is None:
-            note("no --memory-budget given")
-        elif hasattr(plan, "describe"):
-            note(plan.describe())
-        else:
-            from apps.budget import describe
-
-            note(describe(plan))
+        note(plan.describe() if plan is not None else "no --memory-budget given")
         budget = format_bytes(self.session.budget_bytes) if self.session.budget_bytes is not None else "no budget"
         note(f"context {self.chat.max_context} tokens (prompts up to {self.chat.max_prompt_tokens}, "
              f"replies up to {self.chat.max_new_tokens}); memory in use "

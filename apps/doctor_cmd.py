@@ -1,142 +1,14 @@
-"""`pocketspec doctor`: what this machine and this install can run, for bug reports.
-
-It reports the llama-cpp-python build (version, accelerator from the build stamp that
-native/build_llama_cpp.sh writes into the venv, llama.cpp's system info), CPU features,
-GPUs, memory, and which catalog models are downloaded. Every probe is optional: a
-missing tool is reported, never fatal.
-"""
+"""`pocketspec doctor`: what this machine and this install can run, for bug reports
+(pocketspec/machine_report.py collects it), and `--calibrate`: this machine's forward costs."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import click
-import psutil
 
-from apps.backend_options import backend_options
-from apps.options import model_choice_options, threads_option
-from pocketspec.catalog import folder_problem, load_catalog, model_path, models_dir, pocketspec_home
-
-CPU_FLAGS_OF_INTEREST = ("avx", "avx2", "avx512f", "avx512_vnni", "amx_tile", "f16c", "fma")
-BUILD_STAMP_NAME = "pocketspec-llama-build.json"
-
-
-def read_build_stamp() -> dict | None:
-    """What native/build_llama_cpp.sh recorded of this venv's llama.cpp build; None when it did not."""
-    stamp = Path(sys.prefix) / BUILD_STAMP_NAME
-    if not stamp.exists():
-        return None
-    try:
-        return json.loads(stamp.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {"error": f"unreadable build stamp {stamp}"}
-
-
-def _llama_report() -> dict:
-    report: dict = {"version": None, "importable": False, "system_info": None, "build": None}
-    try:
-        report["version"] = importlib.metadata.version("llama-cpp-python")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    try:
-        import llama_cpp
-
-        report["importable"] = True
-        report["system_info"] = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
-    except Exception as error:  # a broken native build can raise anything on import
-        report["import_error"] = f"{type(error).__name__}: {error}"
-    report["build"] = read_build_stamp()
-    return report
-
-
-def _cpu_report() -> dict:
-    flags: set[str] = set()
-    model_name = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "flags" and not flags:
-                flags = set(value.split())
-            elif key.strip() == "model name" and model_name is None:
-                model_name = value.strip()
-    except OSError:
-        pass
-    return {
-        "model": model_name,
-        "num_logical_cores": psutil.cpu_count(logical=True),
-        "flags": {flag: flag in flags for flag in CPU_FLAGS_OF_INTEREST},
-    }
-
-
-def _run_tool(command: list[str]) -> str | None:
-    if shutil.which(command[0]) is None:
-        return None
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return result.stdout.strip() if result.returncode == 0 else None
-
-
-def _gpu_report() -> dict:
-    report: dict = {
-        "nvidia_smi": _run_tool(["nvidia-smi", "--query-gpu=name,memory.total,memory.free,driver_version",
-                                 "--format=csv,noheader"]),
-        "rocm_smi": _run_tool(["rocm-smi", "--showproductname", "--showmeminfo", "vram"]),
-        "torch_cuda": None,
-    }
-    if importlib.util.find_spec("torch") is not None:
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                report["torch_cuda"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            else:
-                report["torch_cuda"] = []
-        except Exception as error:  # torch's CUDA init fails in many driver-specific ways
-            report["torch_cuda"] = f"error: {error}"
-    return report
-
-
-def _torch_report() -> dict | None:
-    """torch's version and GPU build (CUDA or ROCm, which also reports its GPUs as cuda)."""
-    if importlib.util.find_spec("torch") is None:
-        return None
-    try:
-        from pocketspec.torch_model.device import torch_report
-
-        return torch_report()
-    except Exception as error:  # a broken torch install can raise anything on import
-        return {"error": f"{type(error).__name__}: {error}"}
-
-
-def _models_report() -> dict:
-    catalog = load_catalog()
-    return {name: {"downloaded": model_path(name).exists(), "path": str(model_path(name))}
-            for name in catalog.models}
-
-
-def collect_report() -> dict:
-    """Everything doctor knows, as plain data (sizes in bytes)."""
-    memory = psutil.virtual_memory()
-    return {
-        "python": sys.version.split()[0],
-        "pocketspec_home": str(pocketspec_home()),
-        "pocketspec_home_problem": folder_problem(models_dir()),
-        "llama_cpp": _llama_report(),
-        "cpu": _cpu_report(),
-        "gpu": _gpu_report(),
-        "torch": _torch_report(),
-        "memory": {"total_bytes": memory.total, "available_bytes": memory.available},
-        "models": _models_report(),
-    }
-
+from apps.flags import SPECULATION, backend_options, model_choice_options, threads_option
+from pocketspec.machine_report import collect_report
 
 def _gib(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.1f} GiB"
@@ -181,10 +53,9 @@ def _print_human(report: dict) -> None:
 
 
 def _calibrate(target, draft, pair, threads, backend_options) -> None:
-    from apps.backend_options import apply_backend_options
-    from apps.options import SPECULATION
     from pocketspec.calibrate import calibrate_models, describe_costs
     from pocketspec.loader import choose_models
+    from pocketspec.session_settings import apply_backend_options
     from pocketspec.settings import ModelSettings
 
     choice = choose_models(target=target, draft=draft, pair=pair)

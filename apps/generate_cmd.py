@@ -9,14 +9,15 @@ from pathlib import Path
 
 import click
 
-from apps.backend_options import backend_options
-from apps.batch_generate import batch_options, model_inputs, run_batch, take_batch_options
-from apps.options import GENERATION, model_choice_options, runtime_options, sampling_options, setting_option
-from apps.session import open_engine
+from apps.batch_generate import model_inputs, run_batch
+from apps.flags import (backend_options, batch_options, model_choice_options, runtime_options, sampling_options,
+                        session_settings, setting_option, take_batch_options)
+from apps.terminal import note, progress_line
 from apps.text_input import as_text, read_text_file
 from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
-from pocketspec.chat_template import FALLBACK_NOTE, encode_chat, template_for
+from pocketspec.chat_template import FALLBACK_NOTE
 from pocketspec.errors import UserError
+from pocketspec.session import open_session
 from pocketspec.settings import GenerationSettings
 
 
@@ -44,35 +45,29 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
              gamma, memory_budget, max_context, kv_type, threads, repack, exact_verify, chat, as_json, **backend_args):
     """Generate a continuation of one prompt, or of every prompt of a JSONL file with --batch."""
     batch_args = take_batch_options(backend_args)
+    settings = session_settings(
+        target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+        gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads,
+        repack=repack, exact_verify=exact_verify, max_new_tokens=max_tokens, **backend_args)
     if batch_args["batch"] is not None:
-        run_batch(target=target, draft=draft, pair=pair, prompt=prompt, prompt_file=prompt_file, max_tokens=max_tokens,
-                  temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, gamma=gamma,
-                  memory_budget=memory_budget, max_context=max_context, threads=threads, kv_type=kv_type,
-                  repack=repack, exact_verify=exact_verify, chat=chat, batch_args=batch_args,
-                  backend_args=backend_args)
+        run_batch(settings, prompt=prompt, prompt_file=prompt_file, chat=chat, batch_args=batch_args)
         return
     text = _read_prompt(prompt, prompt_file)
     output = batch_args["output"]
     if output is not None:
         refuse_output_onto_inputs(output, [("--prompt-file", prompt_file)], flag="--output")
-    with open_engine(
-        target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-        gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads, repack=repack, exact_verify=exact_verify,
-        max_new_tokens=max_tokens, announce=True, **backend_args,  # notes go to stderr; --json keeps stdout to one object
-    ) as session, contextlib.ExitStack() as outputs:
+    # notes go to stderr; --json keeps stdout to one object
+    with open_session(settings, on_note=note, on_progress=progress_line()) as session, \
+            contextlib.ExitStack() as outputs:
         if output is None:
             stream = sys.stdout
         else:
             refuse_output_onto_inputs(output, model_inputs(session.choice), flag="--output")
             stream = outputs.enter_context(replaced_on_success(output, what="--output"))
-        tokenizer = session.engine.target.tokenizer
-        if chat:
-            template = template_for(tokenizer)
-            if template.is_fallback:
-                click.echo(FALLBACK_NOTE, err=True)
-            prompt_tokens = encode_chat(tokenizer, template, [{"role": "user", "content": text}])
-        else:
-            prompt_tokens = tokenizer.encode(text, add_bos=tokenizer.adds_bos, parse_special=False)
+        tokenizer = session.tokenizer
+        if chat and session.template.is_fallback:
+            note(FALLBACK_NOTE)
+        prompt_tokens = session.encode(text, chat=chat)
         streamer = tokenizer.streamer()
 
         def show(tokens: list[int]) -> None:

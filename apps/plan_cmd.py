@@ -6,20 +6,14 @@ import json
 
 import click
 
-from apps.options import GENERATION, MODEL, SAMPLING, SPECULATION, model_choice_options, repack_allowed, repack_option, setting_option
-from memplanner.defaults import ACCEPTANCE_PRIORS, LLAMA_KV_TYPES
-from memplanner.device import detect_device
-from memplanner.planner import Plan, Workload, plan
-from memplanner.shapes import shape_from_gguf
-from memplanner.sizes import format_bytes, parse_size
-from memplanner.split import SplitPlan, is_per_device_budget, parse_device_budgets, plan_split
-from pocketspec.errors import UserError
-from pocketspec.calibrate import machine_costs
-from pocketspec.loader import choose_models, trained_context_limit
-from pocketspec.settings import GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings
+from apps.flags import MODEL, model_choice_options, repack_option, setting_option
+from memplanner import format_bytes
+from pocketspec.budget.preview import preview_plan
+from pocketspec.settings import (ACCEPTANCE_PRIORS, LLAMA_KV_TYPES, GenerationSettings, ModelSettings,
+                                 SamplingSettings, SpeculationSettings)
 
 
-def _settings_line(plan_: Plan | SplitPlan) -> str:
+def _settings_line(plan_) -> str:
     s = plan_.settings
     parts = [f"drafter {s.drafter}"]
     if s.drafter != "none":
@@ -35,7 +29,7 @@ def _settings_line(plan_: Plan | SplitPlan) -> str:
     return ", ".join(parts)
 
 
-def _print_plan(plan_: Plan, title: str) -> None:
+def _print_plan(plan_, title: str) -> None:
     click.echo(title)
     width = max(len(name) for name in plan_.terms) + 2
     click.echo(f"{'TERM'.ljust(width)}{'BYTES':>14}  SIZE")
@@ -55,7 +49,7 @@ def _print_plan(plan_: Plan, title: str) -> None:
         click.echo(f"note: {plan_.reason}")
 
 
-def _print_split(plan_: SplitPlan, title: str) -> None:
+def _print_split(plan_, title: str) -> None:
     click.echo(title)
     for share in plan_.shares:
         layers = (f"target blocks {share.first_layer}-{share.first_layer + share.num_layers - 1}"
@@ -73,22 +67,6 @@ def _print_split(plan_: SplitPlan, title: str) -> None:
         click.echo(f"  - {step}")
     click.echo(f"predicted speed: {plan_.predicted_tokens_per_second:.1f} tok/s (a layer split runs the blocks "
                "one device after another, so batch-1 speed is the single-device speed)")
-
-
-def _plan_devices(devices, memory_budget, target_shape, draft_shape, workload, alpha, repack, as_json, pair_name,
-                  max_context) -> None:
-    try:
-        budgets = parse_device_budgets(devices, memory_budget or "")
-    except ValueError as error:
-        raise UserError(str(error)) from None
-    result = plan_split(budgets, target_shape, draft_shape, workload, alpha=alpha, repack=repack)
-    if not result.feasible:
-        raise UserError(result.reason)
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), sort_keys=True))
-        return
-    _print_split(result, f"plan for {pair_name}, max context {max_context}, split over "
-                         f"{', '.join(budget.name for budget in budgets)}")
 
 
 @click.command(name="plan")
@@ -111,41 +89,19 @@ def _plan_devices(devices, memory_budget, target_shape, draft_shape, workload, a
 def plan_command(target, draft, pair, memory_budget, devices, max_context, max_tokens, temperature, max_gamma,
                  kv_type, alpha, repack, as_json):
     """Show which settings fit a memory budget, every memory term, and the predicted speed."""
-    is_split = devices is not None or is_per_device_budget(memory_budget)
-    if is_split and memory_budget is None:
-        raise UserError("--devices needs --memory-budget: one size per device, e.g. 6GiB,4GiB")
-    try:
-        budget_bytes = parse_size(memory_budget) if memory_budget is not None and not is_split else None
-    except ValueError as error:
-        raise UserError(f"--memory-budget: {error}") from None
-    choice = choose_models(target=target, draft=draft, pair=pair)
-    target_shape = shape_from_gguf(choice.target_path)
-    draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path else None
-    trained_context_limit(choice.target_path, max_context, max_context)
-    # `--draft none` asks for plain decoding: no gamma to plan
-    workload = Workload(max_context, max_tokens, 1, 0 if choice.drafter == "none" else max_gamma, temperature,
-                        target_kv_type=kv_type)
-    pair_name = target_shape.name + (f" + {draft_shape.name}" if draft_shape else f" ({'n-gram drafting' if choice.drafter == 'ngram' else 'plain decoding'})")
-    if is_split:
-        _plan_devices(devices, memory_budget, target_shape, draft_shape, workload, alpha, repack_allowed(repack),
-                      as_json, pair_name, max_context)
-        return
-    device = detect_device()
-    if budget_bytes is None:
-        budget_bytes = device.free_bytes
-    costs = machine_costs(choice.target_path, choice.draft_path, ModelSettings(kv_type=kv_type))
-    result = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=alpha,
-                  repack=repack_allowed(repack), costs=costs)
-    if not result.feasible:
-        raise UserError(f"{result.reason}; raise --memory-budget or lower --max-context")
+    preview = preview_plan(target=target, draft=draft, pair=pair, memory_budget=memory_budget, devices=devices,
+                           max_context=max_context, max_new_tokens=max_tokens, temperature=temperature,
+                           max_gamma=max_gamma, kv_type=kv_type, alpha=alpha, repack=repack)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), sort_keys=True))
-        return
-    _print_plan(result, f"plan for {pair_name}, max context {max_context}, budget "
-                        f"{format_bytes(budget_bytes)} on {device.name}")
-    click.echo("speed predicted from: " + ("this machine's measured forward costs (POCKETSPEC_HOME/costs)"
-                                           if costs is not None else
-                                           "reference tables (`pocketspec doctor --calibrate` measures this machine)"))
+        click.echo(json.dumps(preview.result.to_dict(), sort_keys=True))
+    elif preview.is_split:
+        _print_split(preview.result, preview.title)
+    else:
+        _print_plan(preview.result, preview.title)
+        click.echo("speed predicted from: " + ("this machine's measured forward costs (POCKETSPEC_HOME/costs)"
+                                               if preview.uses_measured_costs else
+                                               "reference tables (`pocketspec doctor --calibrate` measures this "
+                                               "machine)"))
 
 
 COMMANDS = [plan_command]

@@ -37,14 +37,16 @@ def load_conversations(limit: int | None) -> list[dict]:
 
 def worker(config: dict) -> dict:
     """Replay the conversations on one engine; returns per-turn rows and the peak memory."""
-    from apps.chat_repl import Chat
-    from apps.session import open_engine
+    from pocketspec.chat import Chat
     from pocketspec.conversation import Conversation
+    from pocketspec.session import open_session
+    from pocketspec.session_settings import SessionSettings
 
     rows = []
-    with open_engine(pair=config["pair"], target=None, draft=config["draft"], temperature=0.0,
-                     memory_budget=config["memory_budget"], max_context=config["max_context"],
-                     threads=config["threads"], max_new_tokens=config["max_tokens"], announce=False) as session:
+    settings = SessionSettings(pair=config["pair"], draft=config["draft"], memory_budget=config["memory_budget"],
+                               max_context=config["max_context"], threads=config["threads"],
+                               max_new_tokens=config["max_tokens"])
+    with open_session(settings) as session:
         for conversation in load_conversations(config["limit"]):
             chat = Chat(session.engine, Conversation(), max_new_tokens=config["max_tokens"])
             for turn_index, question in enumerate(conversation["turns"], start=1):

@@ -41,22 +41,19 @@ def worker(config: dict) -> dict:
             time.sleep(0.005)
 
     threading.Thread(target=sample, daemon=True).start()
-    from apps.budget import apply_plan
-    from pocketspec.loader import choose_models, close_engine, draft_settings_for, load_engine
-    from pocketspec.settings import ModelSettings, SpeculationSettings
+    from pocketspec.session import open_session
+    from pocketspec.session_settings import SessionSettings
     from pocketspec.stats import peak_rss_bytes
 
-    choice = choose_models(target=config["target"], draft=config["draft"], pair=None)
-    applied = apply_plan(choice, config["budget"], ModelSettings(max_context=config["context"]), SpeculationSettings(),
-                         NEW_TOKENS, 0.0, alpha=config.get("alpha"))
-    engine = load_engine(applied.choice, target_settings=applied.target_settings,
-                         draft_settings=draft_settings_for(applied.target_settings, applied.draft_max_context,
-                                                           draft_kv_type=applied.speculation.draft_kv_type),
-                         speculation=applied.speculation)
-    tokenizer = engine.target.tokenizer
+    session = open_session(SessionSettings(
+        target=config["target"], draft=config["draft"], memory_budget=config["budget"],
+        max_context=config["context"], max_new_tokens=NEW_TOKENS,
+        options={"expected_acceptance": config.get("alpha")}))
+    applied, engine = session.plan, session.engine
+    tokenizer = session.tokenizer
     text = (ROOT / "benchmarks" / "data" / "spec_bench.jsonl").read_text()
     # fill the context: the plan's peak is the worst case, a full KV cache at full attention length
-    num_prompt = config["context"] - NEW_TOKENS - applied.plan.settings.max_gamma - 2
+    num_prompt = config["context"] - NEW_TOKENS - applied.planner_result.settings.max_gamma - 2
     # tokenize only what the prompt needs: a list of every token in the file would count as peak
     prompt = tokenizer.encode(text[:8 * num_prompt], add_bos=False)[:num_prompt]
     assert len(prompt) == num_prompt, "benchmark text too short for the context"
@@ -64,17 +61,17 @@ def worker(config: dict) -> dict:
     result = engine.generate(prompt, NEW_TOKENS)
     seconds = time.perf_counter() - started
     stop.set()
-    close_engine(engine)
-    settings = applied.plan.settings
+    session.close()
+    settings = applied.planner_result.settings
     return {
-        "predicted_peak_bytes": applied.plan.predicted_peak_bytes,
+        "predicted_peak_bytes": applied.planner_result.predicted_peak_bytes,
         "measured_peak_bytes": peak_rss_bytes(),
         "sampled_peak_bytes": sampled_peak[0],
         "budget_bytes": applied.budget_bytes,
-        "terms": applied.plan.terms,
+        "terms": applied.planner_result.terms,
         "drafter": settings.drafter, "max_gamma": settings.max_gamma, "kv_type": settings.target_kv_type, "draft_kv_type": settings.draft_kv_type,
         "draft_window": settings.draft_kv_window, "n_ubatch": settings.n_ubatch,
-        "degradations": applied.plan.degradations,
+        "degradations": applied.planner_result.degradations,
         "decode_tokens_per_second": result.stats.decode_tokens_per_second,
         "num_prompt_tokens": len(prompt), "wall_seconds": seconds,
     }

@@ -38,9 +38,8 @@ CONFIGS = [("fp32", 8192, "auto", "none"), ("fp32", 512, "auto", "none"), ("bf16
 
 
 def predicted_terms(model: str, device: str, weights: str, context: int, kv: str, drafter: str) -> dict[str, int]:
-    from apps.backend_options import apply_backend_options
-    from apps.options import MODEL, SPECULATION
-    from apps.torch_budget import torch_peak
+    from pocketspec.budget.torch_plan import torch_peak
+    from pocketspec.session_settings import MODEL, SPECULATION, apply_backend_options
     from pocketspec.loader import choose_models
 
     choice = choose_models(target=model, draft=drafter, pair=None)
@@ -87,10 +86,8 @@ def _watch_free_memory(command: list[str], device: str) -> tuple[subprocess.Comp
 
 def run(model: str, device: str, weights: str, context: int, kv: str, drafter: str) -> dict:
     from memplanner.sizes import format_bytes
-    from memplanner.torch_peak import gpu_views, heap_reserve_bytes
-
     from memplanner.device import is_gpu
-    from memplanner.torch_peak import heap_reserve_bytes
+    from memplanner.torch_peak import gpu_views, heap_reserve_bytes
 
     on_gpu = is_gpu(device)
     terms = predicted_terms(model, device, weights, context, kv, drafter)

@@ -44,7 +44,7 @@ def _prompts(tokenizer, num_prompts: int) -> list[list[int]]:
 
 
 def _planned(config: dict, settings, target_path: Path) -> dict[str, int]:
-    from apps.torch_budget import torch_layout
+    from pocketspec.budget.torch_plan import torch_layout
     from memplanner.split import DeviceBudget
     from memplanner.torch_split import plan_layer_split, plan_row_split, tensor_bytes
     from pocketspec.loader import ModelChoice

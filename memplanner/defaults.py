@@ -12,6 +12,8 @@ MAX_GAMMA = 8  # a draft model's longest draft; its verify pass reads MAX_GAMMA 
 MAX_DRAFTLESS_GAMMA = 31
 MAX_NEW_TOKENS = 128  # tokens one generate call (or one bench prompt) may add
 ATTENTION_SINK_TOKENS = 4  # first tokens a sliding draft window always keeps (StreamingLLM)
+# A sliding draft window drops this many more tokens than it must, so it moves rarely.
+SLIDE_SLACK_TOKENS = 64
 # Per-token acceptance before any is measured, from the qwen-coder pair: the planner
 # predicts speed with it and the runtime's γ controller starts from it.
 ACCEPTANCE_PRIORS = {"model": 0.8, "ngram": 0.3, "none": 0.0}

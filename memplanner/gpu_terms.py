@@ -13,6 +13,8 @@ max_memory_reserved and the change in mem_get_info) and is how the estimates bel
 
 from __future__ import annotations
 
+from memplanner.sizes import round_up
+
 MIB = 1024 * 1024
 # Not measured (no GPU lent yet): a CUDA 12 context with lazily loaded kernels, cuBLAS and
 # cuBLASLt workspaces and torch's own kernels is commonly 300-500 MiB; the larger is planned.
@@ -31,18 +33,16 @@ ACTIVATION_FRAGMENTATION = 0.5
 NCCL_BUFFER_BYTES_PER_PEER = 2 * 2 * 4 * MIB
 
 
-def _round_up(size: int, multiple: int) -> int:
-    return -(-size // multiple) * multiple
 
 
 def allocator_reserve_bytes(tensor_sizes: list[int], activation_bytes: int = 0) -> int:
     """Reserved minus allocated for tensors that live as long as the model (weights, KV caches) and the
     activations of the widest forward: each tensor's rounding and the unused end of its segments."""
-    small = sum(_round_up(size, BLOCK_BYTES) for size in tensor_sizes if size <= SMALL_REQUEST_BYTES)
-    medium = sum(_round_up(size, BLOCK_BYTES) for size in tensor_sizes
+    small = sum(round_up(size, BLOCK_BYTES) for size in tensor_sizes if size <= SMALL_REQUEST_BYTES)
+    medium = sum(round_up(size, BLOCK_BYTES) for size in tensor_sizes
                  if SMALL_REQUEST_BYTES < size < MEDIUM_REQUEST_BYTES)
-    large = sum(_round_up(size, LARGE_ROUND_BYTES) for size in tensor_sizes if size >= MEDIUM_REQUEST_BYTES)
-    reserved = (_round_up(small, SMALL_SEGMENT_BYTES) + _round_up(medium, MEDIUM_SEGMENT_BYTES) + large)
+    large = sum(round_up(size, LARGE_ROUND_BYTES) for size in tensor_sizes if size >= MEDIUM_REQUEST_BYTES)
+    reserved = (round_up(small, SMALL_SEGMENT_BYTES) + round_up(medium, MEDIUM_SEGMENT_BYTES) + large)
     return reserved - sum(tensor_sizes) + int(ACTIVATION_FRAGMENTATION * activation_bytes)
 
 

@@ -50,3 +50,8 @@ def format_bytes(num_bytes: int) -> str:
         if value < 1024 or unit == "TiB":
             return f"{sign}{value:.2f} {unit}"
     raise AssertionError("unreachable")
+
+
+def round_up(value: int, multiple: int) -> int:
+    """`value` rounded up to a whole number of `multiple`s."""
+    return -(-value // multiple) * multiple

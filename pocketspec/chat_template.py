@@ -70,3 +70,10 @@ def encode_chat(tokenizer, template: ChatTemplate, messages: list[dict[str, str]
     text = template.render(messages)
     add_bos = tokenizer.adds_bos and not (template.bos_token and text.startswith(template.bos_token))
     return tokenizer.encode(text, add_bos=add_bos, parse_special=True)
+
+
+def encode_prompt(tokenizer, template: ChatTemplate, text: str, *, chat: bool) -> list[int]:
+    """Prompt tokens for `text`: one user message in the chat template, or the raw text."""
+    if chat:
+        return encode_chat(tokenizer, template, [{"role": "user", "content": text}])
+    return tokenizer.encode(text, add_bos=tokenizer.adds_bos, parse_special=False)

@@ -70,6 +70,33 @@ class SpeculativeEngine:
             target_costs=CostTable(target_costs), draft_costs=CostTable(draft_costs))
         self._shadow: tuple[int, Proposal] | None = None  # an unused n-gram proposal, scored later
 
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self.target.max_context
+
+    def reset(self, seed: int | None = None) -> None:
+        """Start the next generation from empty KV caches (target and draft model), as a fresh engine
+        would; `seed` restarts the random stream too. The n-gram corpus of past outputs is kept."""
+        self.target.rollback(0)
+        if self.model is not None:
+            self.model.reset()
+        if seed is not None:
+            self.reseed(seed)
+
+    def allocator_peaks(self) -> dict[str, int]:
+        """torch's allocator peaks by GPU on devices this process does not see itself (a row split's
+        other ranks); {} on llama.cpp and the CPU."""
+        return getattr(self.target, "allocator_peaks", dict)()
+
+    def close(self) -> None:
+        if self.model is not None:
+            self.model.close()
+        self.target.close()
+
     def reseed(self, seed: int) -> None:
         """Restart the random stream shared by sampling, verification and the draft model."""
         self.rng = np.random.default_rng(seed)

@@ -76,7 +76,7 @@ def load_engine(
     speculation: SpeculationSettings = SpeculationSettings(),
     notify=None,
 ):
-    """Load the backends and build the engine; the caller closes it with close_engine.
+    """Load the backends and build the engine; the caller closes it (engine.close()).
 
     notify(line): told before a first-time cost measurement, which takes seconds to a minute.
     """
@@ -142,9 +142,3 @@ def _draft_cannot_pay(choice: ModelChoice, target_costs, draft_settings: ModelSe
         return None
     return (f"draft model {choice.draft_path.name} not loaded: on this machine's measured costs it cannot beat "
             f"plain decoding even at {ACCEPTANCE_PRIORS['model']:.0%} acceptance; pass --draft NAME to load it anyway")
-
-
-def close_engine(engine) -> None:
-    if engine.model is not None:
-        engine.model.close()
-    engine.target.close()

@@ -10,9 +10,9 @@ import os
 import secrets
 from dataclasses import dataclass, field, replace
 
-from memplanner.defaults import LLAMA_KV_TYPES, MAX_DRAFTLESS_GAMMA, MAX_GAMMA, MAX_NEW_TOKENS
+from memplanner.defaults import ACCEPTANCE_PRIORS, ATTENTION_SINK_TOKENS, LLAMA_KV_TYPES, MAX_DRAFTLESS_GAMMA, MAX_GAMMA, MAX_NEW_TOKENS
 from memplanner.device import is_gpu
-from memplanner.torch_sizes import AUTO, KV_DTYPES, WEIGHT_FORMATS
+from memplanner.torch_sizes import AUTO, KV_DTYPES, WEIGHT_FORMATS, resolve_weights_format
 from pocketspec.setting_ranges import check_ranges, in_range
 
 RANDOM_SEED = -1  # --seed -1: draw a seed, and say which
@@ -25,6 +25,13 @@ DRAFTLESS = ("ngram", "none")  # --draft values that load no draft model
 SELF_DRAFTS = ("self-sparse", "self-skip")  # --draft values where the torch target drafts for itself
 TORCH_WEIGHTS = (AUTO, *WEIGHT_FORMATS)  # --weights
 TORCH_KV_TYPES = (AUTO, *KV_DTYPES)  # --torch-kv-type, --self-draft-kv-type
+SCHEDULERS = ("pad", "group")  # BatchSettings.scheduler
+BACKENDS = ("llama.cpp", "torch")  # ModelSettings.backend
+SPLIT_MODES = ("layer", "row")  # ModelSettings.split_mode
+# Read from here by the flags, homed in memplanner (the planner shares them): ACCEPTANCE_PRIORS,
+# ATTENTION_SINK_TOKENS (self-sparse's kept prefix), LLAMA_KV_TYPES and resolve_weights_format
+# (what `auto` weights are on a CPU and on a GPU).
+REEXPORTED = (ACCEPTANCE_PRIORS, ATTENTION_SINK_TOKENS, resolve_weights_format)
 
 
 @dataclass(frozen=True)

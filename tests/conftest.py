@@ -44,33 +44,28 @@ def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, te
                  max_context=1024, top_k=0, top_p=1.0, max_gamma=None, draft_max_context=None, exact_verify=False,
                  backend="llama.cpp", weights="auto", device="cpu", self_draft=None, self_draft_settings=None,
                  devices=(), split_mode="layer", layers_per_device=(), num_threads=0):
-    """self_draft: `self-sparse` or `self-skip` (torch); self_draft_settings: SpeculationSettings fields for it.
+    """An engine opened the way every front end opens one (pocketspec.session.open_session).
 
-    max_gamma: None is SpeculationSettings' default. devices, split_mode, layers_per_device,
-    num_threads: ModelSettings' fields (a split over several devices; 0 threads: every core).
+    drafter: SpeculationSettings.drafter; the draft is `draft_path`, else `self_draft` (`self-sparse`
+    or `self-skip`, torch; self_draft_settings: SpeculationSettings fields for it), else n-grams (or
+    nothing for drafter="none"). max_gamma: None is SpeculationSettings' default. devices, split_mode,
+    layers_per_device: ModelSettings' fields (a split over several devices); 0 threads: every core.
     """
-    from pocketspec.loader import ModelChoice, close_engine, draft_settings_for, load_engine
-    from pocketspec.settings import ModelSettings, SamplingSettings, SpeculationSettings
+    from pocketspec.session import open_session
+    from pocketspec.session_settings import SessionSettings
+    from pocketspec.settings import SamplingSettings
 
-    max_gamma = SpeculationSettings().max_gamma if max_gamma is None else max_gamma
-    max_width = (gamma if gamma is not None else max_gamma) + 1
-    target_settings = ModelSettings(max_context=max_context, max_logits_rows=max_width, backend=backend, weights=weights,
-                                    device=device, devices=tuple(devices), split_mode=split_mode,
-                                    layers_per_device=tuple(layers_per_device), num_threads=num_threads)
-    choice = ModelChoice(Path(target_path), Path(draft_path) if draft_path else None,
-                         self_draft or ("auto" if draft_path else ("none" if drafter == "none" else "ngram")))
-    engine = load_engine(
-        choice,
-        target_settings=target_settings,
-        draft_settings=draft_settings_for(target_settings, draft_max_context),
-        sampling=SamplingSettings(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p),
-        speculation=SpeculationSettings(drafter=drafter, gamma=gamma, max_gamma=max_gamma, exact_verify=exact_verify,
-                                        **(self_draft_settings or {})),
-    )
-    try:
-        yield engine
-    finally:
-        close_engine(engine)
+    draft = str(draft_path) if draft_path else self_draft or ("none" if drafter == "none" else "ngram")
+    options = dict(drafter=drafter, backend=backend, weights=weights, device=device, devices=tuple(devices),
+                   split_mode=split_mode, layers_per_device=tuple(layers_per_device), **(self_draft_settings or {}))
+    if max_gamma is not None:
+        options["max_gamma"] = max_gamma
+    settings = SessionSettings(
+        target=str(target_path), draft=draft, gamma=gamma, max_context=max_context, threads=num_threads,
+        exact_verify=exact_verify, draft_window=draft_max_context, options=options,
+        sampling=SamplingSettings(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p))
+    with open_session(settings) as session:
+        yield session.engine
 
 
 # llama.cpp's batched and one-token CPU kernels disagree by up to 0.86 logits on the qwen

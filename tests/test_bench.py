@@ -75,7 +75,7 @@ def _worker_tokens(smollm2_path, *, temperature: float, top_k: int, top_p: float
            "prompts": [{"prompt_id": "1", "text": "Tell me a story about a cat.", "prompt_tokens": None}],
            "max_tokens": 16, "temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": 0,
            "num_threads": 1, "max_context": 512, "num_warmup_tokens": 0, "options": {}}
-    run = subprocess.run([sys.executable, "-m", "apps.bench_worker"], input=json.dumps(job), capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "apps.bench.worker"], input=json.dumps(job), capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     (row,) = [record for record in map(json.loads, run.stdout.splitlines()) if "note" not in record]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from apps.bench_plots import FRONTIER_PLOT, SPEEDUP_PLOT, write_plots
+from apps.bench.plots import FRONTIER_PLOT, SPEEDUP_PLOT, write_plots
 
 RESULTS_PATH = Path(__file__).parent / "data" / "bench_results_small.json"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.bench_report import OVERALL, build_report, speedups, summaries_by_category
+from apps.bench.report import OVERALL, build_report, speedups, summaries_by_category
 
 RESULTS_PATH = Path(__file__).parent / "data" / "bench_results_small.json"
 

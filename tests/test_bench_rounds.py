@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from apps.bench_rounds import plan_rounds, schedule
-from apps.bench_run import System
-from apps.bench_suite import DEFAULT_CATEGORY, SuitePrompt
+from apps.bench.rounds import plan_rounds, schedule
+from apps.bench.run import System
+from apps.bench.suite import DEFAULT_CATEGORY, SuitePrompt
 
 
 def prompts(*categories: str) -> list[SuitePrompt]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from apps.bench_run import BenchJob, System, final_rows, matches_plain
-from apps.bench_suite import SuitePrompt
+from apps.bench.run import BenchJob, System, final_rows, matches_plain
+from apps.bench.suite import SuitePrompt
 
 JOB = BenchJob(Path("t.gguf"), Path("d.gguf"), [SuitePrompt("1", "coding", "hi")], max_tokens=4, temperature=0.0,
                top_k=0, top_p=1.0, seed=0, num_threads=2, max_context=2048, num_warmup_tokens=0,

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from apps.bench import DEFAULT_SUITE
-from apps.bench_suite import DEFAULT_CATEGORY, SuitePrompt, read_suite, select_prompts
+from apps.bench.command import DEFAULT_SUITE
+from apps.bench.suite import DEFAULT_CATEGORY, SuitePrompt, read_suite, select_prompts
 from pocketspec.errors import UserError
 
 

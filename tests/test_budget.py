@@ -97,7 +97,7 @@ def test_a_budget_that_fits_only_a_quantized_target_kv_is_refused_and_names_the_
 
 def test_the_plan_keeps_the_users_kv_type_and_quantizes_only_the_draft(qwen_target_path, qwen_draft_path):
     """Headers only: at budgets that squeeze the draft, its KV type is lowered and reaches its settings."""
-    from apps.budget import apply_plan
+    from pocketspec.budget.llama_plan import apply_plan
     from memplanner.planner import Workload, plan
     from memplanner.shapes import shape_from_gguf
     from pocketspec.loader import ModelChoice, draft_settings_for
@@ -109,20 +109,20 @@ def test_the_plan_keeps_the_users_kv_type_and_quantizes_only_the_draft(qwen_targ
     draft_kv_types = set()
     for budget in range(full, full - 300 * 2**20, -5 * 2**20):
         applied = apply_plan(choice, str(budget), ModelSettings(max_context=4096, kv_type="q8_0"),
-                             SpeculationSettings(), 64, 0.0, alpha=0.95)
-        assert applied.target_settings.kv_type == applied.plan.settings.target_kv_type == "q8_0"
+                             SpeculationSettings(expected_acceptance=0.95), 64, 0.0)
+        assert applied.target_settings.kv_type == applied.planner_result.settings.target_kv_type == "q8_0"
         draft_kv_type = applied.speculation.draft_kv_type
-        assert draft_kv_type == applied.plan.settings.draft_kv_type
+        assert draft_kv_type == applied.planner_result.settings.draft_kv_type
         assert draft_settings_for(applied.target_settings, applied.draft_max_context,
                                   draft_kv_type=draft_kv_type).kv_type == draft_kv_type
-        draft_kv_types.add(draft_kv_type if applied.plan.settings.drafter == "model" else None)
+        draft_kv_types.add(draft_kv_type if applied.planner_result.settings.drafter == "model" else None)
     assert {"f16", "q8_0"} <= draft_kv_types
 
 
 def test_one_named_gpu_is_planned_as_that_gpu_with_its_own_free_memory(smollm2_path):
     """`--devices cuda:1 --memory-budget 6GiB` offloads every block, so the plan is a GPU plan for GPU 1,
     budgeted by what that GPU (here a described one) has free; it used to be a CPU plan."""
-    from apps.budget import apply_plan, planned_device_name
+    from pocketspec.budget.llama_plan import apply_plan, planned_device_name
     from memplanner import constants
     from memplanner.device import DeviceInfo
     from pocketspec.loader import ModelChoice
@@ -133,19 +133,19 @@ def test_one_named_gpu_is_planned_as_that_gpu_with_its_own_free_memory(smollm2_p
     assert planned_device_name(ModelSettings(gpu_layers=-1)) == "cuda:0" and planned_device_name(ModelSettings()) == "cpu"
     described = DeviceInfo("cuda", "cuda:1 (described)", 8 * 2**30, 700 * 2**20)
     applied = apply_plan(ModelChoice(smollm2_path, None, "ngram"), "6GiB", settings, SpeculationSettings(), 64, 0.0,
-                         None, device=described)
-    assert applied.plan.settings.target_device == "cuda" and applied.budget_bytes == 700 * 2**20
-    assert applied.plan.terms["runtime_overhead"] == constants.ESTIMATED_CUDA_OVERHEAD_BYTES
-    assert "target_repacked_weights" not in applied.plan.terms
-    assert any("700.00 MiB free now" in note for note in applied.notes)
+                         device=described)
+    assert applied.planner_result.settings.target_device == "cuda" and applied.budget_bytes == 700 * 2**20
+    assert applied.planner_result.terms["runtime_overhead"] == constants.ESTIMATED_CUDA_OVERHEAD_BYTES
+    assert "target_repacked_weights" not in applied.planner_result.terms
+    assert any("700.00 MiB free now" in note for note in applied.lines)
 
 
 def test_a_gpu_this_process_cannot_read_is_planned_for_the_whole_budget(smollm2_path):
-    from apps.budget import apply_plan
+    from pocketspec.budget.llama_plan import apply_plan
     from pocketspec.loader import ModelChoice
     from pocketspec.settings import ModelSettings, SpeculationSettings
 
     applied = apply_plan(ModelChoice(smollm2_path, None, "ngram"), "3GiB", ModelSettings(devices=("cuda:7",)),
-                         SpeculationSettings(), 64, 0.0, None)
-    assert applied.plan.settings.target_device == "cuda" and applied.budget_bytes == 3 * 2**30
-    assert any("cannot read cuda:7's free memory" in note for note in applied.notes)
+                         SpeculationSettings(), 64, 0.0)
+    assert applied.planner_result.settings.target_device == "cuda" and applied.budget_bytes == 3 * 2**30
+    assert any("cannot read cuda:7's free memory" in note for note in applied.lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from apps.chat_repl import Chat
+from pocketspec.chat import Chat
 from conftest import built_engine
 from pocketspec.chat_template import encode_chat
 from pocketspec.conversation import Conversation

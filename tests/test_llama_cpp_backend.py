@@ -10,7 +10,7 @@ import pytest
 from memplanner import terms
 from memplanner.shapes import shape_from_gguf
 from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
-from pocketspec.loader import ModelChoice, close_engine, draft_settings_for, load_engine
+from pocketspec.loader import ModelChoice, draft_settings_for, load_engine
 from pocketspec.settings import ModelSettings, SpeculationSettings
 
 MIB = 2**20
@@ -44,7 +44,7 @@ def test_the_draft_kv_type_reaches_the_draft_context(smollm2_path):
         target_kv, draft_kv = (sum(size for name, size in backend.memory_report().items() if "KV" in name)
                                for backend in (engine.target, engine.model.backend))
     finally:
-        close_engine(engine)
+        engine.close()
     # llama.cpp logs the sizes in MiB with two decimals
     assert abs(target_kv - terms.kv_cache_bytes(shape, 512, "f16")) < 0.01 * MIB
     assert abs(draft_kv - terms.kv_cache_bytes(shape, 512, "q8_0")) < 0.01 * MIB

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.peers.llama_bench import parse_rate, reference_note
+from apps.bench.peers.llama_bench import parse_rate, reference_note
 
 
 def test_rate_from_captured_json():

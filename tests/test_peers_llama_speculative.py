@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from apps.peers.llama_speculative import command, generated_text, measured_row, missing_binary, parse_stats
-from apps.peers.process import ChildRun
+from apps.bench.peers.llama_speculative import command, generated_text, measured_row, missing_binary, parse_stats
+from apps.bench.peers.process import ChildRun
 
 CAPTURED = Path(__file__).parent / "data" / "llama_speculative_simple"
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from apps.peers.process import describe_failure, run_child
+from apps.bench.peers.process import describe_failure, run_child
 
 MIB = 2**20
 

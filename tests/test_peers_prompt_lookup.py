@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from apps.peers.prompt_lookup import count_acceptance
+from apps.bench.peers.prompt_lookup import count_acceptance
 
 
 def test_each_proposal_is_checked_against_what_came_at_its_position():

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from apps.cli import main
-from apps.options import SettingValue
+from apps.flags import SettingValue
 from pocketspec import settings as settings_module
 from pocketspec.errors import UserError
 from pocketspec.sampling import distribution

@@ -74,17 +74,17 @@ def test_llama_cpp_loads_the_planned_split(tiny_pair):
 def test_the_plan_puts_the_draft_model_on_its_own_device(qwen_target_path, qwen_draft_path):
     """The qwen-coder pair over two budgets (headers only, nothing loads): the draft runs whole where the
     plan put it, with llama.cpp's split mode none on that device."""
-    from apps.split_budget import apply_split
+    from pocketspec.budget.split_plan import apply_split
     from pocketspec.backends.llama_split import llama_split
     from pocketspec.loader import ModelChoice, draft_settings_for
     from pocketspec.settings import ModelSettings, SpeculationSettings
 
     choice = ModelChoice(qwen_target_path, qwen_draft_path, "auto")
-    applied = apply_split(choice, "cpu:0=1.2GiB,cpu:1=1.6GiB", ModelSettings(max_context=4096), SpeculationSettings(),
-                          128, 0.0, alpha=0.95)  # a draft this good is worth its cost
+    applied = apply_split(choice, "cpu:0=1.2GiB,cpu:1=1.6GiB", ModelSettings(max_context=4096),
+                          SpeculationSettings(expected_acceptance=0.95), 128, 0.0)  # a draft this good pays
     assert applied.choice.draft_path == qwen_draft_path and applied.draft_device in ("cpu:0", "cpu:1")
     assert sum(applied.target_settings.layers_per_device) == 28
-    assert any(note.endswith("(and the draft model)") and applied.draft_device in note for note in applied.notes)
+    assert any(note.endswith("(and the draft model)") and applied.draft_device in note for note in applied.lines)
     draft_settings = draft_settings_for(applied.target_settings, applied.draft_max_context, applied.draft_device,
                                         applied.speculation.draft_kv_type)
     assert draft_settings.devices == (applied.draft_device,) and draft_settings.layers_per_device == ()

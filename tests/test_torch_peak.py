@@ -74,8 +74,8 @@ def test_gpu_peak_is_tensors_activations_staging_allocator_reserve_and_context()
 
 
 def test_torch_budget_shrinks_prompt_chunks_then_refuses(smollm2_path):
-    from apps.options import MODEL, SPECULATION
-    from apps.torch_budget import torch_peak
+    from pocketspec.session_settings import MODEL, SPECULATION
+    from pocketspec.budget.torch_plan import torch_peak
     from dataclasses import replace
     from pocketspec.loader import ModelChoice
 

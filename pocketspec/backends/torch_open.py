@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from memplanner.defaults import ATTENTION_SINK_TOKENS
-from pocketspec.drafters.model import SLIDE_SLACK
+from memplanner.defaults import ATTENTION_SINK_TOKENS, SLIDE_SLACK_TOKENS
 from pocketspec.errors import UserError
-from pocketspec.settings import SELF_DRAFTS, ModelSettings, SpeculationSettings
+from pocketspec.settings import ModelSettings, SpeculationSettings
 
 
 def open_backend(path: Path, settings: ModelSettings):
@@ -36,7 +35,7 @@ def open_backend(path: Path, settings: ModelSettings):
 
 def min_self_draft_window(max_gamma: int) -> int:
     """The smallest window ModelDrafter can slide: sinks, its slack and one verify's worth of tokens."""
-    return ATTENTION_SINK_TOKENS + SLIDE_SLACK + max_gamma + 2
+    return ATTENTION_SINK_TOKENS + SLIDE_SLACK_TOKENS + max_gamma + 2
 
 
 def check_self_draft(kind: str, target_settings: ModelSettings, speculation: SpeculationSettings) -> None:

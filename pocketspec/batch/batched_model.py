@@ -17,7 +17,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from pocketspec.batch.layout import AlignmentTimer, AttentionShape, BatchLayout, RowInput, round_up
+from memplanner.sizes import round_up
+from pocketspec.batch.layout import AlignmentTimer, AttentionShape, BatchLayout, RowInput
 from pocketspec.errors import ContextFullError
 from pocketspec.settings import BatchSettings
 from pocketspec.torch_model.invariant import TileShape

@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from memplanner.sizes import round_up
 from pocketspec.torch_model.invariant import blockwise_attention
 from pocketspec.torch_model.model import masked_attention
 
@@ -80,10 +81,6 @@ class AlignmentTimer:
     @property
     def total(self) -> float:
         return sum(self.seconds.values())
-
-
-def round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 class BatchLayout:

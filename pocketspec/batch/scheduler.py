@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-SCHEDULERS = ("pad", "group")
+from pocketspec.settings import SCHEDULERS
 
 
 @dataclass(frozen=True)

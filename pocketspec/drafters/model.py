@@ -14,13 +14,12 @@ from typing import Sequence
 
 import numpy as np
 
-from memplanner.defaults import ATTENTION_SINK_TOKENS
+from memplanner.defaults import ATTENTION_SINK_TOKENS, SLIDE_SLACK_TOKENS
 from pocketspec.drafters.base import Draft
 from pocketspec.prefix import common_prefix_length
 from pocketspec.sampling import choose_with_probs
 from pocketspec.settings import SamplingSettings
 
-SLIDE_SLACK = 64  # drop this many more tokens than needed, so the window moves rarely
 
 
 class ModelDrafter:
@@ -52,13 +51,13 @@ class ModelDrafter:
         return len(window) - self._num_kept(window) - 1
 
     def fits(self, context: Sequence[int], max_tokens: int) -> bool:
-        return ATTENTION_SINK_TOKENS + SLIDE_SLACK + max_tokens + 1 < self.backend.max_context
+        return ATTENTION_SINK_TOKENS + SLIDE_SLACK_TOKENS + max_tokens + 1 < self.backend.max_context
 
     def _slide(self, window: list[int], num_kept: int, max_tokens: int, context: Sequence[int]) -> tuple[list[int], int]:
         overflow = len(window) + max_tokens - self.backend.max_context
         if overflow <= 0:
             return window, num_kept
-        num_dropping = overflow + SLIDE_SLACK
+        num_dropping = overflow + SLIDE_SLACK_TOKENS
         if num_kept - ATTENTION_SINK_TOKENS >= num_dropping:
             self.backend.shift_out(ATTENTION_SINK_TOKENS, num_dropping)
             num_kept -= num_dropping

@@ -1,6 +1,6 @@
 """One system of `pocketspec bench` in its own process, so that its peak memory is its own.
 
-    python -m apps.bench_worker < job.json
+    python -m apps.bench.worker < job.json
 
 The job names a runner (PocketSpec, or a peer that runs in Python), the models and the
 prompts; each prompt's measurements go to stdout as one JSON line, notes as {"note": ...}.
@@ -17,9 +17,9 @@ from pocketspec.errors import UserError
 from pocketspec.stats import gpu_allocator_peaks
 
 RUNNERS = {
-    "pocketspec": "apps.bench_worker:run_pocketspec",
-    "prompt-lookup": "apps.peers.prompt_lookup:run",
-    "transformers": "apps.peers.transformers_assisted:run",
+    "pocketspec": "apps.bench.worker:run_pocketspec",
+    "prompt-lookup": "apps.bench.peers.prompt_lookup:run",
+    "transformers": "apps.bench.peers.transformers_assisted:run",
 }
 
 
@@ -46,30 +46,40 @@ def measured_row(prompt: dict, *, tokens: list[int], num_decode_tokens: int, dec
             "peak_memory_bytes": gpu_bytes if gpu_bytes is not None else peak_rss_bytes, **extra}
 
 
-def run_pocketspec(job: dict) -> None:
-    from apps.session import open_engine
-    from pocketspec.chat_template import encode_chat, template_for
+def session_settings(job: dict):
+    """The job's PocketSpec system as the SessionSettings every front end opens (options: the bench's
+    backend flags, its --memory-budget, --gamma, --exact-verify and --repack)."""
+    from apps.flags import parse_gamma
+    from pocketspec.session_settings import SessionSettings
+    from pocketspec.settings import SamplingSettings
 
-    with open_engine(target=job["target"], draft=job["draft"], pair=None, temperature=job["temperature"],
-                     top_k=job["top_k"], top_p=job["top_p"], seed=job["seed"], threads=job["num_threads"],
-                     max_context=job["max_context"], max_new_tokens=job["max_tokens"], announce=False,
-                     **job["options"]) as session:
+    options = dict(job["options"])
+    return SessionSettings(
+        target=job["target"], draft=job["draft"],
+        sampling=SamplingSettings(temperature=job["temperature"], top_k=job["top_k"], top_p=job["top_p"],
+                                  seed=job["seed"]),
+        gamma=parse_gamma(options.pop("gamma", "auto")), memory_budget=options.pop("memory_budget", None),
+        max_context=job["max_context"], threads=job["num_threads"], max_new_tokens=job["max_tokens"],
+        repack=options.pop("repack", None), exact_verify=options.pop("exact_verify", False), options=options)
+
+
+def run_pocketspec(job: dict) -> None:
+    from pocketspec.session import open_session
+
+    with open_session(session_settings(job)) as session:
         for note in session.notes:
             emit({"note": note})
         engine = session.engine
-        tokenizer = engine.target.tokenizer
-        template = template_for(tokenizer)
+        tokenizer = session.tokenizer
+        template = session.template
 
         def generate(prompt_tokens: list[int], max_tokens: int):
-            engine.target.rollback(0)  # every prompt starts from an empty cache, as in the peers
-            if engine.model is not None:
-                engine.model.reset()
-            engine.reseed(job["seed"])
+            session.reset(job["seed"])  # every prompt starts from empty caches, as in the peers
             return engine.generate(prompt_tokens, max_tokens)
 
         for index, prompt in enumerate(job["prompts"]):
             messages = [{"role": "user", "content": prompt["text"]}]
-            prompt_tokens = encode_chat(tokenizer, template, messages)
+            prompt_tokens = session.encode_messages(messages)
             if index == 0 and job["num_warmup_tokens"]:
                 generate(prompt_tokens, job["num_warmup_tokens"])
             result = generate(prompt_tokens, job["max_tokens"])

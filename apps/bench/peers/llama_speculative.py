@@ -12,8 +12,8 @@ import importlib.metadata
 import re
 from pathlib import Path
 
-from apps.doctor_cmd import read_build_stamp
-from apps.peers.process import ChildRun, executable
+from pocketspec.machine_report import read_build_stamp
+from apps.bench.peers.process import ChildRun, executable
 from pocketspec.catalog import pocketspec_home
 
 TOOL = "llama-speculative-simple"

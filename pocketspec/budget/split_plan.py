@@ -9,44 +9,29 @@ Without a budget the blocks are split evenly. Each device's share is announced a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from apps.budget import settings_from_plan, workload_for
-from memplanner.device import is_gpu
 from memplanner.planner import REPACK_EITHER
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
 from memplanner.split import DeviceBudget, layer_counts, parse_device_budgets, plan_split
 from pocketspec.backends.device_check import check_devices
+from pocketspec.budget.llama_plan import settings_from_plan, workload_for
+from pocketspec.budget.memory_plan import MemoryPlan, sizes_text
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import ModelSettings, SpeculationSettings
 
 
-@dataclass
-class AppliedSplit:
-    choice: ModelChoice
-    target_settings: ModelSettings
-    speculation: SpeculationSettings
-    draft_max_context: int | None = None
-    draft_device: str | None = None
-    budget_bytes: int | None = None  # all devices together
-    notes: list[str] = field(default_factory=list)
-
-    def describe(self) -> str:
-        """For chat's /budget."""
-        return "\n".join(self.notes)
-
-
 def _share_note(device: str, first: int, count: int, terms: dict[str, int], budget_bytes: int | None) -> str:
     blocks = f"target blocks {first}-{first + count - 1}" if count else "no target blocks"
-    parts = ", ".join(f"{name} {format_bytes(size)}" for name, size in terms.items())
+    parts = sizes_text(terms)
     of_budget = f" of {format_bytes(budget_bytes)}" if budget_bytes is not None else ""
     return f"memory plan {device}: {blocks}; {parts} = {format_bytes(sum(terms.values()))}{of_budget}"
 
 
-def _torch_split(applied: AppliedSplit, budgets: list[DeviceBudget]) -> AppliedSplit:
-    from apps.torch_budget import torch_layout
+def _torch_split(applied: MemoryPlan, budgets: list[DeviceBudget]) -> MemoryPlan:
+    from pocketspec.budget.torch_plan import torch_layout
     from memplanner.torch_split import plan_layer_split, plan_row_split
 
     shape, layout = torch_layout(applied.choice, applied.target_settings, applied.speculation)
@@ -54,36 +39,39 @@ def _torch_split(applied: AppliedSplit, budgets: list[DeviceBudget]) -> AppliedS
     found = plan_row_split(budgets, shape, layout) if is_row else plan_layer_split(budgets, shape, layout)
     if not found.feasible:
         raise UserError(found.reason)
-    applied.notes = [_share_note(share.device, share.first_layer, share.num_layers, share.terms, share.budget_bytes)
+    applied.lines = [_share_note(share.device, share.first_layer, share.num_layers, share.terms, share.budget_bytes)
                      for share in found.shares]
+    applied.planner_result = found
     if not is_row:
         applied.target_settings = replace(applied.target_settings, layers_per_device=found.layers_per_device)
     return applied
 
 
-def _llama_split(applied: AppliedSplit, budgets: list[DeviceBudget], max_new_tokens: int, temperature: float,
-                 alpha: float | None, repack: tuple[bool, ...]) -> AppliedSplit:
+def _llama_split(applied: MemoryPlan, budgets: list[DeviceBudget], max_new_tokens: int, temperature: float,
+                 repack: tuple[bool, ...]) -> MemoryPlan:
     choice = applied.choice
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
     workload = workload_for(choice, applied.target_settings, applied.speculation, max_new_tokens, temperature)
-    found = plan_split(budgets, target_shape, draft_shape, workload, alpha=alpha, repack=repack)
+    found = plan_split(budgets, target_shape, draft_shape, workload, alpha=applied.speculation.expected_acceptance,
+                       repack=repack)
     if not found.feasible:
         raise UserError(found.reason)
     applied.choice, target_settings, applied.speculation, applied.draft_max_context = settings_from_plan(
         found.settings, choice, applied.target_settings, applied.speculation)
     applied.target_settings = replace(target_settings, devices=tuple(share.device for share in found.shares),
                                       layers_per_device=tuple(share.num_layers for share in found.shares))
+    applied.planner_result = found
     applied.draft_device = found.draft_device if applied.choice.draft_path is not None else None
-    applied.notes = [_share_note(share.device, share.first_layer, share.num_layers, share.terms, share.budget_bytes)
+    applied.lines = [_share_note(share.device, share.first_layer, share.num_layers, share.terms, share.budget_bytes)
                      + (" (and the draft model)" if share.holds_draft else "") for share in found.shares]
-    applied.notes += [f"memory plan: {step}" for step in found.degradations]
+    applied.lines += [f"memory plan: {step}" for step in found.degradations]
     return applied
 
 
 def apply_split(choice: ModelChoice, memory_budget: str | None, target_settings: ModelSettings,
                 speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
-                alpha: float | None = None, repack: tuple[bool, ...] = REPACK_EITHER) -> AppliedSplit:
+                repack: tuple[bool, ...] = REPACK_EITHER) -> MemoryPlan:
     """The devices (from --devices or the budget's names), each one's blocks, and the notes that show them."""
     budgets = None
     if memory_budget is not None:
@@ -93,16 +81,16 @@ def apply_split(choice: ModelChoice, memory_budget: str | None, target_settings:
             raise UserError(str(error)) from None
         target_settings = replace(target_settings, devices=tuple(budget.name for budget in budgets))
     check_devices(target_settings)  # the budget may have named the devices
-    applied = AppliedSplit(choice, target_settings, speculation)
+    applied = MemoryPlan(choice, target_settings, speculation, shown_after_loading=True)
     if budgets is None:
         counts = layer_counts(target_settings.layers_per_device, shape_from_gguf(choice.target_path).num_layers,
                               len(target_settings.devices))
         mode = "row split: every device a slice of every block" if target_settings.split_mode == "row" else (
             "layer split: " + ", ".join(f"{device} {count} blocks" for device, count in
                                         zip(target_settings.devices, counts)))
-        applied.notes = [f"{mode} (no --memory-budget: an even split)"]
+        applied.lines = [f"{mode} (no --memory-budget: an even split)"]
         return applied
     applied.budget_bytes = sum(budget.budget_bytes for budget in budgets)
     if target_settings.backend == "torch":
         return _torch_split(applied, budgets)
-    return _llama_split(applied, budgets, max_new_tokens, temperature, alpha, repack)
+    return _llama_split(applied, budgets, max_new_tokens, temperature, repack)

@@ -5,7 +5,7 @@ on the same machine, models and prompts, written to --out as results.json, repor
 
 The systems (plain, each PocketSpec drafter at each --memory-budget, each peer) run in
 rounds, one category at a time, each system in its own process so that its peak memory is
-its own (apps/bench_rounds.py). Ctrl-C writes the rounds completed so far, marked partial.
+its own (apps/bench/rounds.py). Ctrl-C writes the rounds completed so far, marked partial.
 """
 
 from __future__ import annotations
@@ -18,22 +18,22 @@ from pathlib import Path
 
 import click
 
-from apps.backend_options import apply_backend_options, backend_options
-from apps.bench_report import build_report
-from apps.bench_rounds import BenchProgress, plan_rounds, run_rounds
-from apps.bench_run import BenchJob, System, add_closing_notes
-from apps.bench_suite import read_suite, select_prompts
-from apps.options import (MODEL, SPECULATION, model_choice_options, repack_option, sampling_options, setting_option,
-                          threads_option)
-from apps.peers import PEERS, parse_peers
-from apps.peers.llama_speculative import default_tools_dir, missing_binary
-from apps.peers.transformers_assisted import missing_requirement as transformers_missing
+from apps.bench.report import build_report
+from apps.bench.rounds import BenchProgress, plan_rounds, run_rounds
+from apps.bench.run import BenchJob, System, add_closing_notes
+from apps.bench.suite import read_suite, select_prompts
+from apps.flags import (MODEL, SPECULATION, backend_options, model_choice_options, repack_option, sampling_options,
+                        setting_option, threads_option)
+from apps.bench.peers import PEERS, parse_peers
+from apps.bench.peers.llama_speculative import default_tools_dir, missing_binary
+from apps.bench.peers.transformers_assisted import missing_requirement as transformers_missing
 from pocketspec.backends.device_check import check_devices
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models
+from pocketspec.session_settings import apply_backend_options
 from pocketspec.settings import SELF_DRAFTS, BenchSettings, default_num_threads
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SUITE = REPO / "benchmarks" / "data" / "spec_bench.jsonl"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "bench"
 BENCH = BenchSettings()
@@ -65,7 +65,7 @@ def _parse_drafters(text: str, backend: str, draft_path) -> list[tuple[str, str 
 def _parse_budgets(text: str | None) -> list[tuple[str | None, int | None]]:
     if text is None:
         return [(None, None)]
-    from apps.budget import parse_budget
+    from pocketspec.budget import parse_budget
 
     return [(budget, parse_budget(budget)) for budget in _split((text,))]
 
@@ -166,8 +166,8 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, temp
 
 def _write_outputs(out_dir: Path, systems: list[System], progress: BenchProgress, job: BenchJob,
                    suite: Path) -> None:
-    from apps.bench_plots import write_plots
-    from apps.doctor_cmd import collect_report
+    from apps.bench.plots import write_plots
+    from pocketspec.machine_report import collect_report
     from apps.report import machine_description
 
     results = {
@@ -195,8 +195,3 @@ def _write_outputs(out_dir: Path, systems: list[System], progress: BenchProgress
 
 
 COMMANDS = [bench]
-
-if __name__ == "__main__":  # `python -m apps.bench` (make bench): through the CLI, for its one-line errors
-    from apps.cli import main
-
-    main(["bench", *sys.argv[1:]])

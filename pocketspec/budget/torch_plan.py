@@ -10,11 +10,12 @@ the peak (torch_peak.heap_reserve_bytes): the heap's peak varies from run to run
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from memplanner.batch_rows import kv_dtype_for
 from memplanner.shapes import ModelShape, shape_from_gguf
 from memplanner.sizes import format_bytes
+from pocketspec.budget.memory_plan import MemoryPlan, parse_budget, peak_line, sizes_text
 from memplanner.torch_peak import heap_reserve_bytes, torch_peak_terms
 from memplanner.torch_sizes import gguf_layout, resolve_weights_format, torch_memory_terms, torch_tensor_sizes
 from memplanner.torch_split import TorchLayout
@@ -23,16 +24,6 @@ from pocketspec.loader import ModelChoice
 from pocketspec.settings import DRAFTLESS, SELF_DRAFTS, ModelSettings, SpeculationSettings
 
 N_BATCH_CHOICES = (512, 256, 128, 64)
-
-
-@dataclass(frozen=True)
-class TorchBudgetPlan:
-    """The torch backend's plan as chat's /budget shows it: the notes check_torch_budget wrote."""
-
-    notes: tuple[str, ...]
-
-    def describe(self) -> str:
-        return "\n".join(self.notes)
 
 
 def torch_layout(choice: ModelChoice, target_settings: ModelSettings,
@@ -77,24 +68,23 @@ def torch_reserve_bytes(target_settings: ModelSettings) -> int:
     return heap_reserve_bytes(target_settings.is_on_gpu)
 
 
-def check_torch_budget(choice: ModelChoice, budget_bytes: int, target_settings: ModelSettings,
-                       speculation: SpeculationSettings) -> tuple[list[str], ModelSettings]:
-    """Notes describing the plan and the settings sized to it; UserError when nothing fits."""
-    notes = []
+def apply_torch_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSettings,
+                     speculation: SpeculationSettings) -> MemoryPlan:
+    """The settings sized to the budget (smaller prompt chunks first) and the lines that show them;
+    UserError when nothing fits."""
+    budget_bytes = parse_budget(memory_budget)
     reserve = torch_reserve_bytes(target_settings)
-    kept_free = f" + {format_bytes(reserve)} kept free" if reserve else ""
     for n_batch in [target_settings.n_batch] + [n for n in N_BATCH_CHOICES if n < target_settings.n_batch]:
         sized = replace(target_settings, n_batch=n_batch, n_ubatch=min(n_batch, target_settings.n_ubatch))
         peak_terms = torch_peak(choice, sized, speculation)
         total = sum(peak_terms.values())
-        parts = ", ".join(f"{name} {format_bytes(size)}" for name, size in peak_terms.items())
         if total + reserve <= budget_bytes:
+            lines = [peak_line("torch", total, budget_bytes, sizes_text(peak_terms), reserve)]
             if n_batch != target_settings.n_batch:
-                notes.append(f"memory plan (torch): prompt chunks n_batch {target_settings.n_batch} -> {n_batch}: "
+                lines.append(f"memory plan (torch): prompt chunks n_batch {target_settings.n_batch} -> {n_batch}: "
                              "smaller activations, slower prompt processing")
-            notes.insert(0, f"memory plan (torch): predicted peak {format_bytes(total)}{kept_free} of "
-                            f"{format_bytes(budget_bytes)} ({parts})")
-            return notes, sized
+            return MemoryPlan(choice, sized, speculation, budget_bytes, lines, predicted_peak_bytes=total)
+    kept_free = f" + {format_bytes(reserve)} kept free" if reserve else ""
     raise UserError(f"--memory-budget {format_bytes(budget_bytes)} is below the torch backend's predicted peak "
-                    f"{format_bytes(total)}{kept_free} ({parts}); try --weights int8 or int4, a smaller --max-context, "
-                    "or --torch-kv-type int8")
+                    f"{format_bytes(total)}{kept_free} ({sizes_text(peak_terms)}); try --weights int8 or int4, a "
+                    "smaller --max-context, or --torch-kv-type int8")

@@ -1,39 +1,19 @@
-"""Making the runtime obey `--memory-budget`: plan first, refuse early, size every buffer from the plan."""
+"""`--memory-budget` on llama.cpp, one device: plan first, refuse early, size every buffer from the plan."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from memplanner.device import DeviceInfo, read_device
 from memplanner.options import PlanSettings
 from memplanner.planner import REPACK_EITHER, Plan, Workload, plan
 from memplanner.shapes import shape_from_gguf
-from memplanner.sizes import format_bytes, parse_size
+from memplanner.sizes import format_bytes
+from pocketspec.budget.memory_plan import MemoryPlan, parse_budget, peak_line
 from pocketspec.calibrate import machine_costs
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, draft_settings_for
 from pocketspec.settings import ModelSettings, SpeculationSettings
-
-
-@dataclass
-class AppliedPlan:
-    choice: ModelChoice
-    target_settings: ModelSettings
-    speculation: SpeculationSettings
-    draft_max_context: int | None
-    plan: Plan
-    budget_bytes: int
-    notes: list[str]
-
-
-def parse_budget(text: str) -> int:
-    try:
-        budget_bytes = parse_size(text)
-    except ValueError as error:
-        raise UserError(f"--memory-budget {text!r}: {error}") from None
-    if budget_bytes <= 0:
-        raise UserError(f"--memory-budget must be positive, got {text!r}")
-    return budget_bytes
 
 
 def describe(plan_: Plan) -> str:
@@ -44,8 +24,7 @@ def describe(plan_: Plan) -> str:
         parts.append(f"draft KV {settings.draft_kv_type}, window {settings.draft_kv_window}")
     if not settings.repack_weights:
         parts.append("weights not repacked")
-    return (f"memory plan: predicted peak {format_bytes(plan_.predicted_peak_bytes)} of "
-            f"{format_bytes(plan_.budget_bytes)} ({', '.join(parts)})")
+    return peak_line("", plan_.predicted_peak_bytes, plan_.budget_bytes, ", ".join(parts))
 
 
 def workload_for(choice: ModelChoice, target_settings: ModelSettings, speculation: SpeculationSettings,
@@ -67,8 +46,7 @@ def planned_device_name(settings: ModelSettings) -> str:
 
 def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSettings,
                speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
-               alpha: float | None = None,
-               repack: tuple[bool, ...] = REPACK_EITHER, device: DeviceInfo | None = None) -> AppliedPlan:
+               repack: tuple[bool, ...] = REPACK_EITHER, device: DeviceInfo | None = None) -> MemoryPlan:
     """The plan for one device: `device` as described, or the one the settings name, read now."""
     budget_bytes = parse_budget(memory_budget)
     target_shape = shape_from_gguf(choice.target_path)
@@ -84,14 +62,15 @@ def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSe
                      f"{format_bytes(device.free_bytes)} free now; planning for what is free")
         budget_bytes = device.free_bytes
     costs = machine_costs(choice.target_path, choice.draft_path, target_settings, draft_settings_for(target_settings))
-    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=alpha, repack=repack,
+    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=speculation.expected_acceptance, repack=repack,
                  costs=costs)
     if not plan_.feasible:
         raise UserError(plan_.reason)
     notes += [describe(plan_)] + [f"memory plan: {step}" for step in plan_.degradations]
     choice, target_settings, speculation, draft_max_context = settings_from_plan(
         plan_.settings, choice, target_settings, speculation)
-    return AppliedPlan(choice, target_settings, speculation, draft_max_context, plan_, budget_bytes, notes)
+    return MemoryPlan(choice, target_settings, speculation, budget_bytes, notes, draft_max_context=draft_max_context,
+                      predicted_peak_bytes=plan_.predicted_peak_bytes, planner_result=plan_)
 
 
 def settings_from_plan(settings: PlanSettings, choice: ModelChoice, target_settings: ModelSettings,

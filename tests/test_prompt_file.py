@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from apps.prompt_jsonl import PromptLine, read_prompt_lines
+from apps.prompt_file import PromptRow, read_batch_prompts
 from pocketspec.errors import UserError
 
 
-def _read(tmp_path, text: str) -> list[PromptLine]:
+def _read(tmp_path, text: str) -> list[PromptRow]:
     path = tmp_path / "prompts.jsonl"
     path.write_text(text, encoding="utf-8")
-    return read_prompt_lines(path)
+    return read_batch_prompts(path)
 
 
 def test_prompts_turns_seeds_and_blank_lines(tmp_path):
     text = '{"prompt": "one"}\n\n{"turns": ["two"], "seed": 7}\n{"prompt": "three", "max_tokens": 5}\n'
     lines = _read(tmp_path, text)
-    assert lines == [PromptLine(1, "one"), PromptLine(3, "two", seed=7), PromptLine(4, "three", max_tokens=5)]
+    assert [(line.line_number, line.text, line.seed, line.max_tokens) for line in lines] == [
+        (1, "one", None, None), (3, "two", 7, None), (4, "three", None, 5)]
 
 
 @pytest.mark.parametrize("text, fragments", [
@@ -41,4 +42,4 @@ def test_bad_lines_are_named(tmp_path, text, fragments):
 
 def test_a_missing_file(tmp_path):
     with pytest.raises(UserError, match="--prompt-file .* does not exist"):
-        read_prompt_lines(tmp_path / "nope.jsonl")
+        read_batch_prompts(tmp_path / "nope.jsonl")

@@ -18,8 +18,8 @@ from typing import Iterator
 
 import click
 
-from apps.bench_run import BenchJob, System, final_rows, run_system
-from apps.bench_suite import SuitePrompt
+from apps.bench.run import BenchJob, System, final_rows, run_system
+from apps.bench.suite import SuitePrompt
 from pocketspec.errors import UserError
 
 

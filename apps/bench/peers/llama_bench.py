@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from apps.peers.process import describe_failure, executable, run_child
+from apps.bench.peers.process import describe_failure, executable, run_child
 
 TOOL = "llama-bench"
 

@@ -1,4 +1,4 @@
-"""Running one system of `pocketspec bench` over some prompts (one round, see apps/bench_rounds.py):
+"""Running one system of `pocketspec bench` over some prompts (one round, see apps/bench/rounds.py):
 PocketSpec and the Python peers in a worker process, llama-speculative-simple once per prompt.
 
 Plain decoding runs first in each round because its rows are the reference: the prompt
@@ -12,9 +12,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from apps.bench_suite import SuitePrompt
-from apps.peers import llama_bench, llama_speculative
-from apps.peers.process import describe_failure, run_child
+from apps.bench.suite import SuitePrompt
+from apps.bench.peers import llama_bench, llama_speculative
+from apps.bench.peers.process import describe_failure, run_child
 
 
 @dataclass
@@ -59,7 +59,7 @@ class BenchJob:
     num_threads: int
     max_context: int
     num_warmup_tokens: int
-    pocketspec_options: dict  # open_engine keyword arguments: exact_verify, repack, backend options
+    pocketspec_options: dict  # SessionSettings fields (exact_verify, repack) and the backend flags
     llama_tools_dir: Path
     peer_draft_max: int | None
 
@@ -91,7 +91,7 @@ def _run_worker(system: System, job: BenchJob, prompts: list[SuitePrompt], refer
             rows.append(record)
             advance()
 
-    run = run_child([sys.executable, "-m", "apps.bench_worker"],
+    run = run_child([sys.executable, "-m", "apps.bench.worker"],
                     stdin_text=json.dumps(_worker_job(system, job, prompts, reference)), on_line=on_line)
     if run.returncode != 0:
         system.status, system.reason = "failed", describe_failure(run, f"{system.name} worker")

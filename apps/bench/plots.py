@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from apps.bench_report import OVERALL, speedups, summaries_by_category
+from apps.bench.report import OVERALL, speedups, summaries_by_category
 
 SPEEDUP_PLOT = "speedup.png"
 FRONTIER_PLOT = "frontier.png"

@@ -13,7 +13,7 @@ import importlib.util
 import time
 from pathlib import Path
 
-from apps.bench_worker import emit, measured_row
+from apps.bench.worker import emit, measured_row
 from pocketspec.errors import UserError
 from pocketspec.stats import peak_rss_bytes
 

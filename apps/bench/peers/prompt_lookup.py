@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from apps.bench_worker import emit, measured_row
+from apps.bench.worker import emit, measured_row
 from pocketspec.prefix import common_prefix_length
 from pocketspec.stats import peak_rss_bytes
 

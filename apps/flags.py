@@ -1,0 +1,193 @@
+"""Every flag of the commands that load models, in one place: click options whose defaults,
+choices and ranges come from their homes (pocketspec/settings.py, memplanner.defaults).
+
+A command passes what they parse to pocketspec.session_settings.SessionSettings; nothing here
+builds runtime settings itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from pocketspec.errors import UserError
+from pocketspec.setting_ranges import parse_setting, setting_range
+from pocketspec.session_settings import SessionSettings
+from pocketspec.settings import (ATTENTION_SINK_TOKENS, AUTO, BACKENDS, LLAMA_KV_TYPES, RANDOM_SEED, SCHEDULERS,
+                                 SPLIT_MODES, TORCH_KV_TYPES, TORCH_WEIGHTS, BatchSettings, GenerationSettings, ModelSettings,
+                                 SamplingSettings, SpeculationSettings, default_num_threads, resolve_weights_format)
+
+SAMPLING = SamplingSettings()
+SPECULATION = SpeculationSettings()
+MODEL = ModelSettings()
+GENERATION = GenerationSettings()
+BATCH = BatchSettings()
+BATCH_OPTIONS = ("batch", "output", "scheduler", "batch_invariant", "pool_rows")
+
+
+class SettingValue(click.ParamType):
+    """A flag's type made from the range its settings field declares (pocketspec/settings.py)."""
+
+    def __init__(self, settings_class, field_name: str):
+        self.settings_class, self.field_name = settings_class, field_name
+        self.name = "integer" if setting_range(settings_class, field_name).is_integer else "number"
+
+    def convert(self, value, param, ctx):
+        return parse_setting(self.settings_class, self.field_name, value)  # UserError: one line, exit 2
+
+
+_FIELD_DEFAULT = object()
+
+
+def setting_option(flag: str, settings_class, field_name: str, default=_FIELD_DEFAULT, **options):
+    """click.option for a numeric setting; the default is the field's own unless given."""
+    if default is _FIELD_DEFAULT:
+        default = getattr(settings_class(), field_name)
+    return click.option(flag, type=SettingValue(settings_class, field_name), default=default, **options)
+
+
+def _draw_seed(ctx, param, seed: int) -> int:
+    if seed != RANDOM_SEED:
+        return seed
+    drawn = SamplingSettings(seed=seed).with_seed_drawn().seed
+    click.echo(f"--seed -1: drew seed {drawn} (pass --seed {drawn} to repeat this run)", err=True)
+    return drawn
+
+
+def _cap_threads(ctx, param, num_threads: int) -> int:
+    num_cores = default_num_threads()
+    if num_threads <= num_cores:
+        return num_threads
+    click.echo(f"--threads {num_threads} is more than the {num_cores} cores this process may use; using "
+               f"{num_cores}", err=True)
+    return num_cores
+
+
+def threads_option(function, help_text: str = "CPU threads (0: all this process may use)."):
+    return setting_option("--threads", ModelSettings, "num_threads", callback=_cap_threads, help=help_text)(function)
+
+
+def model_choice_options(function):
+    """--target/--draft/--pair: catalog names or GGUF paths; the draft may be `ngram` or `none`."""
+    function = click.option("--pair", default=None, help="Catalog pair preset, e.g. qwen-coder (the default).")(function)
+    function = click.option("--draft", default=None, help="Draft: catalog name, GGUF path, `ngram`, `none`, "
+                            "or (--backend torch) `self-sparse` or `self-skip`.")(function)
+    function = click.option("--target", default=None, help="Target: catalog name or GGUF path.")(function)
+    return function
+
+
+def sampling_options(function):
+    function = setting_option("--seed", SamplingSettings, "seed", show_default=True, callback=_draw_seed,
+                              help="-1 draws a random seed and shows it. "
+                                   "Sampling seed. A fixed --gamma makes a seeded run repeatable; with --gamma auto "
+                                 "the draft lengths follow measured timings, and so do the random draws.")(function)
+    function = setting_option("--top-k", SamplingSettings, "top_k", show_default=True, help="0 keeps all tokens.")(function)
+    function = setting_option("--top-p", SamplingSettings, "top_p", show_default=True)(function)
+    function = setting_option("--temperature", SamplingSettings, "temperature", show_default=True,
+                              help="0 is greedy.")(function)
+    return function
+
+
+def parse_gamma(value: str) -> int | None:
+    """`auto` (None: adaptive) or a fixed draft length in SpeculationSettings.gamma's range."""
+    if value.strip() == "auto":
+        return None
+    try:
+        return parse_setting(SpeculationSettings, "gamma", value)
+    except UserError:
+        raise UserError(f"--gamma must be `auto` or {setting_range(SpeculationSettings, 'gamma').describe()}, "
+                        f"got {value!r}") from None
+
+
+def repack_option(function):
+    return click.option("--repack/--no-repack", default=None,
+                        help="Repack llama.cpp's CPU weights: faster decoding, a second copy of most weights in "
+                             "memory [default: repack, unless --memory-budget needs that memory].")(function)
+
+
+def runtime_options(function):
+    function = click.option("--exact-verify/--fast-verify", default=SPECULATION.exact_verify, show_default=True,
+                            help="Only verify batches proven to round bit for bit like one-token decoding "
+                                 "(on a CPU that means plain decoding), or draft freely: a greedy token may then "
+                                 "differ where the target's two best logits are within kernel rounding.")(function)
+    function = repack_option(function)
+    function = threads_option(function)
+    function = click.option("--kv-type", type=click.Choice(LLAMA_KV_TYPES), default=None,
+                            help="The target's KV cache type [default: f16]; a memory plan never changes it, "
+                                 "only the draft's.")(function)
+    function = click.option("--max-context", type=SettingValue(ModelSettings, "max_context"), default=None,
+                            help=f"Target context in tokens [default: {MODEL.max_context}].")(function)
+    function = click.option("--memory-budget", default=None, help="Memory budget for everything, e.g. 512MiB, 3GiB, 3.5G.")(function)
+    function = click.option("--gamma", default="auto", show_default=True, help="Draft length: `auto` (adaptive) or a fixed N.")(function)
+    return function
+
+
+def backend_options(function):
+    options = [
+        click.option("--backend", type=click.Choice(BACKENDS), default=MODEL.backend, show_default=True,
+                     help="Inference backend: llama.cpp (GGUF, CPU/GPU builds) or torch (PyTorch; CPU, CUDA, ROCm)."),
+        click.option("--device", default=MODEL.device, show_default=True, help="torch device: cpu, cuda, cuda:N or rocm."),
+        click.option("--devices", default=",".join(MODEL.devices) or None,
+                     help="Split the target over several devices, e.g. cuda:0,cuda:1 (cpu:0,cpu:1 simulates two on "
+                          "one CPU); with --memory-budget 6GiB,4GiB (or cuda:0=6GiB,...) the plan gives each its "
+                          "blocks and places the draft."),
+        click.option("--split-mode", type=click.Choice(SPLIT_MODES), default=MODEL.split_mode, show_default=True,
+                     help="With --devices: layer gives each device a run of blocks; row splits every matrix over "
+                          "them (tensor parallel; torch: one process per device, or run under torchrun)."),
+        click.option("--weights", type=click.Choice(TORCH_WEIGHTS), default=MODEL.weights, show_default=True,
+                     help=f"torch weight format (auto: {resolve_weights_format(AUTO, on_gpu=False)} on a CPU, "
+                          f"{resolve_weights_format(AUTO, on_gpu=True)} on a GPU, fp16 where bf16 is emulated); "
+                          "int8/int4 quantize on load."),
+        click.option("--torch-kv-type", type=click.Choice(TORCH_KV_TYPES), default=MODEL.torch_kv_type,
+                     show_default=True, help="torch KV cache dtype (auto: the weights' compute dtype)."),
+        click.option("--compile/--no-compile", "compile", default=MODEL.compile, show_default=True,
+                     help="torch.compile the torch model's forward (for GPUs)."),
+        setting_option("--self-draft-window", SpeculationSettings, "self_draft_window", show_default=True,
+                       help=f"--draft self-sparse: KV positions the draft keeps ({ATTENTION_SINK_TOKENS} sinks + recent)."),
+        click.option("--self-draft-kv-type", type=click.Choice(TORCH_KV_TYPES), default=SPECULATION.self_draft_kv_type,
+                     show_default=True, help="--draft self-sparse: the draft's KV dtype."),
+        setting_option("--self-skip-layers", SpeculationSettings, "self_skip_layers",
+                       show_default=True, help="--draft self-skip: first layers the draft runs (0: half)."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def batch_options(function):
+    options = [
+        setting_option("--batch", BatchSettings, "max_batch", default=None,
+                       help="Decode the prompts of a JSONL --prompt-file (one {\"prompt\": ...} per line) N at a "
+                            "time with continuous batching (--backend torch); writes one JSON line per prompt."),
+        click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+                     help="Write the output here instead of stdout (the JSONL lines with --batch); "
+                          "the file appears once it is complete."),
+        click.option("--scheduler", type=click.Choice(SCHEDULERS), default=BATCH.scheduler, show_default=True,
+                     help="--batch: step the longest-waiting rows together (pad) or equal-length rows (group)."),
+        click.option("--batch-invariant/--fast-batch", "batch_invariant", default=BATCH.is_batch_invariant,
+                     show_default="invariant on a CPU, fast on a GPU", help="--batch: kernels whose result for a token does not depend on the rest "
+                                             "of the batch (greedy output = each prompt alone), or faster ones."),
+        setting_option("--pool-rows", BatchSettings, "num_rows", show_default=True,
+                       help="--batch: sequences held at once, from which each step picks (0: the batch size)."),
+    ]
+    for option in reversed(options):
+        function = option(function)
+    return function
+
+
+def take_batch_options(options: dict) -> dict:
+    """Remove the batch flags from a command's keyword arguments and return them."""
+    return {name: options.pop(name) for name in BATCH_OPTIONS}
+
+
+def session_settings(*, target, draft, pair, temperature, top_p, top_k, seed, gamma, memory_budget, max_context,
+                     kv_type, threads, repack, exact_verify, max_new_tokens, pull_if_missing=False,
+                     **backend_args) -> SessionSettings:
+    """The flags of model_choice_options, sampling_options, runtime_options and backend_options, as the
+    one SessionSettings every command opens its session from."""
+    return SessionSettings(
+        target=target, draft=draft, pair=pair,
+        sampling=SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        gamma=parse_gamma(gamma), memory_budget=memory_budget, max_context=max_context, kv_type=kv_type,
+        threads=threads, max_new_tokens=max_new_tokens, repack=repack, exact_verify=exact_verify,
+        options=backend_args, pull_if_missing=pull_if_missing)

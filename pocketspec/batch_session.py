@@ -1,0 +1,66 @@
+"""The batched front door (torch): SessionSettings and BatchSettings to a BatchEngine whose rows
+--memory-budget sized, the way pocketspec/session.py opens a single-sequence engine."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import cached_property
+from typing import Callable
+
+from pocketspec.backends.device_check import check_devices
+from pocketspec.budget import MemoryPlan
+from pocketspec.chat_template import encode_prompt, template_for
+from pocketspec.errors import UserError
+from pocketspec.loader import ModelChoice
+from pocketspec.session_settings import SessionSettings, settings_for
+from pocketspec.settings import BatchSettings
+
+
+class BatchSession:
+    def __init__(self, opened, choice: ModelChoice, plan: MemoryPlan | None, max_context: int):
+        self._opened = opened  # pocketspec.batch.open.OpenedBatch
+        self.engine = opened.engine
+        self.tokenizer = opened.tokenizer
+        self.choice = choice
+        self.plan = plan
+        self.max_context = max_context
+
+    @cached_property
+    def template(self):
+        return template_for(self.tokenizer)
+
+    def encode(self, text: str, *, chat: bool) -> list[int]:
+        return encode_prompt(self.tokenizer, self.template, text, chat=chat)
+
+    def close(self) -> None:
+        self._opened.close()
+
+    def __enter__(self) -> BatchSession:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
+                       on_note: Callable[[str], None] | None = None) -> BatchSession:
+    """Resolve, plan the rows (pocketspec/budget/batch_plan.py), load. A fixed --gamma is every row's
+    longest draft. on_note(line): the memory plan's lines."""
+    from pocketspec.batch.open import open_batch_engine
+    from pocketspec.budget.batch_plan import apply_batch_plan
+
+    choice, target_settings, speculation = settings_for(settings)
+    if settings.gamma is not None:
+        speculation = replace(speculation, max_gamma=settings.gamma)
+    check_devices(target_settings)
+    if target_settings.backend != "torch":
+        raise UserError("--batch decodes on --backend torch only; add --backend torch")
+    plan = None
+    if settings.memory_budget is not None:
+        plan = apply_batch_plan(choice, settings.memory_budget, target_settings, speculation, batch)
+        batch = plan.batch
+        for line in plan.lines:
+            (on_note or (lambda line: None))(line)
+    opened = open_batch_engine(choice, target_settings=target_settings, speculation=speculation,
+                               sampling=settings.sampling, batch=batch)
+    return BatchSession(opened, choice, plan, target_settings.max_context)

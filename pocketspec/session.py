@@ -1,0 +1,130 @@
+"""The one way from settings to a running engine, for every front end (generate, chat, bench's
+workers, the benchmark scripts, the server):
+
+    with open_session(SessionSettings(pair="qwen-coder", memory_budget="3GiB")) as session:
+        result = session.engine.generate(session.encode("Hello", chat=True), 64)
+
+open_session resolves the models (pocketspec/loader.py), applies --memory-budget
+(pocketspec/budget/), loads the engine and measures what the budget bounds. A session owns
+the engine, the applied memory plan and the tokenizer, and closes them.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Callable
+
+import psutil
+
+from memplanner.split import is_split
+from pocketspec.backends.device_check import check_devices
+from pocketspec.budget import MemoryPlan, apply_budget
+from pocketspec.chat_template import encode_chat, encode_prompt, template_for
+from pocketspec.loader import ModelChoice, draft_settings_for, load_engine
+from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
+from pocketspec.stats import GenerationStats, gpu_allocator_peaks, peak_rss_bytes
+
+Notify = Callable[[str], None]
+
+
+class Session:
+    def __init__(self, engine, choice: ModelChoice, plan: MemoryPlan | None, notes: list[str],
+                 settings: SessionSettings):
+        self.engine = engine
+        self.choice = choice
+        self.plan = plan
+        self.notes = notes  # what the plan and the loader said, in order
+        self.settings = settings
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return self.plan.budget_bytes if self.plan is not None else None
+
+    @cached_property
+    def template(self):
+        """The model's own chat template (ChatML when it has none: template.is_fallback)."""
+        return template_for(self.tokenizer)
+
+    def encode(self, text: str, *, chat: bool) -> list[int]:
+        """Prompt tokens for `text`: as one user message in the chat template, or as raw text."""
+        return encode_prompt(self.tokenizer, self.template, text, chat=chat)
+
+    def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
+        return encode_chat(self.tokenizer, self.template, messages)
+
+    def reset(self, seed: int | None = None) -> None:
+        """The next generation starts from empty caches (see SpeculativeEngine.reset)."""
+        self.engine.reset(seed)
+
+    def peak_memory_bytes(self) -> int:
+        """What --memory-budget bounds: torch's allocator peaks, summed over every GPU used (target, draft,
+        split devices, a row split's other ranks); on a CPU the whole process's peak resident memory
+        (VmHWM, as `top` and /usr/bin/time -v show it), the interpreter and the front end's modules included."""
+        gpu_peaks = {**gpu_allocator_peaks(), **self.engine.allocator_peaks()}
+        if gpu_peaks:
+            return sum(gpu_peaks.values())
+        return peak_rss_bytes()
+
+    def memory_in_use_bytes(self) -> int:
+        return psutil.Process().memory_info().rss
+
+    def stats_dict(self, stats: GenerationStats) -> dict:
+        result = stats.as_dict()
+        result["peak_memory_bytes"] = self.peak_memory_bytes()
+        reserved = gpu_allocator_peaks(reserved=True)
+        if reserved:  # this process's GPUs (a row split's other ranks are not in it)
+            result["peak_gpu_reserved_bytes"] = sum(reserved.values())
+        if self.budget_bytes is not None:
+            result["memory_budget_bytes"] = self.budget_bytes
+        return result
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def open_session(settings: SessionSettings, *, on_note: Notify | None = None,
+                 on_progress: Notify | None = None) -> Session:
+    """Resolve, plan, load. on_note(line): each line of the memory plan and the loader's notes, as soon as
+    it is final; on_progress(line): told before a first-time cost measurement (seconds to a minute)."""
+    notify = on_note or (lambda line: None)
+    choice, target_settings, speculation = settings_for(settings)
+    if not is_split(target_settings.devices, settings.memory_budget):
+        check_devices(target_settings)  # a split checks the devices its budget may name
+    plan = apply_budget(choice, settings.memory_budget, target_settings, speculation,
+                        max_new_tokens=settings.max_new_tokens, temperature=settings.sampling.temperature,
+                        repack=repack_allowed(settings.repack))
+    if plan is not None:
+        choice, target_settings, speculation = plan.choice, plan.target_settings, plan.speculation
+    notes = list(plan.lines) if plan is not None else []
+    if plan is not None and not plan.shown_after_loading:
+        for line in notes:
+            notify(line)
+    draft_max_context = plan.draft_max_context if plan is not None else settings.draft_window
+    draft_device = plan.draft_device if plan is not None else None
+    engine = load_engine(
+        choice,
+        target_settings=target_settings,
+        draft_settings=draft_settings_for(target_settings, draft_max_context, draft_device, speculation.draft_kv_type),
+        sampling=settings.sampling,
+        speculation=speculation,
+        notify=on_progress,
+    )
+    if plan is not None and plan.shown_after_loading:
+        for line in notes:
+            notify(line)
+    for line in engine.notes:
+        notify(line)
+    notes.extend(engine.notes)
+    return Session(engine, choice, plan, notes, settings)

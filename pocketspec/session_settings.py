@@ -1,0 +1,92 @@
+"""What a front end asks a session for, in the user's own terms, and the runtime settings it makes.
+
+generate, chat, bench's workers and the server fill one SessionSettings from their flags or
+requests; `settings_for` turns it into the runtime's dataclasses (pocketspec/settings.py),
+so every front end reaches the same engine the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Mapping
+
+from memplanner.split import parse_devices
+from pocketspec.errors import UserError
+from pocketspec.loader import ModelChoice, choose_models, trained_context_limit
+from pocketspec.settings import GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings
+
+MODEL = ModelSettings()
+SPECULATION = SpeculationSettings()
+GENERATION = GenerationSettings()
+_MODEL_FIELDS = {field_.name for field_ in fields(ModelSettings)}
+TORCH_ONLY_FIELDS = ("device", "weights", "torch_kv_type", "compile")
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    target: str | None = None  # catalog name or GGUF path; None: the pair's
+    draft: str | None = None  # catalog name, GGUF path, or a draftless / self-draft mode
+    pair: str | None = None
+    sampling: SamplingSettings = SamplingSettings()
+    gamma: int | None = None  # None: adaptive
+    memory_budget: str | None = None
+    max_context: int | None = None  # None: ModelSettings' default, capped to the trained length
+    kv_type: str | None = None  # the target's llama.cpp KV type; None: ModelSettings' default
+    threads: int = 0
+    max_new_tokens: int = GENERATION.max_new_tokens  # the longest generation the plan makes room for
+    repack: bool | None = None  # None: the plan may choose
+    exact_verify: bool = SPECULATION.exact_verify
+    # The other flags by field name (backend, device, devices as text, weights, torch_kv_type,
+    # expected_acceptance, ...): each goes to its home, ModelSettings or SpeculationSettings.
+    options: Mapping[str, object] = field(default_factory=dict)
+    draft_window: int | None = None  # the draft model's KV cache in tokens; None: the plan's, else the target's
+    pull_if_missing: bool = False
+
+
+def repack_allowed(repack: bool | None) -> tuple[bool, ...]:
+    """The weight layouts a plan may choose: the user's, or either when --repack/--no-repack is not given."""
+    return (MODEL.repack_weights, not MODEL.repack_weights) if repack is None else (repack,)
+
+
+def apply_backend_options(target_settings: ModelSettings, speculation: SpeculationSettings,
+                          options: Mapping[str, object]) -> tuple[ModelSettings, SpeculationSettings]:
+    """Put each backend option into the settings dataclass that is its home."""
+    model_options = {name: value for name, value in options.items() if name in _MODEL_FIELDS}
+    speculation_options = {name: value for name, value in options.items() if name not in _MODEL_FIELDS}
+    model_options["devices"] = _parse_devices(model_options.get("devices"), model_options.get("device", MODEL.device))
+    target_settings = replace(target_settings, **model_options)
+    if target_settings.backend == "llama.cpp":
+        changed = [name for name in TORCH_ONLY_FIELDS if getattr(target_settings, name) != getattr(MODEL, name)]
+        if changed:
+            flag = "--" + changed[0].replace("_", "-")
+            raise UserError(f"{flag} applies to --backend torch; add --backend torch or leave {flag} out")
+    return target_settings, replace(speculation, **speculation_options)
+
+
+def _parse_devices(devices: str | tuple | None, device: str) -> tuple[str, ...]:
+    if devices is None:
+        return MODEL.devices
+    if isinstance(devices, tuple):
+        return devices
+    if device != MODEL.device:
+        raise UserError(f"give --device {device} or --devices {devices}, not both")
+    try:
+        return parse_devices(devices)
+    except ValueError as error:
+        raise UserError(f"--devices {devices}: {error}") from None
+
+
+def settings_for(settings: SessionSettings) -> tuple[ModelChoice, ModelSettings, SpeculationSettings]:
+    """The models the settings name, resolved and checked, and the runtime settings before any plan."""
+    choice = choose_models(target=settings.target, draft=settings.draft, pair=settings.pair,
+                           pull_if_missing=settings.pull_if_missing)
+    target_settings = ModelSettings(
+        num_threads=settings.threads,
+        max_context=trained_context_limit(choice.target_path, settings.max_context, MODEL.max_context),
+        kv_type=settings.kv_type or MODEL.kv_type,
+        repack_weights=MODEL.repack_weights if settings.repack is None else settings.repack,
+    )
+    speculation = replace(SPECULATION, gamma=settings.gamma, exact_verify=settings.exact_verify)
+    target_settings, speculation = apply_backend_options(target_settings, speculation, settings.options)
+    target_settings = replace(target_settings, max_logits_rows=speculation.verify_width(choice.drafter != "none"))
+    return choice, target_settings, speculation
