@@ -21,7 +21,6 @@ SmolLM2's tokenizer. Results: benchmarks/results/<name>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -35,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from apps.prompt_file import read_prompt_rows  # noqa: E402
 from apps.report import write_results  # noqa: E402
 from pocketspec.backends.torch_backend import _load_tokenizer, resolve_weights_format  # noqa: E402
 from pocketspec.batch.batched_model import BatchedModel  # noqa: E402
@@ -43,7 +43,7 @@ from pocketspec.batch.engine import BatchEngine  # noqa: E402
 from pocketspec.batch.sequence import Request  # noqa: E402
 from pocketspec.catalog import model_path  # noqa: E402
 from pocketspec.chat_template import encode_chat, template_for  # noqa: E402
-from pocketspec.settings import BatchSettings, SamplingSettings, SpeculationSettings  # noqa: E402
+from pocketspec.settings import BatchSettings, SpeculationSettings  # noqa: E402
 from pocketspec.torch_model.device import resolve_device  # noqa: E402
 from pocketspec.torch_model.invariant import TileShape, make_batch_invariant  # noqa: E402
 from pocketspec.torch_model.load import load_model  # noqa: E402
@@ -55,9 +55,8 @@ MODEL = "smollm2-135m-instruct"
 def spec_bench_prompts(tokenizer, num_prompts: int, max_prompt_tokens: int) -> list[list[int]]:
     """First turns, one category after another, in the chat template; prompts longer than the limit are skipped."""
     by_category: dict[str, list[str]] = {}
-    for line in DATA_PATH.read_text().splitlines():
-        row = json.loads(line)
-        by_category.setdefault(row["category"], []).append(row["turns"][0])
+    for row in read_prompt_rows(DATA_PATH, "Spec-Bench"):
+        by_category.setdefault(row.category, []).append(row.text)
     template = template_for(tokenizer)
     prompts: list[list[int]] = []
     for index in range(max(map(len, by_category.values()))):
@@ -101,7 +100,7 @@ class Runner:
         drafter = {"plain": "none", "self-skip": "model"}.get(mode, mode)
         speculation = SpeculationSettings(drafter=drafter, gamma=self.args.gamma)
         return BatchEngine(target, is_end=self.tokenizer.is_end_of_generation,
-                           draft=BatchModelDrafter(draft, SamplingSettings()) if draft is not None else None,
+                           draft=BatchModelDrafter(draft) if draft is not None else None,
                            speculation=speculation, batch=replace(self.settings, max_batch=max_batch,
                                                                   scheduler=scheduler))
 

@@ -43,9 +43,10 @@ class BatchSession:
 
 
 def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
-                       on_note: Callable[[str], None] | None = None) -> BatchSession:
+                       on_note: Callable[[str], None] | None = None, min_rows: int = 0) -> BatchSession:
     """Resolve, plan the rows (pocketspec/budget/batch_plan.py), load. A fixed --gamma is every row's
-    longest draft. on_note(line): the memory plan's lines."""
+    longest draft. on_note(line): the memory plan's lines. min_rows: the sequences that must run at
+    once (a server's --max-concurrency); a budget that fits fewer is refused before loading."""
     from pocketspec.batch.open import open_batch_engine
     from pocketspec.budget.batch_plan import apply_batch_plan
 
@@ -59,6 +60,10 @@ def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
     if settings.memory_budget is not None:
         plan = apply_batch_plan(choice, settings.memory_budget, target_settings, speculation, batch)
         batch = plan.batch
+        if batch.max_batch < min_rows:
+            raise UserError(f"--max-concurrency {min_rows} does not fit --memory-budget {settings.memory_budget}: "
+                            f"it holds {batch.max_batch} sequences of {target_settings.max_context} tokens; lower "
+                            "--max-concurrency or --max-context")
         for line in plan.lines:
             (on_note or (lambda line: None))(line)
     opened = open_batch_engine(choice, target_settings=target_settings, speculation=speculation,

@@ -97,6 +97,14 @@ class SpeculativeEngine:
             self.model.close()
         self.target.close()
 
+    def use_sampling(self, sampling: SamplingSettings) -> None:
+        """Sample the next generations with these settings and a random stream seeded by sampling.seed
+        (a server's requests each bring their own)."""
+        self.sampling = sampling
+        if self.model is not None:
+            self.model.sampling, self.model.has_probs = sampling, not sampling.is_greedy
+        self.reseed(sampling.seed)
+
     def reseed(self, seed: int) -> None:
         """Restart the random stream shared by sampling, verification and the draft model."""
         self.rng = np.random.default_rng(seed)

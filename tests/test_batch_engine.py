@@ -65,7 +65,7 @@ class Models:
             draft = self.rows(self.target, num_rows, is_draft=True, num_layers=1)
         kind = {"self-skip": "model"}.get(drafter, drafter)
         return BatchEngine(self.rows(self.target, num_rows), is_end=self.tokenizer.is_end_of_generation,
-                           draft=BatchModelDrafter(draft, sampling) if draft is not None else None, sampling=sampling,
+                           draft=BatchModelDrafter(draft) if draft is not None else None, sampling=sampling,
                            speculation=SpeculationSettings(drafter=kind, gamma=gamma, ngram_min=ngram_min),
                            batch=replace(self.settings, max_batch=max_batch, scheduler=scheduler))
 
@@ -229,8 +229,7 @@ def test_smollm2_batched_equals_each_prompt_alone(smollm2_path):
         for drafter, max_batch in (("ngram", 8), ("self-skip", 4)):
             engine = models.engine(drafter, max_batch=max_batch, num_rows=max_batch, gamma=3)
             if drafter == "self-skip":  # 20 of 30 layers: a draft that is right often
-                engine.draft = BatchModelDrafter(models.rows(models.target, max_batch, is_draft=True, num_layers=20),
-                                                 engine.sampling)
+                engine.draft = BatchModelDrafter(models.rows(models.target, max_batch, is_draft=True, num_layers=20))
             results = engine.run(requests)
             _assert_each_equals_alone(models, requests, results)
             assert max(engine.rows_per_step) == max_batch

@@ -19,12 +19,11 @@ from pocketspec.batch.sequence import SequenceState
 from pocketspec.drafters.base import Draft
 from pocketspec.prefix import common_prefix_length
 from pocketspec.sampling import choose_with_probs
-from pocketspec.settings import SamplingSettings
 
 
 class BatchModelDrafter:
-    def __init__(self, draft: BatchedModel, sampling: SamplingSettings):
-        self.draft, self.sampling = draft, sampling
+    def __init__(self, draft: BatchedModel):
+        self.draft = draft
 
     def admit(self, row: int, prompt: Sequence[int]) -> None:
         self.draft.rollback(row, 0)
@@ -64,7 +63,7 @@ class BatchModelDrafter:
         probs: list[list[np.ndarray]] = [[] for _ in sequences]
         for index in range(gamma):
             for row_tokens, row_probs, row_logits, sequence in zip(tokens, probs, logits, sequences):
-                token, token_probs = choose_with_probs(row_logits[0], self.sampling, sequence.rng)
+                token, token_probs = choose_with_probs(row_logits[0], sequence.sampling, sequence.rng)
                 row_tokens.append(token)
                 if token_probs is not None:
                     row_probs.append(token_probs)

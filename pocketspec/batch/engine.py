@@ -10,12 +10,11 @@ and rolled back on its own. A finished sequence frees its row for the next reque
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Callable, Sequence
 
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
-from pocketspec.batch.scheduler import Candidate, pick
+from pocketspec.batch.pool import BatchPool
 from pocketspec.batch.sequence import BatchResult, Request, SequenceState
 from pocketspec.controller import Choice, GammaController
 from pocketspec.drafters.base import Draft
@@ -56,12 +55,12 @@ class BatchEngine:
             self._controllers[group_size] = controller
         return self._controllers[group_size]
 
-    def _admit(self, index: int, request: Request, row: int, submitted_at: float, should_stop) -> SequenceState:
+    def admit(self, index: int, request: Request, row: int, submitted_at: float, should_stop) -> SequenceState:
         if len(request.prompt) >= self.target.max_context:
             raise UserError(f"prompt {index + 1} has {len(request.prompt)} tokens but the context holds "
                             f"{self.target.max_context}: shorten it or raise --max-context")
         ngram = NgramDrafter(self.speculation.ngram_min, self.speculation.ngram_max) if self.uses_ngram else None
-        sequence = SequenceState(index, request, row, ngram=ngram, submitted_at=submitted_at)
+        sequence = SequenceState(index, request, row, ngram=ngram, submitted_at=submitted_at, sampling=self.sampling)
         sequence.last_step = self.num_steps
         if request.max_new_tokens <= 0:
             sequence.stop_reason = "max_tokens"
@@ -76,7 +75,7 @@ class BatchEngine:
         if logits is None:
             sequence.stop_reason = "interrupted"
         else:
-            sequence.accept([choose_token(logits, self.sampling, sequence.rng)], self.is_end)
+            sequence.accept([choose_token(logits, sequence.sampling, sequence.rng)], self.is_end)
         return sequence
 
     def _drafts(self, choice: Choice, group: Sequence[SequenceState], ngram_tokens: list[list[int]],
@@ -89,7 +88,7 @@ class BatchEngine:
         return [Draft(draft.tokens[:cap], None if draft.probs is None else draft.probs[:cap], draft.forward_timings)
                 for draft, cap in zip(drafts, caps)]
 
-    def _step(self, group: list[SequenceState]) -> None:
+    def step(self, group: list[SequenceState]) -> None:
         """One draft + verify step for `group`, every row in one target forward."""
         step_started = time.perf_counter()
         controller = self._controller(len(group))
@@ -116,7 +115,7 @@ class BatchEngine:
         verify_started = time.perf_counter()
         num_accepted = []
         for sequence, draft, row_logits, kept in zip(group, drafts, logits, num_cached):
-            verdict = verify_logits(draft.tokens, draft.probs, row_logits, self.sampling, sequence.rng)
+            verdict = verify_logits(draft.tokens, draft.probs, row_logits, sequence.sampling, sequence.rng)
             self.target.rollback(sequence.row, kept + 1 + verdict.num_accepted)
             sequence.accept(verdict.emitted(draft.tokens), self.is_end)
             controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted)
@@ -132,7 +131,7 @@ class BatchEngine:
         self.num_steps += 1
         self.rows_per_step.append(len(group))
 
-    def _release(self, sequence: SequenceState) -> BatchResult:
+    def release(self, sequence: SequenceState) -> BatchResult:
         self.target.rollback(sequence.row, 0)
         if self.uses_model:
             self.draft.release(sequence.row)
@@ -143,51 +142,20 @@ class BatchEngine:
     def run(self, requests: Sequence[Request], *, on_finished: Callable[[BatchResult], None] | None = None,
             should_stop: Callable[[], bool] | None = None) -> list[BatchResult]:
         """Decode every request; results in input order. on_finished sees each result as its sequence ends."""
+        pool = BatchPool(self)
         submitted_at = time.perf_counter()
-        waiting = deque(enumerate(requests))
-        free_rows = list(range(self.target.num_rows))
-        active: dict[int, SequenceState] = {}
+        for index, request in enumerate(requests):
+            pool.add(index, request, submitted_at)
         results: list[BatchResult] = []
-
-        def finish(sequence: SequenceState) -> None:
-            free_rows.append(sequence.row)
-            active.pop(sequence.index, None)
-            results.append(self._release(sequence))
-            if on_finished is not None:
-                on_finished(results[-1])
-
-        while waiting or active:
+        while pool.has_work:
             if should_stop is not None and should_stop():
-                for sequence in sorted(active.values(), key=lambda sequence: sequence.index):
-                    sequence.stop_reason = sequence.stop_reason or "interrupted"
-                    finish(sequence)
-                for index, request in waiting:  # never admitted: no row
-                    results.append(SequenceState(index, request, -1, ngram=None, submitted_at=submitted_at).finish())
-                    if on_finished is not None:
-                        on_finished(results[-1])
-                break
-            while waiting and free_rows:
-                index, request = waiting.popleft()
-                sequence = self._admit(index, request, free_rows.pop(0), submitted_at, should_stop)
-                active[index] = sequence
-                if sequence.is_finished:
-                    finish(sequence)
-            if not active:
-                continue
-            scheduling_started = time.perf_counter()
-            candidates = [Candidate(index, len(sequence.context), sequence.last_step)
-                          for index, sequence in active.items()]
-            chosen = pick(candidates, max_batch=self.max_batch, policy=self.batch.scheduler, step=self.num_steps,
-                          length_bucket=self.target.decode_shape.key_block)
-            self.seconds["scheduling"] += time.perf_counter() - scheduling_started
-            group = sorted((active[index] for index in chosen), key=lambda sequence: sequence.row)
-            self._step(group)
-            for sequence in group:
-                if not sequence.is_finished and sequence.max_gamma(self.target.max_context,
-                                                                   self.target.num_cached(sequence.row)) < 0:
-                    sequence.stop_reason = "context_full"
-                if sequence.is_finished:
-                    finish(sequence)
+                finished = pool.stop_all()
+            else:
+                finished = pool.step(should_stop)
+            for result in finished:
+                results.append(result)
+                if on_finished is not None:
+                    on_finished(result)
         return sorted(results, key=lambda result: result.index)
 
     @property

@@ -19,12 +19,10 @@ from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.engine import BatchEngine
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
-from pocketspec.settings import BatchSettings, ModelSettings, SamplingSettings, SpeculationSettings
+from pocketspec.settings import BATCH_DRAFTS, BatchSettings, ModelSettings, SamplingSettings, SpeculationSettings
 from pocketspec.torch_model.device import resolve_device
 from pocketspec.torch_model.invariant import TileShape, make_batch_invariant
 from pocketspec.torch_model.load import load_model
-
-BATCH_DRAFTS = ("auto", "ngram", "none", "self-skip")
 
 
 @dataclass
@@ -70,7 +68,7 @@ def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, sp
         draft = BatchedModel(draft_model, settings=draft_settings, **rows)
     if speculation.drafter == "auto" and choice.drafter in ("ngram", "none"):
         speculation = replace(speculation, drafter=choice.drafter)
-    drafter = BatchModelDrafter(draft, sampling) if draft is not None else None
+    drafter = BatchModelDrafter(draft) if draft is not None else None
     engine = BatchEngine(target, is_end=tokenizer.is_end_of_generation, draft=drafter, sampling=sampling,
                          speculation=speculation, batch=batch)
     return OpenedBatch(engine, tokenizer, vocab_model)

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pocketspec.drafters.ngram import NgramDrafter
+from pocketspec.settings import SamplingSettings
 from pocketspec.stats import GenerationStats
 
 
@@ -21,6 +22,7 @@ class Request:
     prompt: list[int]
     max_new_tokens: int
     seed: int = 0
+    sampling: SamplingSettings | None = None  # None: the engine's; a server's requests bring their own
 
 
 @dataclass
@@ -33,8 +35,10 @@ class BatchResult:
 
 
 class SequenceState:
-    def __init__(self, index: int, request: Request, row: int, *, ngram: NgramDrafter | None, submitted_at: float):
+    def __init__(self, index: int, request: Request, row: int, *, ngram: NgramDrafter | None, submitted_at: float,
+                 sampling: SamplingSettings = SamplingSettings()):
         self.index, self.request, self.row, self.ngram = index, request, row, ngram
+        self.sampling = request.sampling or sampling
         self.context = list(request.prompt)  # once decoding, it ends with the pending token (not yet in the cache)
         self.tokens: list[int] = []
         self.stop_reason: str | None = None

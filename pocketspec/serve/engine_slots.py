@@ -1,0 +1,96 @@
+"""One slot: a single speculative engine (llama.cpp, or torch without batching) serving requests
+one after another, in the order they came.
+
+The engine keeps the longest common prefix of its KV caches (target and draft), so a
+conversation sent turn by turn prefills only what is new. Each request samples with its own
+settings and a random stream seeded by its own seed, so its output is what it would be alone.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from pocketspec.serve.generation import (GenerationOutcome, GenerationRequest, IsCancelled, OnTokens,
+                                         PendingGeneration, Slots)
+
+_STOP = object()
+
+
+class EngineSlots(Slots):
+    num_slots = 1
+
+    def __init__(self, session):
+        super().__init__()
+        self.session = session  # pocketspec.session.Session: owns the engine
+        self.tokenizer = session.tokenizer
+        self.template = session.template
+        self.max_context = session.engine.max_context
+        self._queue: queue.Queue = queue.Queue()
+        self._is_closing = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="pocketspec-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: GenerationRequest, on_tokens: OnTokens, is_cancelled: IsCancelled):
+        pending = PendingGeneration(request, on_tokens, is_cancelled, submitted_at=time.perf_counter())
+        if self._is_closing.is_set():
+            pending.future.set_exception(RuntimeError("the server is shutting down"))
+            return pending.future
+        with self._lock:
+            self._num_queued += 1
+        self._queue.put(pending)
+        return pending.future
+
+    def _serve(self) -> None:
+        while True:
+            pending = self._queue.get()
+            if pending is _STOP:
+                return
+            with self._lock:
+                self._num_queued -= 1
+                self._num_in_use += 1
+            try:
+                if not pending.future.set_running_or_notify_cancel():
+                    continue
+                pending.future.set_result(self._generate(pending))
+            except BaseException as error:  # the request fails, the server goes on
+                pending.future.set_exception(error)
+            finally:
+                with self._lock:
+                    self._num_in_use -= 1
+
+    def _generate(self, pending: PendingGeneration) -> GenerationOutcome:
+        started = time.perf_counter()
+        request = pending.request
+        engine = self.session.engine
+        engine.use_sampling(request.sampling)
+
+        def should_stop() -> bool:
+            return self._is_closing.is_set() or pending.is_cancelled()
+
+        if should_stop():
+            return GenerationOutcome([], "cancelled", len(request.prompt_tokens),
+                                     queued_seconds=started - pending.submitted_at)
+        result = engine.generate(request.prompt_tokens, request.max_new_tokens, on_tokens=pending.on_tokens,
+                                 should_stop=should_stop)
+        stats = result.stats
+        return GenerationOutcome(
+            result.tokens, "cancelled" if result.stop_reason == "interrupted" else result.stop_reason,
+            len(request.prompt_tokens), stats.num_drafted, stats.num_accepted, stats.num_reused_tokens,
+            time.perf_counter() - started, started - pending.submitted_at)
+
+    def close(self, timeout_seconds: float = 30.0) -> None:
+        """Cancel what runs and what waits (each stops within one step), then close the engine."""
+        self._is_closing.set()
+        self._queue.put(_STOP)
+        self._thread.join(timeout_seconds)
+        while True:
+            try:
+                pending = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if pending is not _STOP and pending.future.set_running_or_notify_cancel():
+                pending.future.set_result(GenerationOutcome([], "cancelled", len(pending.request.prompt_tokens)))
+        if not self._thread.is_alive():
+            self.session.close()

@@ -1,0 +1,91 @@
+"""The slots a server generates with, on SmolLM2: requests that join while others run return
+exactly the tokens they return alone (torch's batch-invariant pool; greedy), a cancelled request
+frees its slot within a step, and one engine serves requests in turn (llama.cpp)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pocketspec.chat_template import encode_chat
+from pocketspec.serve.generation import GenerationRequest
+from pocketspec.serve.open import open_slots
+from pocketspec.session_settings import SessionSettings
+from pocketspec.settings import SamplingSettings
+
+pytestmark = pytest.mark.real_model
+QUESTIONS = ["What is the capital of France?", "Name three colours of the rainbow.",
+             "Count from one to five in words.", "What do bees make?", "Say hello in Spanish.",
+             "Which planet is the largest?"]
+
+
+def _settings(backend: str) -> SessionSettings:
+    return SessionSettings(target="smollm2-135m-instruct", draft="ngram", max_context=512, threads=1,
+                           options={"backend": backend})
+
+
+def _prompt(slots, question: str) -> list[int]:
+    return encode_chat(slots.tokenizer, slots.template, [{"role": "user", "content": question}])
+
+
+def _generate(slots, prompt_tokens, max_new_tokens=24, sampling=SamplingSettings(), is_cancelled=lambda: False):
+    streamed: list[int] = []
+    future = slots.submit(GenerationRequest(prompt_tokens, max_new_tokens, sampling), streamed.extend, is_cancelled)
+    return future, streamed
+
+
+@pytest.fixture(scope="module")
+def torch_slots(one_torch_thread):
+    slots = open_slots(_settings("torch"), max_concurrency=4)
+    yield slots
+    slots.close()
+
+
+def test_concurrent_requests_equal_each_alone_on_the_torch_pool(torch_slots):
+    prompts = [_prompt(torch_slots, question) for question in QUESTIONS]
+    alone = [_generate(torch_slots, prompt)[0].result(timeout=300).tokens for prompt in prompts]
+    submitted = []
+    for prompt in prompts:  # more requests than rows, joining while others run
+        submitted.append(_generate(torch_slots, prompt))
+        time.sleep(0.05)
+    assert all(len(tokens) > 4 for tokens in alone)
+    for (future, streamed), expected in zip(submitted, alone):
+        outcome = future.result(timeout=300)
+        assert outcome.tokens == expected and streamed == expected
+        assert outcome.stop_reason in ("max_tokens", "end_of_generation")
+    assert torch_slots.in_use() == 0 and torch_slots.queued() == 0
+
+
+def test_a_cancelled_request_stops_and_frees_its_row(torch_slots):
+    prompt = _prompt(torch_slots, QUESTIONS[0])
+    cancel = threading.Event()
+    future, streamed = _generate(torch_slots, prompt, max_new_tokens=400, is_cancelled=cancel.is_set)
+    while not streamed and not future.done():
+        time.sleep(0.01)
+    cancel.set()
+    outcome = future.result(timeout=60)
+    assert outcome.stop_reason == "cancelled" and len(outcome.tokens) < 400
+    assert _generate(torch_slots, prompt)[0].result(timeout=300).stop_reason in ("max_tokens", "end_of_generation")
+    assert torch_slots.in_use() == 0
+
+
+def test_each_request_samples_with_its_own_settings_and_seed(torch_slots):
+    prompt = _prompt(torch_slots, QUESTIONS[1])
+    sampled = SamplingSettings(temperature=1.0, seed=7)
+    first, second = (_generate(torch_slots, prompt, sampling=sampled)[0].result(timeout=300).tokens
+                     for _ in range(2))
+    assert len(first) > 4 and first == second  # the same seed draws the same tokens, whatever ran before
+
+
+def test_one_engine_serves_requests_in_turn_and_reuses_the_prefix():
+    slots = open_slots(_settings("llama.cpp"), max_concurrency=1)
+    try:
+        prompt = _prompt(slots, QUESTIONS[2])
+        futures = [_generate(slots, prompt) for _ in range(3)]
+        outcomes = [future.result(timeout=300) for future, _ in futures]
+        assert outcomes[0].tokens and outcomes[0].tokens == outcomes[1].tokens == outcomes[2].tokens
+        assert outcomes[2].num_reused_tokens > 0  # the same prompt again: its KV was kept
+    finally:
+        slots.close()
