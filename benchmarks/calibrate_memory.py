@@ -22,12 +22,13 @@ import itertools
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
+
+from worker_process import WorkerFailed, answer_if_worker, run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS_DIR = Path(os.environ.get("POCKETSPEC_HOME", Path.home() / ".cache" / "pocketspec")) / "models"
@@ -121,8 +122,9 @@ def decode(llama_cpp, context, num_tokens: int, n_ubatch: int) -> None:
     llama_cpp.llama_batch_free(batch)
 
 
-def worker(name: str) -> dict:
-    """Runs in a fresh process: every measurement for one model."""
+def worker(config: dict) -> dict:
+    """Runs in a fresh process: every measurement for one model (config: {"model": name})."""
+    name = config["model"]
     record: dict = {"model": name, "file_bytes": (MODELS_DIR / f"{name}.gguf").stat().st_size}
     record["rss_interpreter"] = rss_bytes()
     # The baseline `generate --json` measures from: the CLI's own modules (numpy, gguf, click,
@@ -191,11 +193,10 @@ def measure() -> dict:
             print(f"skipping {name}: not in {MODELS_DIR}", file=sys.stderr)
             continue
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, __file__, "--worker", name], capture_output=True, text=True)
-        if done.returncode != 0:
-            records.append({"model": name, "failed": done.returncode, "stderr": done.stderr[-2000:]})
-        else:
-            records.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        try:
+            records.append(run_worker(__file__, {"model": name}, what=f"{name} worker"))
+        except WorkerFailed as failure:
+            records.append({"model": name, "failed": failure.returncode, "stderr": failure.stderr[-2000:]})
         print(f"{name}: {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return {"date": time.strftime("%Y-%m-%d"), "llama_cpp_python": llama_cpp.__version__,
             "system_info": llama_cpp.llama_print_system_info().decode().strip(),
@@ -203,13 +204,10 @@ def measure() -> dict:
 
 
 def main() -> None:
+    answer_if_worker(worker)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--fit-only", type=Path, help="fit from an existing observations JSON")
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args.worker)))
-        return
     if args.fit_only:
         observations = json.loads(args.fit_only.read_text())
     else:

@@ -16,22 +16,24 @@ Apache-2.0, see benchmarks/data/SPEC_BENCH_LICENSE).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from worker_process import answer_if_worker, run_worker
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from apps.prompt_file import PromptRow, read_prompt_rows  # noqa: E402
 
 DATA_PATH = ROOT / "benchmarks" / "data" / "mt_bench.jsonl"
 MODES = {"plain": "none", "speculative": None}  # mode -> --draft (None: the pair's draft model)
 
 
-def load_conversations(limit: int | None) -> list[dict]:
-    rows = [json.loads(line) for line in DATA_PATH.read_text().splitlines() if line.strip()]
+def load_conversations(limit: int | None) -> list[PromptRow]:
+    rows = read_prompt_rows(DATA_PATH, "MT-Bench")
     return rows[:limit] if limit else rows
 
 
@@ -49,13 +51,13 @@ def worker(config: dict) -> dict:
     with open_session(settings) as session:
         for conversation in load_conversations(config["limit"]):
             chat = Chat(session.engine, Conversation(), max_new_tokens=config["max_tokens"])
-            for turn_index, question in enumerate(conversation["turns"], start=1):
+            for turn_index, question in enumerate(conversation.turns, start=1):
                 started = time.perf_counter()
                 first_text_at = []
                 turn = chat.reply(question, on_text=lambda _text: first_text_at.append(time.perf_counter()))
                 stats = turn.stats
                 rows.append({
-                    "question_id": conversation["question_id"], "category": conversation["category"],
+                    "question_id": conversation.prompt_id, "category": conversation.category,
                     "turn": turn_index, "tokens": turn.tokens, "num_tokens": stats.num_tokens,
                     "num_prompt_tokens": stats.num_prompt_tokens, "num_reused_tokens": stats.num_reused_tokens,
                     "seconds": stats.seconds,
@@ -86,14 +88,6 @@ def _slope_per_100_tokens(xs: list[float], ys: list[float]) -> float:
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
     spread = sum((x - mean_x) ** 2 for x in xs)
     return 1e5 * sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread else 0.0
-
-
-def run_worker(config: dict) -> dict:
-    completed = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)],
-                               capture_output=True, text=True)
-    if completed.returncode != 0:
-        sys.exit(f"{config['mode']} worker failed:\n{completed.stderr[-3000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
 def _mean(values) -> float:
@@ -145,6 +139,7 @@ def summarize(results: dict[str, dict], config: dict) -> tuple[dict, list[list],
 
 
 def main() -> None:
+    answer_if_worker(worker)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=None, help="First N conversations (default: all 80).")
     parser.add_argument("--pair", default="qwen-coder")
@@ -153,11 +148,7 @@ def main() -> None:
     parser.add_argument("--memory-budget", default=None)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
-        return
     from apps.report import write_results
 
     config = {"pair": args.pair, "max_tokens": args.max_tokens, "max_context": args.max_context,
@@ -165,7 +156,7 @@ def main() -> None:
     results = {}
     for mode, draft in MODES.items():
         print(f"running {mode} ...", file=sys.stderr)
-        results[mode] = run_worker({**config, "mode": mode, "draft": draft})
+        results[mode] = run_worker(__file__, {**config, "mode": mode, "draft": draft}, what=f"{mode} worker")
     payload, table, notes = summarize(results, config)
     columns = ["turn", "n", "plain tok/s", "spec tok/s", "speedup", "plain TTFT s", "spec TTFT s",
                "acceptance", "reused prompt tokens", "same output"]

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import psutil
+
+from worker_process import WorkerFailed, answer_if_worker, run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -112,15 +112,12 @@ def grid(quick: bool) -> list[dict]:
 
 
 def main() -> None:
+    answer_if_worker(worker)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", type=int, nargs="+", help="Rerun these configuration numbers (0-based) and "
                         "merge them into the existing results.")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
-        return
     from apps.report import write_results
     from memplanner.sizes import format_bytes
 
@@ -130,13 +127,12 @@ def main() -> None:
     for index, config in enumerate(configs):
         if args.only and index not in args.only:
             continue
-        output = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)], capture_output=True,
-                                text=True, cwd=ROOT)
-        if output.returncode != 0:
-            records[index] = {**config, "error": output.stderr.strip().splitlines()[-1:]}
-            print(f"{config} failed: {output.stderr.strip()[-300:]}", file=sys.stderr)
+        try:
+            record = {**config, **run_worker(__file__, config)}
+        except WorkerFailed as failure:
+            records[index] = {**config, "error": failure.stderr.strip().splitlines()[-1:]}
+            print(f"{config} failed: {failure.stderr.strip()[-300:]}", file=sys.stderr)
             continue
-        record = {**config, **json.loads(output.stdout.strip().splitlines()[-1])}
         record["error_fraction"] = (record["predicted_peak_bytes"] - record["measured_peak_bytes"]) / record["measured_peak_bytes"]
         record["within_budget"] = record["measured_peak_bytes"] <= record["budget_bytes"]
         records[index] = record

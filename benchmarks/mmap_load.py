@@ -14,12 +14,12 @@ Results: benchmarks/results/mmap_load.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from worker_process import answer_if_worker, run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,7 +34,8 @@ def _status_bytes(field: str) -> int:
     return 0
 
 
-def worker(model_path: str, use_mmap: bool) -> dict:
+def worker(config: dict) -> dict:
+    """Runs in a fresh process: one load of config["model_path"], mapped or read (config["use_mmap"])."""
     import llama_cpp
 
     quiet = llama_cpp.llama_log_callback(lambda level, text, user_data: None)  # kept alive while loading
@@ -42,9 +43,9 @@ def worker(model_path: str, use_mmap: bool) -> dict:
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers, params.use_extra_bufts = 0, True
-    params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if use_mmap else llama_cpp.LLAMA_LOAD_MODE_NONE
+    params.load_mode = llama_cpp.LLAMA_LOAD_MODE_MMAP if config["use_mmap"] else llama_cpp.LLAMA_LOAD_MODE_NONE
     started = time.perf_counter()
-    model = llama_cpp.llama_model_load_from_file(model_path.encode(), params)
+    model = llama_cpp.llama_model_load_from_file(config["model_path"].encode(), params)
     load_seconds = time.perf_counter() - started
     context_params = llama_cpp.llama_context_default_params()
     context_params.n_ctx, context_params.n_batch, context_params.n_ubatch = 512, 512, 512
@@ -72,14 +73,11 @@ def drop_page_cache() -> bool:
 
 
 def main() -> None:
+    answer_if_worker(worker)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args.worker[0], args.worker[1] == "mmap")))
-        return
     from apps.report import write_results
     from pocketspec.catalog import model_path
 
@@ -88,14 +86,13 @@ def main() -> None:
     for repeat in range(args.repeats):
         for cache in ("cold", "warm") if can_drop else ("warm",):
             for mode in ("mmap", "no-mmap"):
+                config = {"model_path": path, "use_mmap": mode == "mmap"}
                 if cache == "cold":
                     drop_page_cache()
                 else:  # warm: the file was just read by a load of its own
-                    subprocess.run([sys.executable, __file__, "--worker", path, mode], capture_output=True)
-                done = subprocess.run([sys.executable, __file__, "--worker", path, mode], capture_output=True,
-                                      text=True, check=True)
+                    run_worker(__file__, config, what=f"{mode} warm-up worker")
                 record = {"model": args.model, "mode": mode, "cache": cache, "repeat": repeat,
-                          **json.loads(done.stdout.strip().splitlines()[-1])}
+                          **run_worker(__file__, config, what=f"{mode} worker")}
                 records.append(record)
                 print(record, file=sys.stderr)
     mib = 2**20

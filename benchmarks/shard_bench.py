@@ -19,14 +19,16 @@ Results: benchmarks/results/{--name}.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+from worker_process import answer_if_worker, run_worker
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from apps.prompt_file import read_prompt_rows  # noqa: E402
 
 DATA_PATH = ROOT / "benchmarks" / "data" / "spec_bench.jsonl"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -37,9 +39,9 @@ def _prompts(tokenizer, num_prompts: int) -> list[list[int]]:
     """The first turn of one Spec-Bench question per category, in the model's chat template."""
     from pocketspec.chat_template import encode_chat, template_for
 
-    rows = [json.loads(line) for line in DATA_PATH.read_text().splitlines() if line.strip()]
-    firsts = list({row["category"]: row for row in reversed(rows)}.values())[::-1][:num_prompts]
-    return [encode_chat(tokenizer, template_for(tokenizer), [{"role": "user", "content": row["turns"][0]}])
+    rows = read_prompt_rows(DATA_PATH, "Spec-Bench")
+    firsts = list({row.category: row for row in reversed(rows)}.values())[::-1][:num_prompts]
+    return [encode_chat(tokenizer, template_for(tokenizer), [{"role": "user", "content": row.text}])
             for row in firsts]
 
 
@@ -133,6 +135,7 @@ def _table(results: dict) -> tuple[list[str], list[list]]:
 
 
 def main() -> None:
+    answer_if_worker(worker)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", default="cpu:0,cpu:1")
     parser.add_argument("--modes", nargs="+", default=["single", "layer", "row"], choices=["single", "layer", "row"])
@@ -147,11 +150,7 @@ def main() -> None:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--threads", type=int, default=0, help="per process (0: every core, split among row ranks)")
     parser.add_argument("--name", default="shard_bench", help="results file stem under benchmarks/results")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker is not None:
-        print(json.dumps(worker(json.loads(args.worker))))
-        return
     from apps.report import write_results
     from pocketspec.catalog import resolve_pair
 
@@ -171,9 +170,7 @@ def main() -> None:
         config = {"mode": mode, "devices": devices, "target": target, "draft": draft, "drafters": drafters,
                   "weights": args.weights, "max_tokens": args.max_tokens, "num_prompts": args.num_prompts,
                   "max_context": args.max_context, "gamma": args.gamma, "threads": args.threads}
-        output = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)], check=True,
-                                stdout=subprocess.PIPE, text=True).stdout
-        run = json.loads(output.splitlines()[-1])
+        run = run_worker(__file__, config, what=f"{mode} worker", capture_stderr=False)
         for row in run["rows"]:
             if mode == "single" and row["drafter"] == "none":
                 single_plain = list(row["tokens"])

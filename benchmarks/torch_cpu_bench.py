@@ -19,13 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from worker_process import answer_if_worker, run_worker
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from apps.prompt_file import read_prompt_rows  # noqa: E402
 
 DATA_PATH = ROOT / "benchmarks" / "data" / "spec_bench.jsonl"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -34,8 +37,7 @@ MODEL = "smollm2-135m-instruct"
 
 def _document(tokenizer, num_tokens: int) -> str:
     """Summarization documents joined until they hold num_tokens tokens, cut there."""
-    rows = [json.loads(line) for line in DATA_PATH.read_text().splitlines() if line.strip()]
-    texts = [row["turns"][0] for row in rows if row["category"] == "summarization"]
+    texts = [row.text for row in read_prompt_rows(DATA_PATH, "Spec-Bench") if row.category == "summarization"]
     tokens: list[int] = []
     for text in texts:
         tokens += tokenizer.encode(text + "\n\n", add_bos=False)
@@ -127,6 +129,7 @@ def _markdown(results: dict) -> str:
 
 
 def main() -> None:
+    answer_if_worker(worker)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 8192])
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -137,11 +140,7 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["plain", "ngram", "self-sparse", "self-skip"])
     parser.add_argument("--skip-layers", type=int, default=20, help="self-skip: layers the draft keeps (of 30)")
     parser.add_argument("--name", default="torch_cpu_bench", help="results file stem under benchmarks/results")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker is not None:
-        print(json.dumps(worker(json.loads(args.worker))))
-        return
     import torch
 
     results = {"machine": f"{platform.machine()} CPU, {len(__import__('os').sched_getaffinity(0))} cores",
@@ -151,9 +150,7 @@ def main() -> None:
         config = {"context": context, "max_tokens": args.max_tokens, "gamma": args.gamma, "window": args.window,
                   "draft_kv": args.draft_kv, "threads": args.threads, "modes": args.modes,
                   "skip_layers": args.skip_layers}
-        output = subprocess.run([sys.executable, __file__, "--worker", json.dumps(config)], check=True,
-                                capture_output=True, text=True).stdout
-        results["rows"] += json.loads(output.splitlines()[-1])["rows"]
+        results["rows"] += run_worker(__file__, config, what=f"context {context} worker")["rows"]
         print(_markdown(results).splitlines()[-1], flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=1))

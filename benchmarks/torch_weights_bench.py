@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from apps.prompt_file import read_prompt_rows  # noqa: E402
+
 DATA_PATH = ROOT / "benchmarks" / "data" / "spec_bench.jsonl"
 RESULTS = ROOT / "benchmarks" / "results"
 MODEL = "smollm2-135m-instruct"
@@ -35,10 +37,9 @@ CATEGORIES = ("writing", "coding", "stem", "humanities", "roleplay", "extraction
 
 def _questions(num_prompts: int) -> list[str]:
     """The first question of each category, in CATEGORIES order."""
-    rows = [json.loads(line) for line in DATA_PATH.read_text().splitlines() if line.strip()]
     firsts = {}
-    for row in rows:
-        firsts.setdefault(row["category"], row["turns"][0])
+    for row in read_prompt_rows(DATA_PATH, "Spec-Bench"):
+        firsts.setdefault(row.category, row.text)
     return [firsts[category] for category in CATEGORIES[:num_prompts]]
 
 
