@@ -7,10 +7,14 @@ export POCKETSPEC_ACCEL
 # The CPU build of torch from the local wheel; set TORCH_SPEC to a CUDA/ROCm build on a GPU box.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: chat test setup llama peers models-test models-default bench bench-chat bench-memory clean-venv
+.PHONY: chat serve test setup llama peers models-test models-default bench bench-chat bench-memory clean-venv
 
 chat: setup models-default
 	$(BIN)/pocketspec chat
+
+# The OpenAI-compatible server on the default pair, on http://127.0.0.1:8000 (docs/serve.md)
+serve: setup models-default
+	$(BIN)/pocketspec serve
 
 test: setup models-test
 	$(BIN)/python -m pytest -q -ra
@@ -29,7 +33,7 @@ llama: $(BIN)/pip
 $(VENV)/.pocketspec-installed: pyproject.toml native/build_llama_cpp.sh native/llama_build.sh | $(BIN)/pip
 	native/build_llama_cpp.sh $(BIN)/pip
 	$(BIN)/pip install -q '$(TORCH_SPEC)'
-	$(BIN)/pip install -q -e '.[test,torch,bench]'
+	$(BIN)/pip install -q -e '.[test,torch,bench,serve]'
 	touch $@
 
 # The models the tests load: SmolLM2 for every run, and the qwen-coder pair.

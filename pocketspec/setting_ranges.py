@@ -3,7 +3,7 @@
 A settings field (pocketspec/settings.py) names its flag and range with `in_range(...)` as
 its dataclass metadata. `parse_setting` turns what a person typed into a value of that
 range or a one-line UserError naming the flag; the CLI's option types call it
-(apps/options.py), so no bound is written twice. Every value must be finite: nan and inf
+(apps/flags.py), so no bound is written twice. Every value must be finite: nan and inf
 compare false against any bound, so they are refused before the bounds are looked at.
 """
 

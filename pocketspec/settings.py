@@ -1,6 +1,6 @@
 """One dataclass per concern, each the single home of its defaults.
 
-CLI flags read their defaults from here (apps/options.py), so defaults never drift; what the
+CLI flags read their defaults from here (apps/flags.py), so defaults never drift; what the
 planner shares with the runtime comes from memplanner.defaults.
 """
 
@@ -115,7 +115,7 @@ def default_num_threads() -> int:
 class ModelSettings:
     """How one model is loaded by a backend."""
 
-    # 0: every core; more than the cores is capped where the flag is read (apps/options.py)
+    # 0: every core; more than the cores is capped where the flag is read (apps/flags.py)
     num_threads: int = field(default=0, metadata=in_range("--threads", 0, 2**31 - 1, is_integer=True))
     max_context: int = field(default=4096, metadata=in_range("--max-context", 64, MAX_CONTEXT, is_integer=True))
     n_batch: int = 512

@@ -30,14 +30,14 @@ def _plain_tokens(target_path, prompt_text: str, max_new_tokens: int, **engine_a
 
 def _long_document_prompt() -> str:
     """A Spec-Bench summarization prompt: its context passes 256 tokens, where kernels diverge."""
-    import json
     from pathlib import Path
 
-    rows = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "spec_bench.jsonl"
-    for line in rows.read_text().splitlines():
-        row = json.loads(line)
-        if row["question_id"] == 242:
-            return row["turns"][0]
+    from apps.prompt_file import read_prompt_rows
+
+    rows = read_prompt_rows(Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "spec_bench.jsonl", "data")
+    for row in rows:
+        if row.prompt_id == "242":
+            return row.text
     raise AssertionError("question 242 is missing from spec_bench.jsonl")
 
 

@@ -12,14 +12,12 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-import time
 from typing import Callable
 
 from pocketspec.batch.pool import BatchPool
 from pocketspec.batch.sequence import BatchResult, Request
 from pocketspec.errors import UserError
-from pocketspec.serve.generation import (GenerationOutcome, GenerationRequest, IsCancelled, OnTokens,
-                                         PendingGeneration, Slots)
+from pocketspec.serve.generation import GenerationOutcome, GenerationRequest, PendingGeneration, Slots
 from pocketspec.session_settings import SessionSettings
 from pocketspec.settings import BatchSettings
 
@@ -35,27 +33,18 @@ class BatchSlots(Slots):
         self.max_context = session.max_context
         self.num_slots = session.engine.target.num_rows
         self._pool = BatchPool(session.engine)
-        self._incoming: queue.Queue = queue.Queue()
         self._pending: dict[int, PendingGeneration] = {}
         self._num_emitted: dict[int, int] = {}
         self._started_at: dict[int, float] = {}
         self._indexes = itertools.count()
-        self._is_closing = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="pocketspec-batch", daemon=True)
         self._thread.start()
 
-    def submit(self, request: GenerationRequest, on_tokens: OnTokens, is_cancelled: IsCancelled):
-        pending = PendingGeneration(request, on_tokens, is_cancelled, submitted_at=time.perf_counter())
-        if self._is_closing.is_set():
-            pending.future.set_exception(RuntimeError("the server is shutting down"))
-        elif len(request.prompt_tokens) >= self.max_context:
-            pending.future.set_exception(UserError(
-                f"the prompt has {len(request.prompt_tokens)} tokens but a slot's context holds {self.max_context}"))
-        else:
-            with self._lock:
-                self._num_queued += 1
-            self._incoming.put(pending)
-        return pending.future
+    def _refusal(self, request: GenerationRequest) -> Exception | None:
+        if len(request.prompt_tokens) >= self.max_context:
+            return UserError(f"the prompt has {len(request.prompt_tokens)} tokens but a slot's context holds "
+                             f"{self.max_context}")
+        return None
 
     def _serve(self) -> None:
         while not self._is_closing.is_set():
@@ -147,13 +136,7 @@ class BatchSlots(Slots):
         """Cancel what runs and what waits (within one step), then free the models."""
         self._is_closing.set()
         self._thread.join(timeout_seconds)
-        while True:
-            try:
-                pending = self._incoming.get_nowait()
-            except queue.Empty:
-                break
-            if pending.future.set_running_or_notify_cancel():
-                pending.future.set_result(GenerationOutcome([], "cancelled", len(pending.request.prompt_tokens)))
+        self._cancel_incoming()
         if not self._thread.is_alive():
             self.session.close()
 

@@ -8,12 +8,10 @@ settings and a random stream seeded by its own seed, so its output is what it wo
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 
-from pocketspec.serve.generation import (GenerationOutcome, GenerationRequest, IsCancelled, OnTokens,
-                                         PendingGeneration, Slots)
+from pocketspec.serve.generation import GenerationOutcome, PendingGeneration, Slots
 
 _STOP = object()
 
@@ -27,24 +25,12 @@ class EngineSlots(Slots):
         self.tokenizer = session.tokenizer
         self.template = session.template
         self.max_context = session.engine.max_context
-        self._queue: queue.Queue = queue.Queue()
-        self._is_closing = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="pocketspec-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, request: GenerationRequest, on_tokens: OnTokens, is_cancelled: IsCancelled):
-        pending = PendingGeneration(request, on_tokens, is_cancelled, submitted_at=time.perf_counter())
-        if self._is_closing.is_set():
-            pending.future.set_exception(RuntimeError("the server is shutting down"))
-            return pending.future
-        with self._lock:
-            self._num_queued += 1
-        self._queue.put(pending)
-        return pending.future
-
     def _serve(self) -> None:
         while True:
-            pending = self._queue.get()
+            pending = self._incoming.get()
             if pending is _STOP:
                 return
             with self._lock:
@@ -83,14 +69,8 @@ class EngineSlots(Slots):
     def close(self, timeout_seconds: float = 30.0) -> None:
         """Cancel what runs and what waits (each stops within one step), then close the engine."""
         self._is_closing.set()
-        self._queue.put(_STOP)
+        self._incoming.put(_STOP)
         self._thread.join(timeout_seconds)
-        while True:
-            try:
-                pending = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if pending is not _STOP and pending.future.set_running_or_notify_cancel():
-                pending.future.set_result(GenerationOutcome([], "cancelled", len(pending.request.prompt_tokens)))
+        self._cancel_incoming()
         if not self._thread.is_alive():
             self.session.close()

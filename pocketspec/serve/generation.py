@@ -9,7 +9,9 @@ tokens do not depend on which other requests run beside it (see each implementat
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable
@@ -55,7 +57,9 @@ class PendingGeneration:
 
 
 class Slots:
-    """The interface: tokenizer, template, max_context, num_slots; submit, in_use, queued, close."""
+    """The interface: tokenizer, template, max_context, num_slots; submit, in_use, queued, close.
+
+    Submitted requests wait in `_incoming` until the implementation's own thread takes them."""
 
     tokenizer = None
     template = None
@@ -66,9 +70,33 @@ class Slots:
         self._lock = threading.Lock()
         self._num_in_use = 0
         self._num_queued = 0
+        self._incoming: queue.Queue = queue.Queue()
+        self._is_closing = threading.Event()
 
     def submit(self, request: GenerationRequest, on_tokens: OnTokens, is_cancelled: IsCancelled) -> Future:
-        raise NotImplementedError
+        pending = PendingGeneration(request, on_tokens, is_cancelled, submitted_at=time.perf_counter())
+        refusal = RuntimeError("the server is shutting down") if self._is_closing.is_set() else self._refusal(request)
+        if refusal is not None:
+            pending.future.set_exception(refusal)
+            return pending.future
+        with self._lock:
+            self._num_queued += 1
+        self._incoming.put(pending)
+        return pending.future
+
+    def _refusal(self, request: GenerationRequest) -> Exception | None:
+        """Why a request cannot run at all (checked when it is submitted); None when it can."""
+        return None
+
+    def _cancel_incoming(self) -> None:
+        """Answer every request still waiting in `_incoming` as cancelled (at shutdown)."""
+        while True:
+            try:
+                pending = self._incoming.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(pending, PendingGeneration) and pending.future.set_running_or_notify_cancel():
+                pending.future.set_result(GenerationOutcome([], "cancelled", len(pending.request.prompt_tokens)))
 
     def in_use(self) -> int:
         """Requests generating now."""

@@ -1,0 +1,156 @@
+"""POST /v1/chat/completions and /v1/completions: a request body in, a whole response or a stream of
+server-sent events out. Everything that can be refused is refused before the request is admitted,
+so a bad request never takes a slot or a place in the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from pocketspec.chat_template import encode_chat, encode_prompt
+from pocketspec.errors import UserError
+from pocketspec.serve.api_errors import APIError, bad_request, error_body, from_validation
+from pocketspec.serve.api_requests import ChatCompletionRequest, CompletionRequest
+from pocketspec.serve.api_responses import (SSE_DONE, ChatShape, ResponseShape, TextShape, finish_reason, sse_event,
+                                            usage)
+from pocketspec.serve.generation import GenerationRequest
+from pocketspec.serve.http_io import ClosingStream, read_body, watch_disconnect
+from pocketspec.serve.live_generation import LiveGeneration
+from pocketspec.serve.request_checks import GenerationOptions, chat_messages, completion_prompt, generation_options
+from pocketspec.serve.server_state import ServerState
+
+log = logging.getLogger("pocketspec.serve")
+
+
+def shutting_down_error() -> APIError:
+    return APIError(503, "the server is shutting down", code="shutting_down")
+
+
+def check_model(model: str | None, model_id: str) -> None:
+    if model is not None and model != model_id:
+        raise APIError(404, f"model {model!r} is not served here; this server serves {model_id!r}",
+                       param="model", code="model_not_found")
+
+
+def check_prompt(prompt_tokens: list[int], max_context: int, param: str) -> None:
+    if not prompt_tokens:
+        raise bad_request("the prompt is empty", param=param)
+    if len(prompt_tokens) >= max_context:
+        raise bad_request(f"the prompt has {len(prompt_tokens)} tokens but the context holds {max_context}; "
+                          "shorten it", param=param, code="context_length_exceeded")
+
+
+def generation_error(error: BaseException) -> APIError:
+    """What a client is told when its generation raised (the slots refused it, or it failed)."""
+    if isinstance(error, UserError):
+        answer = bad_request(str(error))
+    else:
+        log.error("generation failed: %s: %s", type(error).__name__, error)
+        answer = APIError(500, f"generation failed: {type(error).__name__}")
+    answer.is_counted = True  # by _record, when the generation ended
+    return answer
+
+
+async def _parsed(request: Request, state: ServerState, body_class):
+    if state.shutting_down.is_set():
+        raise shutting_down_error()
+    try:
+        body = body_class.model_validate_json(await read_body(request, state.max_body_bytes))
+    except ValidationError as error:
+        raise from_validation(error) from None
+    check_model(body.model, state.model_id)
+    return body
+
+
+async def chat_completions(request: Request, state: ServerState):
+    body = await _parsed(request, state, ChatCompletionRequest)
+    options = generation_options(body, state.defaults)
+    messages = chat_messages(body)
+    slots = state.slots
+    try:
+        prompt_tokens = await asyncio.to_thread(encode_chat, slots.tokenizer, slots.template, messages)
+    except UserError as error:  # the template refused the conversation
+        raise bad_request(str(error), param="messages") from None
+    check_prompt(prompt_tokens, slots.max_context, "messages")
+    return await _respond(request, state, ChatShape(state.model_id), options, prompt_tokens)
+
+
+async def completions(request: Request, state: ServerState):
+    body = await _parsed(request, state, CompletionRequest)
+    options = generation_options(body, state.defaults)
+    slots = state.slots
+    prompt_tokens = await asyncio.to_thread(encode_prompt, slots.tokenizer, slots.template,
+                                            completion_prompt(body), chat=False)
+    check_prompt(prompt_tokens, slots.max_context, "prompt")
+    return await _respond(request, state, TextShape(state.model_id), options, prompt_tokens)
+
+
+def _record(state: ServerState, endpoint: str, live: LiveGeneration) -> None:
+    """When a generation ends, however: free its place and count it."""
+    state.admission.release()
+    future = live.future
+    if future.cancelled() or future.exception() is not None:
+        is_refused = not future.cancelled() and isinstance(future.exception(), UserError)
+        state.metrics.record_generation(endpoint, "rejected" if is_refused else "failed", None)
+        return
+    outcome = future.result()
+    reason = finish_reason(outcome.stop_reason, live.is_stopped_by_string)
+    label = reason or ("disconnected" if live.is_client_gone else "shutdown")
+    state.metrics.record_generation(endpoint, label, outcome)
+
+
+async def _respond(request: Request, state: ServerState, shape: ResponseShape, options: GenerationOptions,
+                   prompt_tokens: list[int]):
+    state.admission.admit()
+    endpoint = "chat" if isinstance(shape, ChatShape) else "completions"
+    try:
+        live = LiveGeneration(state.slots, GenerationRequest(prompt_tokens, options.max_new_tokens, options.sampling),
+                              options.stops, is_shutting_down=state.shutting_down.is_set,
+                              on_done=lambda done: _record(state, endpoint, done))
+    except BaseException:
+        state.admission.release()
+        raise
+    if live.future.done() and live.future.exception() is not None:  # refused when submitted
+        raise generation_error(live.future.exception())
+    if options.is_stream:
+        return ClosingStream(_events(live, shape, options.include_usage), on_close=live.leave)
+    return await _whole(request, live, shape)
+
+
+async def _whole(request: Request, live: LiveGeneration, shape: ResponseShape) -> JSONResponse:
+    watcher = asyncio.create_task(watch_disconnect(request, live.leave))
+    try:
+        text = "".join([piece async for piece in live.texts()])
+        outcome = await live.outcome()
+    except Exception as error:
+        raise generation_error(error) from None
+    finally:
+        watcher.cancel()
+        live.leave()
+    reason = finish_reason(outcome.stop_reason, live.is_stopped_by_string)
+    if reason is None:
+        raise shutting_down_error()
+    return JSONResponse(shape.full(text, reason, usage(outcome)))
+
+
+async def _events(live: LiveGeneration, shape: ResponseShape, include_usage: bool):
+    opening = shape.opening_chunk()
+    if opening is not None:
+        yield sse_event(opening)
+    async for text in live.texts():
+        yield sse_event(shape.chunk(text))
+    try:
+        outcome = await live.outcome()
+    except Exception as error:
+        yield sse_event(error_body(generation_error(error)))
+        yield SSE_DONE
+        return
+    reason = finish_reason(outcome.stop_reason, live.is_stopped_by_string)
+    yield sse_event(shape.chunk(None, reason) if reason is not None else error_body(shutting_down_error()))
+    if include_usage:
+        yield sse_event(shape.usage_chunk(usage(outcome)))
+    yield SSE_DONE

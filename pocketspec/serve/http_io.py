@@ -1,0 +1,55 @@
+"""The HTTP edges of a request: its body read up to --max-body, noticing a client that leaves, and a
+streamed response that tells its generation when it ends, however it ends."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from fastapi import Request
+from starlette.responses import StreamingResponse
+
+from pocketspec.serve.api_errors import APIError, bad_request
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _too_large(max_bytes: int) -> APIError:
+    return APIError(413, f"the request body is larger than this server's --max-body ({max_bytes} bytes)",
+                    code="request_too_large")
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The whole body; 413 as soon as it is known to pass max_bytes (from Content-Length, else while reading)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise bad_request(f"Content-Length {declared!r} is not a number of bytes")
+        if int(declared) > max_bytes:
+            raise _too_large(max_bytes)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise _too_large(max_bytes)
+    return bytes(body)
+
+
+async def watch_disconnect(request: Request, on_gone: Callable[[], None]) -> None:
+    """Call on_gone when the client disconnects; run as a task once the body is read, cancel when answered."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    on_gone()
+
+
+class ClosingStream(StreamingResponse):
+    """Server-sent events that call on_close when the response ends: sent whole, the client gone, or cancelled."""
+
+    def __init__(self, events, on_close: Callable[[], None]):
+        super().__init__(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()

@@ -1,0 +1,75 @@
+"""One request's generation as the event loop sees it: text as it is decoded, cut before a stop
+string, then the outcome.
+
+The slots generate on their own thread. Their tokens cross to the loop through
+call_soon_threadsafe into an asyncio.Queue, and are decoded there with the tokenizer's streamer
+(a multi-byte character split over tokens is held until whole). is_cancelled, which the slots
+poll between steps, turns true when a stop string is seen, the client leaves or the server shuts
+down, so the slot frees within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Callable, Sequence
+
+from pocketspec.serve.generation import GenerationOutcome, GenerationRequest, Slots
+from pocketspec.serve.stop_strings import StopText
+
+_DONE = object()
+
+
+class LiveGeneration:
+    def __init__(self, slots: Slots, request: GenerationRequest, stops: Sequence[str], *,
+                 is_shutting_down: Callable[[], bool], on_done: Callable[[LiveGeneration], None]):
+        self._loop = asyncio.get_running_loop()
+        self._pieces: asyncio.Queue = asyncio.Queue()
+        self._streamer = slots.tokenizer.streamer()
+        self._stop_text = StopText(stops)
+        self._is_shutting_down = is_shutting_down
+        self._on_done = on_done
+        self._is_cancelled = False  # written on the loop, read on the slots' thread
+        self.is_client_gone = False
+        self.is_done = False
+        self.future = slots.submit(request, self._on_tokens, self._should_stop)
+        self.future.add_done_callback(lambda _: self._call_on_loop(self._finish))
+
+    @property
+    def is_stopped_by_string(self) -> bool:
+        return self._stop_text.is_stopped
+
+    def leave(self) -> None:
+        """The client is gone (or its response ended early): stop generating for it."""
+        if not self.is_done:
+            self.is_client_gone = self._is_cancelled = True
+
+    async def texts(self) -> AsyncIterator[str]:
+        """The reply's text in pieces as they are decoded, up to the first stop string; once only."""
+        while (tokens := await self._pieces.get()) is not _DONE:
+            text = self._stop_text.push(self._streamer.push(tokens))
+            self._is_cancelled = self._is_cancelled or self._stop_text.is_stopped
+            if text:
+                yield text
+        tail = self._stop_text.push(self._streamer.flush()) + self._stop_text.finish()
+        if tail:
+            yield tail
+
+    async def outcome(self) -> GenerationOutcome:
+        return await asyncio.wrap_future(self.future)
+
+    def _on_tokens(self, tokens: list[int]) -> None:  # on the slots' thread
+        self._call_on_loop(self._pieces.put_nowait, list(tokens))
+
+    def _should_stop(self) -> bool:  # on the slots' thread
+        return self._is_cancelled or self._is_shutting_down()
+
+    def _call_on_loop(self, function, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(function, *args)
+        except RuntimeError:  # the loop has closed (a forced exit): no one is left to read
+            self._is_cancelled = True
+
+    def _finish(self) -> None:
+        self.is_done = True
+        self._pieces.put_nowait(_DONE)
+        self._on_done(self)

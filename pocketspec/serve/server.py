@@ -1,0 +1,44 @@
+"""uvicorn serving the app until SIGTERM or Ctrl-C.
+
+A signal stops taking requests, cancels every running generation (each stops within one step),
+waits up to shutdown_seconds for the responses to end, and returns: the command then closes the
+slots and exits 0. A second Ctrl-C stops without waiting.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+from typing import Callable
+
+import uvicorn
+
+from pocketspec.serve.app import build_app
+from pocketspec.serve.listen import url_of
+from pocketspec.serve.server_state import ServerState
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState):
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig: int, frame) -> None:
+        # uvicorn's own handler re-raises the signal once it has shut down, so SIGTERM would end the
+        # process with -15 after a clean stop (uvicorn >= 0.29): a server stopped as asked exits 0.
+        self.state.shutting_down.set()
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        self.should_exit = True
+
+
+def run_server(state: ServerState, sock: socket.socket, *, shutdown_seconds: float,
+               on_listening: Callable[[str], None]) -> None:
+    """Serve on `sock` (bound) until a signal; returns once the running responses ended or were cut off.
+    on_listening(url) is told once connections are taken (they queue until the loop runs)."""
+    sock.listen(128)
+    on_listening(url_of(sock))
+    config = uvicorn.Config(build_app(state), log_level="warning", access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=shutdown_seconds, server_header=False)
+    _Server(config, state).run(sockets=[sock])
+    state.shutting_down.set()

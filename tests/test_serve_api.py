@@ -1,0 +1,222 @@
+"""`pocketspec serve` on SmolLM2, driven by the real `openai` client and by raw HTTP: chat and completions,
+whole and streamed, stop strings, usage, every refusal in OpenAI's error shape, a client that leaves
+mid-stream, /health and /metrics. One server for the module."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from serve_process import ServerProcess, error_of
+from test_cli_errors import run_cli
+
+pytestmark = pytest.mark.real_model
+
+MODEL = "smollm2-135m-instruct"
+QUESTION = "What is the capital of France?"
+MAX_CONTEXT = "512"
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path):
+    server = ServerProcess("--max-context", MAX_CONTEXT, "--max-tokens", "24", "--max-body", "64KiB")
+    yield server
+    assert server.stop() == 0, server.stderr()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def _chat(client, content: str = QUESTION, **options):
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}], **options)
+
+
+def test_greedy_chat_equals_generate(client):
+    """First in the module: the server's engine starts as fresh as generate's."""
+    generated = run_cli("generate", "--target", MODEL, "--draft", "ngram", "--threads", "1", "--max-context",
+                        MAX_CONTEXT, "--max-tokens", "24", "--chat", "--json", "--prompt", QUESTION)
+    assert generated.returncode == 0, generated.stderr
+    expected = json.loads(generated.stdout)
+    reply = _chat(client, temperature=0)
+    assert reply.choices[0].message.content == expected["text"]
+    assert reply.usage.completion_tokens == len(expected["tokens"])
+    assert reply.usage.prompt_tokens == expected["stats"]["num_prompt_tokens"]
+    assert reply.choices[0].finish_reason == ("stop" if expected["stop_reason"] == "end_of_generation" else "length")
+
+
+def test_chat_reply_carries_usage_with_speculative_stats(client):
+    reply = _chat(client, max_tokens=8)
+    usage = reply.usage
+    assert reply.object == "chat.completion" and reply.model == MODEL and reply.choices[0].message.role == "assistant"
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens and 0 < usage.completion_tokens <= 8
+    extra = usage.model_dump()
+    assert {"drafted_tokens", "accepted_tokens", "acceptance_rate"} <= extra.keys()
+    assert extra["accepted_tokens"] <= extra["drafted_tokens"]
+
+
+def test_streamed_chat_equals_the_whole_reply(client):
+    whole = _chat(client, max_tokens=16).choices[0].message.content
+    chunks = list(_chat(client, max_tokens=16, stream=True, stream_options={"include_usage": True}))
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert text == whole
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] in ("stop", "length")
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+
+def test_stream_ends_with_done(server):
+    body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4, "stream": True}
+    with server.client() as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = [line for line in response.text.split("\n\n") if line]
+    assert events[-1] == "data: [DONE]" and all(event.startswith("data: ") for event in events)
+
+
+def test_completion(client):
+    completion = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6)
+    assert completion.object == "text_completion" and completion.choices[0].finish_reason == "length"
+    assert completion.usage.completion_tokens == 6 and completion.choices[0].text
+    streamed = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == completion.choices[0].text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_ends_the_text_before_it(client, stream):
+    prompt = "1, 2, 3, 4, 5, 6,"
+    full = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12).choices[0].text
+    stop = full.strip()[2:5]  # a few characters into the continuation, wherever the tokens split
+    assert stop and stop in full
+    if stream:
+        chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, stop=[stop], stream=True))
+        text = "".join(chunk.choices[0].text for chunk in chunks)
+        reason = chunks[-1].choices[0].finish_reason
+    else:
+        choice = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, stop=stop).choices[0]
+        text, reason = choice.text, choice.finish_reason
+    assert text == full[:full.index(stop)] and stop not in text and reason == "stop"
+
+
+def test_models_and_health(client, server):
+    assert [model.id for model in client.models.list()] == [MODEL]
+    with server.client() as http:
+        health = http.get("/health").json()
+    assert health["status"] == "ok" and health["slots"] == 1 and health["model"] == MODEL
+
+
+@pytest.mark.parametrize("options, param", [
+    ({"n": 2}, "n"),
+    ({"logprobs": True}, "logprobs"),
+    ({"extra_body": {"tools": [{"type": "function", "function": {"name": "f"}}]}}, "tools"),
+    ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
+    ({"temperature": 500}, "temperature"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+])
+def test_unsupported_or_out_of_range_fields_get_400_naming_them(client, options, param):
+    with pytest.raises(openai.BadRequestError) as refused:
+        _chat(client, max_tokens=4, **options)
+    assert refused.value.param == param and refused.value.status_code == 400
+
+
+def test_neutral_values_of_unsupported_fields_are_accepted(client):
+    reply = _chat(client, max_tokens=2, n=1, logprobs=False, frequency_penalty=0, presence_penalty=0, user="me",
+                  response_format={"type": "text"})
+    assert reply.choices[0].message.content is not None
+
+
+def test_unknown_model_gets_404(client):
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.code == "model_not_found" and refused.value.param == "model"
+
+
+@pytest.mark.parametrize("content, status, param", [
+    (b'{"messages": [', 400, None),
+    (b'{"messages": "hi"}', 422, "messages"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "ten"}', 422, "max_tokens"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', 422, "stream"),
+    (b'[1, 2]', 422, None),
+    (b'{"messages": [{"role": "tool", "content": "hi"}]}', 400, "messages[0].role"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}', 400,
+     "messages[0].content[0]"),
+])
+def test_malformed_bodies(server, content, status, param):
+    with server.client() as http:
+        response = http.post("/v1/chat/completions", content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == status, response.text
+    assert error_of(response)["param"] == param
+
+
+def test_prompt_longer_than_the_context_gets_400(client):
+    with pytest.raises(openai.BadRequestError) as refused:
+        _chat(client, "word " * 600)
+    assert refused.value.code == "context_length_exceeded"
+
+
+def test_body_over_max_body_gets_413(server):
+    with server.client() as http:
+        response = http.post("/v1/completions", json={"prompt": "x" * 100_000, "max_tokens": 1})
+    assert response.status_code == 413 and error_of(response)["code"] == "request_too_large"
+
+
+def test_unknown_endpoint_and_method(server):
+    with server.client() as http:
+        assert error_of(http.get("/v1/nothing"))["message"].startswith("no such endpoint")
+        assert http.get("/v1/chat/completions").status_code == 405
+
+
+def _metric(text: str, name: str, **labels) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(key) == value for key, value in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def _wait_for_free_slot(http: httpx.Client, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while http.get("/health").json()["slots_in_use"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert http.get("/health").json()["slots_in_use"] == 0
+
+
+def test_client_leaving_mid_stream_frees_the_slot(server, client):
+    body = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 400, "stream": True}
+    with server.client() as http:
+        before = http.get("/metrics").text
+        with http.stream("POST", "/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            assert all(next(lines) is not None for _ in range(6))
+        _wait_for_free_slot(http)
+        after = http.get("/metrics").text
+    assert _metric(after, "pocketspec_requests_total", outcome="disconnected") == \
+        _metric(before, "pocketspec_requests_total", outcome="disconnected") + 1
+    num_generated = _metric(after, "pocketspec_tokens_total", kind="completion") - \
+        _metric(before, "pocketspec_tokens_total", kind="completion")
+    assert num_generated < 100  # it stopped long before its 400 tokens
+    assert _chat(client, max_tokens=2).choices[0].message.content is not None
+
+
+def test_metrics_count_requests_and_tokens(server, client):
+    with server.client() as http:
+        before = http.get("/metrics").text
+        _chat(client, max_tokens=3)
+        assert http.post("/v1/chat/completions", json={"messages": [], "n": 2}).status_code == 422
+        after = http.get("/metrics").text
+    finished = sum(_metric(after, "pocketspec_requests_total", endpoint="chat", outcome=outcome) -
+                   _metric(before, "pocketspec_requests_total", endpoint="chat", outcome=outcome)
+                   for outcome in ("stop", "length"))
+    assert finished == 1
+    assert _metric(after, "pocketspec_tokens_total", kind="prompt") > _metric(before, "pocketspec_tokens_total",
+                                                                             kind="prompt")
+    assert _metric(after, "pocketspec_peak_memory_bytes") > 0 and _metric(after, "pocketspec_slots") == 1
+    assert _metric(after, "pocketspec_requests_total", endpoint="chat", outcome="rejected") == \
+        _metric(before, "pocketspec_requests_total", endpoint="chat", outcome="rejected") + 1

@@ -1,0 +1,147 @@
+"""The server's application on scripted slots (no model): stop strings across token boundaries, multi-byte
+characters split over tokens, a stop string cancelling the generation, the API key check, loopback."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pocketspec.chat_template import ChatTemplate
+from pocketspec.errors import UserError
+from pocketspec.serve.app import build_app, is_authorized
+from pocketspec.serve.generation import GenerationOutcome, Slots
+from pocketspec.serve.serve_settings import ServeSettings
+from pocketspec.serve.listen import is_loopback
+from pocketspec.serve.server_state import new_server_state
+from pocketspec.session_settings import SessionSettings
+from pocketspec.tokenizer import TextStreamer
+
+
+class ByteTokenizer:
+    """A token is one byte of UTF-8, so a character can be split over tokens."""
+
+    adds_bos = False
+
+    def encode(self, text: str, *, add_bos: bool = True, parse_special: bool = False) -> list[int]:
+        return list(text.encode())
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        return bytes([token])
+
+    def streamer(self) -> TextStreamer:
+        return TextStreamer(self)
+
+
+class ScriptedSlots(Slots):
+    """Replies to every request with the same text, `step` tokens at a time, on its own thread."""
+
+    def __init__(self, reply: str, step: int = 1, refusal: Exception | None = None):
+        super().__init__()
+        self.tokenizer, self.template, self.max_context = ByteTokenizer(), ChatTemplate(None), 256
+        self.reply, self.step, self.refusal = list(reply.encode()), step, refusal
+        self._thread = ThreadPoolExecutor(1)
+
+    def submit(self, request, on_tokens, is_cancelled):
+        if self.refusal is not None:
+            refused = Future()
+            refused.set_exception(self.refusal)
+            return refused
+        return self._thread.submit(self._generate, request, on_tokens, is_cancelled)
+
+    def _generate(self, request, on_tokens, is_cancelled) -> GenerationOutcome:
+        tokens, emitted = self.reply[:request.max_new_tokens], []
+        for start in range(0, len(tokens), self.step):
+            if is_cancelled():
+                return GenerationOutcome(emitted, "cancelled", len(request.prompt_tokens))
+            emitted += tokens[start:start + self.step]
+            on_tokens(tokens[start:start + self.step])
+            time.sleep(0.002)
+        reason = "max_tokens" if len(self.reply) > request.max_new_tokens else "end_of_generation"
+        return GenerationOutcome(emitted, reason, len(request.prompt_tokens), num_drafted=4, num_accepted=3)
+
+    def close(self) -> None:
+        self._thread.shutdown()
+
+
+def _client(reply: str, step: int = 1, api_key: str | None = None, refusal: Exception | None = None) -> TestClient:
+    state = new_server_state(ScriptedSlots(reply, step, refusal), SessionSettings(target="/models/fake.gguf"),
+                             ServeSettings(), max_tokens=64, api_key=api_key)
+    return TestClient(build_app(state))
+
+
+def _streamed(client: TestClient, body: dict) -> tuple[str, list[dict]]:
+    response = client.post("/v1/completions", json={**body, "stream": True})
+    events = [event.removeprefix("data: ") for event in response.text.split("\n\n") if event]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    return "".join(chunk["choices"][0]["text"] for chunk in chunks if chunk["choices"]), chunks
+
+
+def test_stop_string_spanning_tokens_is_cut_and_stops_the_generation():
+    reply = "Hello wonderful world, and much more text after it"
+    text, chunks = _streamed(_client(reply), {"prompt": "hi", "stop": ["wonder", "zzz"],
+                                              "stream_options": {"include_usage": True}})
+    assert text == "Hello " and chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["usage"]["completion_tokens"] < len(reply) - 10  # cancelled soon after the stop
+
+
+def test_multibyte_characters_split_over_tokens_arrive_whole():
+    reply = "héllo ✓ 日本"
+    text, chunks = _streamed(_client(reply), {"prompt": "hi"})
+    assert text == reply and all("\ufffd" not in chunk["choices"][0]["text"] for chunk in chunks)
+
+
+def test_whole_response_with_stop_and_usage():
+    response = _client("one two three", step=3).post(
+        "/v1/chat/completions", json={"model": "fake", "messages": [{"role": "user", "content": "count"}],
+                                      "stop": "three"}).json()
+    assert response["choices"][0]["message"]["content"] == "one two "
+    assert response["choices"][0]["finish_reason"] == "stop"
+    assert response["usage"]["drafted_tokens"] == 4 and response["usage"]["acceptance_rate"] == 0.75
+
+
+def test_length_finish_when_max_tokens_cuts_the_reply():
+    response = _client("abcdefgh").post("/v1/completions", json={"prompt": "x", "max_tokens": 3}).json()
+    assert response["choices"][0] == {"index": 0, "text": "abc", "logprobs": None, "finish_reason": "length"}
+
+
+def test_a_request_the_slots_refuse_gets_400_before_any_stream_and_counts_once():
+    client = _client("x", refusal=UserError("the prompt does not fit a row"))
+    response = client.post("/v1/completions", json={"prompt": "hi", "stream": True})
+    assert response.status_code == 400 and "does not fit a row" in response.json()["error"]["message"]
+    metrics = client.get("/metrics").text
+    assert 'pocketspec_requests_total{endpoint="completions",outcome="rejected"} 1.0' in metrics
+
+
+def test_errors_have_the_openai_shape():
+    client = _client("x")
+    for response, status in ((client.get("/v2/none"), 404), (client.put("/v1/completions"), 405),
+                             (client.post("/v1/completions", content=b"{"), 400)):
+        assert response.status_code == status
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_api_key():
+    client = _client("x", api_key="k1")
+    assert client.get("/v1/models").status_code == 401
+    assert client.get("/v1/models", headers={"Authorization": "Bearer k1"}).json()["data"][0]["id"] == "fake"
+    assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("header, key, expected", [
+    (None, None, True), (None, "k", False), ("Bearer k", "k", True), ("bearer  k", "k", True),
+    ("Bearer k2", "k", False), ("k", "k", False), ("Basic k", "k", False),
+])
+def test_is_authorized(header, key, expected):
+    assert is_authorized(header, key) is expected
+
+
+@pytest.mark.parametrize("host, expected", [("127.0.0.1", True), ("127.3.4.5", True), ("::1", True),
+                                            ("localhost", True), ("0.0.0.0", False), ("192.168.1.4", False),
+                                            ("::", False)])
+def test_is_loopback(host, expected):
+    assert is_loopback(host) is expected

@@ -1,0 +1,112 @@
+"""`pocketspec serve`'s limits on SmolLM2: an API key (401 without it, never in the logs), a full queue
+(503 with Retry-After), SIGTERM and Ctrl-C during a request (exit 0, in bounded time), and the flags
+refused before anything loads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import openai
+import pytest
+
+from serve_process import ServerProcess, error_of
+from test_cli_errors import assert_one_line_error
+
+pytestmark = pytest.mark.real_model
+
+API_KEY = "test-key-4b1d"
+LONG_REQUEST = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 1500, "stream": True}
+
+
+@pytest.fixture(scope="module")
+def keyed_server(smollm2_path):
+    server = ServerProcess("--max-queue", "0", "--max-context", "2048", env={"POCKETSPEC_API_KEY": API_KEY})
+    yield server
+    assert server.stop() == 0
+    assert API_KEY not in server.stderr()
+
+
+def _authorization(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.mark.parametrize("headers", [{}, _authorization("wrong-key"), {"Authorization": API_KEY}])
+def test_missing_or_wrong_key_gets_401(keyed_server, headers):
+    with keyed_server.client(headers=headers) as http:
+        for response in (http.get("/v1/models"), http.get("/metrics"),
+                         http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})):
+            assert response.status_code == 401 and error_of(response)["code"] == "invalid_api_key"
+
+
+def test_the_key_opens_the_api_and_health_needs_none(keyed_server):
+    client = openai.OpenAI(base_url=keyed_server.api_url, api_key=API_KEY, max_retries=0)
+    assert client.completions.create(model="smollm2-135m-instruct", prompt="Hello", max_tokens=2).choices
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=keyed_server.api_url, api_key="nope", max_retries=0).models.list()
+    with keyed_server.client() as http:
+        assert http.get("/health").status_code == 200
+
+
+def test_full_queue_gets_503_with_retry_after(keyed_server):
+    with keyed_server.client(headers=_authorization(API_KEY)) as http:
+        with http.stream("POST", "/v1/completions", json=LONG_REQUEST) as running:
+            next(running.iter_lines())  # generating now: the one place is taken
+            refused = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
+            assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1
+            assert error_of(refused)["code"] == "queue_full"
+        deadline = time.monotonic() + 20
+        while (answer := http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})).status_code == 503:
+            assert time.monotonic() < deadline, "the slot did not free after its client left"
+            time.sleep(0.1)
+        assert answer.status_code == 200
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_during_a_request_exits_0_in_bounded_time(smollm2_path, sig):
+    server = ServerProcess("--max-context", "2048", "--shutdown-seconds", "10")
+    try:
+        with server.client() as http, http.stream("POST", "/v1/completions", json=LONG_REQUEST) as running:
+            lines = running.iter_lines()
+            next(lines)
+            started = time.monotonic()
+            server.process.send_signal(sig)
+            rest = "\n".join(lines)  # the stream ends: cancelled, with an error event and [DONE]
+        assert server.process.wait(timeout=30) == 0, server.stderr()
+        assert time.monotonic() - started < 30
+        assert "shutting_down" in rest and rest.rstrip().endswith("data: [DONE]")
+        assert "Traceback" not in server.stderr()
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def _serve(*flags: str) -> subprocess.CompletedProcess:
+    environment = {key: value for key, value in os.environ.items() if key != "POCKETSPEC_API_KEY"}
+    return subprocess.run([sys.executable, "-m", "apps.cli", "serve", "--target", "smollm2-135m-instruct", *flags],
+                          capture_output=True, text=True, timeout=120, env=environment)
+
+
+def test_non_loopback_host_without_a_key_is_refused():
+    assert_one_line_error(_serve("--host", "0.0.0.0"), "loopback", "--api-key")
+
+
+def test_taken_port_is_refused():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        assert_one_line_error(_serve("--port", str(taken.getsockname()[1])), "cannot listen", "--port")
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--max-body", "lots"], "--max-body"),
+    (["--max-concurrency", "0"], "--max-concurrency"),
+    (["--max-queue", "-1"], "--max-queue"),
+    (["--port", "70000"], "--port"),
+    (["--max-concurrency", "2"], "one request at a time"),
+])
+def test_bad_flags_get_one_line(flags, fragment):
+    assert_one_line_error(_serve(*flags), fragment)
