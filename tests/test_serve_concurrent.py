@@ -1,0 +1,41 @@
+"""`pocketspec serve --backend torch`: requests sent at once are answered together by the continuous-
+batching pool, and at temperature 0 each returns exactly the tokens it returns alone (the
+batch-invariant kernels), through the real server and the real `openai` client."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from serve_process import ServerProcess
+
+pytestmark = pytest.mark.real_model
+
+MODEL = "smollm2-135m-instruct"
+QUESTIONS = ["What is the capital of France?", "Name three colours of the rainbow.", "Count from one to five.",
+             "What do bees make?", "Say hello in Spanish.", "Which planet is the largest?",
+             "What is two plus two?", "Name a fruit that is yellow."]
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_path):
+    server = ServerProcess("--backend", "torch", "--max-concurrency", "4", "--max-context", "512",
+                           "--max-tokens", "20")
+    yield openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=300)
+    assert server.stop() == 0, server.stderr()
+
+
+def _reply(client, question: str) -> str:
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                           temperature=0)
+    return reply.choices[0].message.content
+
+
+def test_eight_concurrent_requests_each_equal_the_request_alone(client):
+    alone = [_reply(client, question) for question in QUESTIONS]
+    assert all(alone)
+    with ThreadPoolExecutor(len(QUESTIONS)) as pool:
+        together = list(pool.map(lambda question: _reply(client, question), QUESTIONS))
+    assert together == alone
