@@ -53,13 +53,15 @@ def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, te
     """
     from pocketspec.session import open_session
     from pocketspec.session_settings import SessionSettings
-    from pocketspec.settings import SamplingSettings
+    from pocketspec.settings import SamplingSettings, SpeculationSettings
 
     draft = str(draft_path) if draft_path else self_draft or ("none" if drafter == "none" else "ngram")
     options = dict(drafter=drafter, backend=backend, weights=weights, device=device, devices=tuple(devices),
                    split_mode=split_mode, layers_per_device=tuple(layers_per_device), **(self_draft_settings or {}))
-    if max_gamma is not None:
-        options["max_gamma"] = max_gamma
+    max_gamma = SpeculationSettings().max_gamma if max_gamma is None else max_gamma
+    # draftless drafts as long as the draft model's: the verify width (logits rows, and what --exact-verify
+    # probes) stays max_gamma + 1, as these tests were written for
+    options.update(max_gamma=max_gamma, max_draftless_gamma=max_gamma)
     settings = SessionSettings(
         target=str(target_path), draft=draft, gamma=gamma, max_context=max_context, threads=num_threads,
         exact_verify=exact_verify, draft_window=draft_max_context, options=options,
