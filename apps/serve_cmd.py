@@ -27,7 +27,7 @@ def server_options(function):
                      help="Require `Authorization: Bearer KEY` on /v1 and /metrics. Prefer the environment "
                           "variable: other users of this machine can read command lines."),
         setting_option("--max-concurrency", ServeSettings, "max_concurrency", show_default=True,
-                       help="Requests generating at once (llama.cpp: 1)."),
+                       help="Requests generating at once: rows of the torch pool, or sequences of one llama.cpp context."),
         setting_option("--max-queue", ServeSettings, "max_queue", show_default=True,
                        help="Requests waiting for a slot; one more gets 503 with Retry-After."),
         click.option("--max-body", default=SERVE.max_body, show_default=True,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's own `llama-speculative-simple` and `llama-bench`, the peers that
-# `pocketspec bench` runs, from the llama.cpp source vendored in the llama-cpp-python
+# Builds llama.cpp's own `llama-speculative-simple`, `llama-bench` and `llama-server`, the
+# peers that `pocketspec bench` and benchmarks/serve_bench.py run, from the llama.cpp source vendored in the llama-cpp-python
 # sdist, with the same version and portable flags as native/build_llama_cpp.sh.
 #
 #   POCKETSPEC_ACCEL=cpu|cuda|rocm|vulkan native/build_llama_tools.sh [path/to/venv/bin/pip]
@@ -15,7 +15,7 @@ source "$(dirname "$0")/llama_build.sh"
 PIP="${1:-.venv/bin/pip}"
 ACCEL="${POCKETSPEC_ACCEL:-cpu}"
 CMAKE_ARGS="$(llama_cmake_args "$ACCEL")" || exit 2
-TOOLS=(llama-speculative-simple llama-bench)
+TOOLS=(llama-speculative-simple llama-bench llama-server)
 DEST="${POCKETSPEC_HOME:-$HOME/.cache/pocketspec}/llama-tools/$LLAMA_CPP_PYTHON_VERSION-$ACCEL"
 STAMP="$DEST/build.json"
 
@@ -44,11 +44,11 @@ echo "CMAKE_ARGS=$CMAKE_ARGS"
 tar -xzf "$WORK"/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION".tar.gz -C "$WORK"
 SOURCE="$WORK/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
 
-# Static libraries make each binary self-contained; the server, tests and HTTPS
-# download support are not needed for local GGUF files.
+# Static libraries make each binary self-contained; the tests and HTTPS download
+# support are not needed for local GGUF files.
 # shellcheck disable=SC2086  # CMAKE_ARGS is a list of words
 cmake -S "$SOURCE" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF $CMAKE_ARGS
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF $CMAKE_ARGS
 cmake --build "$WORK/build" --config Release -j "$(nproc)" --target "${TOOLS[@]}"
 
 mkdir -p "$DEST/bin"

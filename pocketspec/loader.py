@@ -75,10 +75,12 @@ def load_engine(
     sampling: SamplingSettings = SamplingSettings(),
     speculation: SpeculationSettings = SpeculationSettings(),
     notify=None,
+    open_model=open_backend,
 ):
     """Load the backends and build the engine; the caller closes it (engine.close()).
 
     notify(line): told before a first-time cost measurement, which takes seconds to a minute.
+    open_model(path, settings): a backend for a model file (a sequence of a shared context, for a server).
     """
     from pocketspec.engine import SpeculativeEngine
 
@@ -89,7 +91,7 @@ def load_engine(
         raise UserError("--drafter model needs a draft model: pass --draft NAME or --pair NAME")
     if is_self_draft:
         check_self_draft(choice.drafter, target_settings, speculation)
-    target_backend = open_backend(choice.target_path, target_settings)
+    target_backend = open_model(choice.target_path, target_settings)
     draft_backend = None
     try:
         target_costs = _calibrated(target_backend, speculation, notify)
@@ -100,7 +102,7 @@ def load_engine(
             draft_settings = draft_settings or target_settings
             skip_reason = _draft_cannot_pay(choice, target_costs, draft_settings, speculation)
             if skip_reason is None:
-                draft_backend = open_backend(choice.draft_path, draft_settings)
+                draft_backend = open_model(choice.draft_path, draft_settings)
                 draft_costs = _calibrated(draft_backend, speculation, notify)
         engine = SpeculativeEngine(target_backend, draft_backend=draft_backend, sampling=sampling,
                                    speculation=speculation, target_costs=target_costs, draft_costs=draft_costs)

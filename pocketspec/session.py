@@ -6,11 +6,14 @@ workers, the benchmark scripts, the server):
 
 open_session resolves the models (pocketspec/loader.py), applies --memory-budget
 (pocketspec/budget/), loads the engine and measures what the budget bounds. A session owns
-the engine, the applied memory plan and the tokenizer, and closes them.
+the engine, the applied memory plan and the tokenizer, and closes them. A server's session on
+llama.cpp holds several engines (num_sequences), each on its own sequence of one shared
+context per model (pocketspec/backends/llama_sequences.py), which decode together.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cached_property
 from typing import Callable
 
@@ -18,7 +21,9 @@ import psutil
 
 from memplanner.split import is_split
 from pocketspec.backends.device_check import check_devices
+from pocketspec.backends.torch_open import open_backend
 from pocketspec.budget import MemoryPlan, apply_budget
+from pocketspec.budget.sequences_plan import per_sequence_plan
 from pocketspec.chat_template import encode_chat, encode_prompt, template_for
 from pocketspec.loader import ModelChoice, draft_settings_for, load_engine
 from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
@@ -28,13 +33,18 @@ Notify = Callable[[str], None]
 
 
 class Session:
-    def __init__(self, engine, choice: ModelChoice, plan: MemoryPlan | None, notes: list[str],
-                 settings: SessionSettings):
-        self.engine = engine
+    def __init__(self, engines: list, choice: ModelChoice, plan: MemoryPlan | None, notes: list[str],
+                 settings: SessionSettings, shared_contexts=None):
+        self.engines = engines  # one, or one per sequence of the shared contexts
+        self.shared_contexts = shared_contexts
         self.choice = choice
         self.plan = plan
         self.notes = notes  # what the plan and the loader said, in order
         self.settings = settings
+
+    @property
+    def engine(self):
+        return self.engines[0] if self.engines else None
 
     @property
     def tokenizer(self):
@@ -83,9 +93,11 @@ class Session:
         return result
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        for engine in self.engines:
+            engine.close()
+        self.engines = []
+        if self.shared_contexts is not None:
+            self.shared_contexts.close()
 
     def __enter__(self) -> Session:
         return self
@@ -94,18 +106,23 @@ class Session:
         self.close()
 
 
-def open_session(settings: SessionSettings, *, on_note: Notify | None = None,
+def open_session(settings: SessionSettings, *, num_sequences: int = 1, on_note: Notify | None = None,
                  on_progress: Notify | None = None) -> Session:
     """Resolve, plan, load. on_note(line): each line of the memory plan and the loader's notes, as soon as
-    it is final; on_progress(line): told before a first-time cost measurement (seconds to a minute)."""
+    it is final; on_progress(line): told before a first-time cost measurement (seconds to a minute).
+    num_sequences > 1 (llama.cpp only): that many engines, each with settings.max_context tokens."""
     notify = on_note or (lambda line: None)
     choice, target_settings, speculation = settings_for(settings)
+    if num_sequences > 1 and target_settings.backend != "llama.cpp":
+        raise ValueError("several sequences of one context are a llama.cpp feature")
     if not is_split(target_settings.devices, settings.memory_budget):
         check_devices(target_settings)  # a split checks the devices its budget may name
-    plan = apply_budget(choice, settings.memory_budget, target_settings, speculation,
+    all_sequences = replace(target_settings, max_context=target_settings.max_context * num_sequences)
+    plan = apply_budget(choice, settings.memory_budget, all_sequences, speculation,
                         max_new_tokens=settings.max_new_tokens, temperature=settings.sampling.temperature,
                         repack=repack_allowed(settings.repack))
     if plan is not None:
+        plan = per_sequence_plan(plan, num_sequences)
         choice, target_settings, speculation = plan.choice, plan.target_settings, plan.speculation
     notes = list(plan.lines) if plan is not None else []
     if plan is not None and not plan.shown_after_loading:
@@ -113,18 +130,31 @@ def open_session(settings: SessionSettings, *, on_note: Notify | None = None,
             notify(line)
     draft_max_context = plan.draft_max_context if plan is not None else settings.draft_window
     draft_device = plan.draft_device if plan is not None else None
-    engine = load_engine(
-        choice,
-        target_settings=target_settings,
-        draft_settings=draft_settings_for(target_settings, draft_max_context, draft_device, speculation.draft_kv_type),
-        sampling=settings.sampling,
-        speculation=speculation,
-        notify=on_progress,
-    )
+    shared_contexts = None
+    if num_sequences > 1:
+        from pocketspec.backends.llama_sequences import SharedContexts
+
+        shared_contexts = SharedContexts(num_sequences)
+    engines = []
+    try:
+        for _ in range(num_sequences):
+            engines.append(load_engine(
+                choice,
+                target_settings=target_settings,
+                draft_settings=draft_settings_for(target_settings, draft_max_context, draft_device,
+                                                  speculation.draft_kv_type),
+                sampling=settings.sampling,
+                speculation=speculation,
+                notify=on_progress,
+                open_model=shared_contexts.open_backend if shared_contexts is not None else open_backend,
+            ))
+    except BaseException:
+        Session(engines, choice, plan, notes, settings, shared_contexts).close()
+        raise
     if plan is not None and plan.shown_after_loading:
         for line in notes:
             notify(line)
-    for line in engine.notes:
+    for line in engines[0].notes:
         notify(line)
-    notes.extend(engine.notes)
-    return Session(engine, choice, plan, notes, settings)
+    notes.extend(engines[0].notes)
+    return Session(engines, choice, plan, notes, settings, shared_contexts)

@@ -176,7 +176,7 @@ def test_a_cpu_build_given_gpu_split_parameters_generates_the_same_tokens(smollm
                                     "split_mode": split_mode})
         with LlamaCppBackend(smollm2_path, settings) as backend:
             if devices == ("cuda:0", "cuda:1"):
-                assert list(backend._tensor_split)[:3] == [12.0, 19.0, 0.0]  # 18 blocks and the head
+                assert list(backend.native._tensor_split)[:3] == [12.0, 19.0, 0.0]  # 18 blocks and the head
             tokens = [int(np.argmax(backend.prefill(backend.tokenizer.encode("The capital of France is", add_bos=True))))]
             while len(tokens) < 16:
                 tokens.append(int(np.argmax(backend.forward(tokens[-1:], [0])[0])))

@@ -1,6 +1,7 @@
 """The slots a server generates with, on SmolLM2: requests that join while others run return
 exactly the tokens they return alone (torch's batch-invariant pool; greedy), a cancelled request
-frees its slot within a step, and one engine serves requests in turn (llama.cpp)."""
+frees its slot within a step, one engine serves requests in turn, and llama.cpp sequences run
+requests together, each sent to the slot that has its prefix cached."""
 
 from __future__ import annotations
 
@@ -87,5 +88,22 @@ def test_one_engine_serves_requests_in_turn_and_reuses_the_prefix():
         outcomes = [future.result(timeout=300) for future, _ in futures]
         assert outcomes[0].tokens and outcomes[0].tokens == outcomes[1].tokens == outcomes[2].tokens
         assert outcomes[2].num_reused_tokens > 0  # the same prompt again: its KV was kept
+    finally:
+        slots.close()
+
+
+def test_llama_sequences_run_requests_together_and_each_goes_where_its_prefix_is_cached():
+    slots = open_slots(_settings("llama.cpp"), max_concurrency=2)
+    try:
+        assert slots.num_slots == 2
+        first, second = (slots.tokenizer.encode(text) for text in ("The cat sat on the", "A dog ran in the"))
+        futures = [_generate(slots, prompt, max_new_tokens=12)[0] for prompt in (first, second)]
+        outcomes = [future.result(timeout=300) for future in futures]  # slot 0 took the first, slot 1 the second
+        assert all(outcome.tokens for outcome in outcomes)
+        for prompt, outcome in reversed(list(zip((first, second), outcomes))):  # each again, second first
+            longer = prompt + outcome.tokens[:4]
+            again = _generate(slots, longer, max_new_tokens=4)[0].result(timeout=300)
+            assert again.num_reused_tokens >= len(prompt)  # went to the slot that had it cached
+        assert slots.in_use() == 0 and slots.queued() == 0
     finally:
         slots.close()

@@ -1,148 +1,52 @@
-"""The llama.cpp backend: one model, one context, one sequence, through the low-level batch API.
-
-Logits are requested only at the rows the engine verifies (per-position logit
-flags), never with logits_all, which would cost n_ctx x vocab floats.
-"""
+"""The llama.cpp backend: one model, one context, one sequence (pocketspec/backends/llama_context.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Sequence
 
-import llama_cpp
 import numpy as np
-from llama_cpp._internals import LlamaBatch, LlamaContext, LlamaModel
 
-from memplanner.defaults import LLAMA_KV_TYPES
-from memplanner.shapes import shape_from_gguf
-from memplanner.terms import loads_without_mmap
-from pocketspec.backends import llama_logs
 from pocketspec.backends.base import CachedTokens
-from pocketspec.backends.llama_split import apply_llama_split, is_cpu_planned, llama_split
-from pocketspec.errors import ContextFullError, UserError
+from pocketspec.backends.llama_context import LlamaModelContext, SequenceForward
 from pocketspec.settings import ModelSettings
-from pocketspec.tokenizer import Tokenizer
 
-KV_TYPES = {name: getattr(llama_cpp, f"GGML_TYPE_{name.upper()}") for name in LLAMA_KV_TYPES}  # f16 -> GGML_TYPE_F16
-
-_backend_ready = False
-
-
-def _init_llama() -> None:
-    global _backend_ready
-    if not _backend_ready:
-        llama_logs.install()
-        llama_cpp.llama_backend_init()
-        _backend_ready = True
-
-
-def _device_kind(settings: ModelSettings) -> str:
-    """Where the weights live, as the memory planner names it: cpu unless any layer is offloaded."""
-    is_offloaded = settings.gpu_layers != 0 or any(not device.startswith("cpu") for device in settings.devices)
-    return "cuda" if is_offloaded else "cpu"
+SEQUENCE = 0
 
 
 class LlamaCppBackend(CachedTokens):
     def __init__(self, model_path: Path | str, settings: ModelSettings = ModelSettings()):
         super().__init__()
-        if settings.kv_type not in KV_TYPES:
-            raise UserError(f"unknown KV type {settings.kv_type!r}: use one of {', '.join(KV_TYPES)}")
-        _init_llama()
         self.settings = settings
-        model_params = llama_cpp.llama_model_default_params()
-        model_params.n_gpu_layers = settings.gpu_layers
-        model_params.use_extra_bufts = settings.repack_weights
-        try:
-            shape = shape_from_gguf(model_path)
-        except (OSError, ValueError) as error:
-            raise UserError(f"llama.cpp could not load {model_path}: {error}; check the file or re-pull it") from None
-        if loads_without_mmap(shape, _device_kind(settings), settings.repack_weights):
-            model_params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE  # read, not mapped (default AUTO maps)
-        if settings.devices:
-            split = llama_split(settings, shape.num_layers, llama_cpp.LLAMA_MAX_DEVICES)
-            self._tensor_split = apply_llama_split(model_params, split)
-        try:
-            self._model = LlamaModel(path_model=str(model_path), params=model_params, verbose=False)
-        except ValueError as error:
-            raise UserError(f"llama.cpp could not load {model_path}: {error}; check the file or re-pull it") from None
-        llama_logs.take_buffer_sizes()
-        context_params = llama_cpp.llama_context_default_params()
-        context_params.n_ctx = settings.max_context
-        context_params.n_batch = settings.n_batch
-        context_params.n_ubatch = min(settings.n_ubatch, settings.n_batch)
-        context_params.n_seq_max = 1
-        context_params.n_outputs_max = settings.max_logits_rows
-        context_params.n_outputs_max_per_seq = 0  # 0: same as n_outputs_max (the default 1 would abort)
-        context_params.n_threads = settings.resolved_num_threads
-        context_params.n_threads_batch = settings.resolved_num_threads
-        context_params.type_k = KV_TYPES[settings.kv_type]
-        context_params.type_v = KV_TYPES[settings.kv_type]
-        context_params.no_perf = True
-        context_params.op_offload = not is_cpu_planned(settings)
-        try:
-            self._context = LlamaContext(model=self._model, params=context_params, verbose=False)
-        except ValueError:
-            self._model.close()
-            raise UserError(
-                f"llama.cpp could not create a {settings.max_context}-token context for {model_path}: "
-                "lower --max-context or --memory-budget"
-            ) from None
-        self._buffer_bytes = llama_logs.take_buffer_sizes()
-        # llama.cpp clamps n_batch to n_ctx; a bigger batch would abort it (GGML_ASSERT)
-        self.n_batch = int(llama_cpp.llama_n_batch(self._context.ctx))
-        self._batch = LlamaBatch(n_tokens=self.n_batch, embd=0, n_seq_max=1, verbose=False)
-        self.tokenizer = Tokenizer(self._model)
-        self.vocab_size = self._model.n_vocab()
-        self.model_path = Path(model_path)
+        self.native = LlamaModelContext(model_path, settings)
+        self.n_batch = self.native.n_batch
+        self.tokenizer = self.native.tokenizer
+        self.vocab_size = self.native.vocab_size
+        self.model_path = self.native.model_path
 
     @property
     def max_context(self) -> int:
-        # llama.cpp pads n_ctx up to a multiple of 256; the context is still the one asked for.
-        return min(self._context.n_ctx(), self.settings.max_context)
+        return self.native.max_context
 
     def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
         """Logits [len(logits_rows), vocab], a view valid until the next call on this backend."""
         self.check_forward(tokens, logits_rows)
-        num_tokens = len(tokens)
-        batch = self._batch.batch
-        start = len(self._cached)
-        batch.n_tokens = num_tokens
-        for index, token in enumerate(tokens):
-            batch.token[index] = token
-            batch.pos[index] = start + index
-            batch.n_seq_id[index] = 1
-            batch.seq_id[index][0] = 0
-            batch.logits[index] = 0
-        for row in logits_rows:
-            batch.logits[row] = 1
-        status = llama_cpp.llama_decode(self._context.ctx, batch)
-        if status != 0:
-            raise ContextFullError(f"llama_decode returned {status} at position {start}")
+        logits, = self.native.decode([SequenceForward(SEQUENCE, len(self._cached), tokens, logits_rows)], copy=False)
         self._cached.extend(tokens)
-        if not logits_rows:
-            return np.empty((0, self.vocab_size), dtype=np.float32)
-        # outputs are stored in batch order of the flagged rows
-        pointer = llama_cpp.llama_get_logits(self._context.ctx)
-        return np.ctypeslib.as_array(pointer, shape=(len(logits_rows), self.vocab_size))
+        return logits
 
     def rollback(self, num_kept: int) -> None:
         if num_kept >= len(self._cached):
             return
-        llama_cpp.llama_memory_seq_rm(self._context.memory, 0, num_kept, -1)
+        self.native.remove(SEQUENCE, num_kept)
         del self._cached[num_kept:]
 
     @property
     def can_shift(self) -> bool:
-        return bool(llama_cpp.llama_memory_can_shift(self._context.memory))
+        return self.native.can_shift
 
     def shift_out(self, start: int, count: int) -> None:
-        """Drop `count` cached tokens from position `start` and move the later ones down.
-
-        llama.cpp re-rotates the moved keys (RoPE) lazily at the next decode.
-        """
-        memory = self._context.memory
-        llama_cpp.llama_memory_seq_rm(memory, 0, start, start + count)
-        llama_cpp.llama_memory_seq_add(memory, 0, start + count, -1, -count)
+        self.native.shift_out(SEQUENCE, start, count)
         del self._cached[start:start + count]
 
     def exact_verify_width(self, max_width: int) -> int:
@@ -151,14 +55,7 @@ class LlamaCppBackend(CachedTokens):
         return exact_width(self, max_width)
 
     def memory_report(self) -> dict[str, int]:
-        """Model bytes plus every buffer llama.cpp logged for this context (e.g. 'CPU KV buffer')."""
-        report = {"weights": int(llama_cpp.llama_model_size(self._model.model))}
-        report.update({f"{kind} buffer": num_bytes for kind, num_bytes in self._buffer_bytes.items()})
-        return report
+        return self.native.memory_report()
 
     def close(self) -> None:
-        for owner in ("_batch", "_context", "_model"):
-            handle = getattr(self, owner, None)
-            if handle is not None:
-                handle.close()
-                setattr(self, owner, None)
+        self.native.close()

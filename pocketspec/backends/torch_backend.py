@@ -61,7 +61,7 @@ def _load_tokenizer(path: Path):
     import llama_cpp
     from llama_cpp._internals import LlamaModel
 
-    from pocketspec.backends.llama_cpp_backend import _init_llama
+    from pocketspec.backends.llama_context import _init_llama
     from pocketspec.tokenizer import Tokenizer
 
     if path.is_dir():

@@ -90,13 +90,7 @@ class Slots:
 
     def _cancel_incoming(self) -> None:
         """Answer every request still waiting in `_incoming` as cancelled (at shutdown)."""
-        while True:
-            try:
-                pending = self._incoming.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(pending, PendingGeneration) and pending.future.set_running_or_notify_cancel():
-                pending.future.set_result(GenerationOutcome([], "cancelled", len(pending.request.prompt_tokens)))
+        cancel_waiting(self._incoming)
 
     def in_use(self) -> int:
         """Requests generating now."""
@@ -110,3 +104,14 @@ class Slots:
 
     def close(self) -> None:
         raise NotImplementedError
+
+
+def cancel_waiting(waiting: queue.Queue) -> None:
+    """Answer every request left in a queue as cancelled (at shutdown); other items are dropped."""
+    while True:
+        try:
+            pending = waiting.get_nowait()
+        except queue.Empty:
+            return
+        if isinstance(pending, PendingGeneration) and pending.future.set_running_or_notify_cancel():
+            pending.future.set_result(GenerationOutcome([], "cancelled", len(pending.request.prompt_tokens)))

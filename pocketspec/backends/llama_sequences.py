@@ -1,0 +1,200 @@
+"""Several sequences of one llama.cpp context, each a backend of its own, decoded together.
+
+Each request a server runs has its own speculative engine on its own thread, with a
+LlamaSequence of the shared target context (and one of the shared draft context). An
+engine calls forward() as it would on a one-sequence backend; DecodeRounds holds the call
+until every thread generating now is waiting in a forward, then runs all of them: one
+llama_decode per model, carrying every sequence's pending token and draft rows (more than
+one only past n_batch tokens or the context's logits rows). So N requests step in the time
+of about one wide forward, and each sequence rolls back on its own (llama_memory_seq_rm).
+
+A thread that is not joined (building an engine, probing costs) runs its forward alone,
+as soon as no round is running. llama.cpp's context is not thread-safe: every call into it,
+rollbacks included, holds the rounds' lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Sequence
+
+import numpy as np
+
+from pocketspec.backends.base import CachedTokens
+from pocketspec.backends.llama_context import LlamaModelContext, SequenceForward
+
+
+class _Waiting:
+    """A forward waiting for its round."""
+
+    def __init__(self, native: LlamaModelContext, forward: SequenceForward):
+        self.native = native
+        self.forward = forward
+        self.logits: np.ndarray | None = None
+        self.error: BaseException | None = None
+        self.is_done = False
+
+
+class DecodeRounds:
+    def __init__(self):
+        self._condition = threading.Condition()
+        self._members: set[int] = set()  # thread idents of the generations running now
+        self._waiting: list[_Waiting] = []
+        self.num_rounds = 0
+        self.num_forwards = 0
+
+    def join(self) -> None:
+        """The calling thread generates from now on: rounds wait for its forwards."""
+        with self._condition:
+            self._members.add(threading.get_ident())
+
+    def leave(self) -> None:
+        """The calling thread is done: rounds no longer wait for it (run the one it held up, if any)."""
+        with self._condition:
+            self._members.discard(threading.get_ident())
+            self._run_if_all_waiting()
+
+    @contextmanager
+    def exclusive(self):
+        """Hold off every round (for a rollback or a shift)."""
+        with self._condition:
+            yield
+
+    def forward(self, native: LlamaModelContext, forward: SequenceForward) -> np.ndarray:
+        """The forward's logits rows (a copy), once its round has run."""
+        waiting = _Waiting(native, forward)
+        with self._condition:
+            if threading.get_ident() in self._members:
+                self._waiting.append(waiting)
+                self._run_if_all_waiting()
+            else:  # alone: at once, since no round runs while the lock is held
+                self._run([waiting])
+            while not waiting.is_done:
+                self._condition.wait()
+        if waiting.error is not None:
+            raise waiting.error
+        return waiting.logits
+
+    def _run_if_all_waiting(self) -> None:
+        waiting_threads = len(self._waiting)
+        if waiting_threads and waiting_threads >= len(self._members):
+            taken, self._waiting = self._waiting, []
+            self._run(taken)
+            self._condition.notify_all()
+
+    def _run(self, taken: list[_Waiting]) -> None:
+        """Decode the forwards (lock held), one llama_decode per context and per n_batch of tokens."""
+        for native in {id(waiting.native): waiting.native for waiting in taken}.values():
+            for group in _groups([waiting for waiting in taken if waiting.native is native], native):
+                try:
+                    results = native.decode([waiting.forward for waiting in group], copy=True)
+                except BaseException as error:  # every forward of the group fails the same way
+                    results = [error] * len(group)
+                for waiting, result in zip(group, results):
+                    if isinstance(result, BaseException):
+                        waiting.error = result
+                    else:
+                        waiting.logits = result
+                    waiting.is_done = True
+                self.num_rounds += 1
+                self.num_forwards += len(group)
+
+
+def _groups(taken: list[_Waiting], native: LlamaModelContext) -> list[list[_Waiting]]:
+    """The forwards in decode order, split where n_batch tokens or max_outputs logits rows would overflow."""
+    groups: list[list[_Waiting]] = [[]]
+    num_tokens = num_rows = 0
+    for waiting in taken:
+        tokens, rows = len(waiting.forward.tokens), len(waiting.forward.logits_rows)
+        if groups[-1] and (num_tokens + tokens > native.n_batch or num_rows + rows > native.max_outputs):
+            groups.append([])
+            num_tokens = num_rows = 0
+        groups[-1].append(waiting)
+        num_tokens += tokens
+        num_rows += rows
+    return groups
+
+
+class LlamaSequence(CachedTokens):
+    """Sequence `sequence_id` of a shared context, as the Backend protocol describes one backend."""
+
+    def __init__(self, native: LlamaModelContext, sequence_id: int, rounds: DecodeRounds):
+        super().__init__()
+        self.native = native
+        self.sequence_id = sequence_id
+        self.rounds = rounds
+        self.settings = native.settings
+        self.n_batch = native.n_batch
+        self.tokenizer = native.tokenizer
+        self.vocab_size = native.vocab_size
+        self.model_path = native.model_path
+
+    @property
+    def max_context(self) -> int:
+        return self.native.max_context
+
+    def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
+        """Logits [len(logits_rows), vocab], this call's own copy."""
+        self.check_forward(tokens, logits_rows)
+        logits = self.rounds.forward(self.native, SequenceForward(self.sequence_id, len(self._cached), tokens,
+                                                                  logits_rows))
+        self._cached.extend(tokens)
+        return logits
+
+    def rollback(self, num_kept: int) -> None:
+        if num_kept >= len(self._cached):
+            return
+        with self.rounds.exclusive():
+            self.native.remove(self.sequence_id, num_kept)
+        del self._cached[num_kept:]
+
+    @property
+    def can_shift(self) -> bool:
+        return self.native.can_shift
+
+    def shift_out(self, start: int, count: int) -> None:
+        with self.rounds.exclusive():
+            self.native.shift_out(self.sequence_id, start, count)
+        del self._cached[start:start + count]
+
+    def exact_verify_width(self, max_width: int) -> int:
+        from pocketspec.backends.exact_width import exact_width
+
+        return exact_width(self, max_width)
+
+    def memory_report(self) -> dict[str, int]:
+        """The whole shared context's bytes (every sequence's)."""
+        return self.native.memory_report()
+
+    def close(self) -> None:
+        """The shared context outlives its sequences: its owner closes it."""
+
+
+class SharedContexts:
+    """Opens backends as sequences of shared contexts: the k-th backend opened on a model file is
+    sequence k of that model's context of num_sequences (built on first use). Pass open_backend as
+    the loader's opener once per engine; close() closes the contexts after every engine is closed."""
+
+    def __init__(self, num_sequences: int):
+        self.num_sequences = num_sequences
+        self.rounds = DecodeRounds()
+        self._natives: dict[str, LlamaModelContext] = {}
+        self._num_opened: dict[str, int] = {}
+
+    def open_backend(self, model_path, settings) -> LlamaSequence:
+        key = str(model_path)
+        native = self._natives.get(key)
+        if native is None:
+            native = self._natives[key] = LlamaModelContext(model_path, settings, self.num_sequences)
+            self._num_opened[key] = 0
+        sequence_id = self._num_opened[key]
+        if sequence_id >= self.num_sequences:
+            raise ValueError(f"{model_path}'s context has only {self.num_sequences} sequences")
+        self._num_opened[key] += 1
+        return LlamaSequence(native, sequence_id, self.rounds)
+
+    def close(self) -> None:
+        for native in self._natives.values():
+            native.close()
+        self._natives.clear()

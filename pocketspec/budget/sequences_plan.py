@@ -1,0 +1,39 @@
+"""`--memory-budget` for several sequences of one llama.cpp context (a server's concurrent requests).
+
+The one-sequence planner sizes a context of num_sequences times the context asked for: the KV
+cache is the same bytes whether one sequence or several hold the tokens (a stream each, of an
+equal share). What several sequences add are logits rows: llama.cpp's output buffer holds
+every sequence's verify rows, and each round hands every sequence a copy of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memplanner.shapes import shape_from_gguf
+from memplanner.sizes import format_bytes
+from memplanner.terms import output_buffer_bytes
+from pocketspec.budget.memory_plan import MemoryPlan
+from pocketspec.errors import UserError
+
+
+def per_sequence_plan(plan: MemoryPlan, num_sequences: int) -> MemoryPlan:
+    """The plan made for num_sequences x the context, as each sequence's settings; UserError when the
+    sequences' logits rows do not fit beside it."""
+    if num_sequences == 1:
+        return plan
+    rows = plan.target_settings.max_logits_rows
+    shape = shape_from_gguf(plan.choice.target_path)
+    added_bytes = output_buffer_bytes(shape, num_sequences * rows) * 2 - output_buffer_bytes(shape, rows)
+    context = plan.target_settings.max_context // num_sequences
+    peak_bytes = (plan.predicted_peak_bytes or 0) + added_bytes
+    line = (f"memory plan: {num_sequences} sequences of {context} tokens share the context; their logits rows "
+            f"add {format_bytes(added_bytes)}, predicted peak {format_bytes(peak_bytes)}")
+    if plan.budget_bytes is not None and peak_bytes > plan.budget_bytes:
+        raise UserError(f"--max-concurrency {num_sequences} does not fit --memory-budget "
+                        f"{format_bytes(plan.budget_bytes)}: {num_sequences} sequences' logits rows add "
+                        f"{format_bytes(added_bytes)} to a predicted {format_bytes(plan.predicted_peak_bytes or 0)}; "
+                        "lower --max-concurrency or --max-context, or raise the budget")
+    draft_context = plan.draft_max_context // num_sequences if plan.draft_max_context else None
+    return replace(plan, target_settings=replace(plan.target_settings, max_context=context),
+                   draft_max_context=draft_context, lines=[*plan.lines, line], predicted_peak_bytes=peak_bytes)
