@@ -25,6 +25,7 @@ from pocketspec.backends.torch_open import open_backend
 from pocketspec.budget import MemoryPlan, apply_budget
 from pocketspec.budget.sequences_plan import per_sequence_plan
 from pocketspec.chat_template import encode_chat, encode_prompt, template_for
+from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, draft_settings_for, load_engine
 from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
 from pocketspec.stats import GenerationStats, gpu_allocator_peaks, peak_rss_bytes
@@ -118,9 +119,15 @@ def open_session(settings: SessionSettings, *, num_sequences: int = 1, on_note: 
     if not is_split(target_settings.devices, settings.memory_budget):
         check_devices(target_settings)  # a split checks the devices its budget may name
     all_sequences = replace(target_settings, max_context=target_settings.max_context * num_sequences)
-    plan = apply_budget(choice, settings.memory_budget, all_sequences, speculation,
-                        max_new_tokens=settings.max_new_tokens, temperature=settings.sampling.temperature,
-                        repack=repack_allowed(settings.repack))
+    try:
+        plan = apply_budget(choice, settings.memory_budget, all_sequences, speculation,
+                            max_new_tokens=settings.max_new_tokens, temperature=settings.sampling.temperature,
+                            repack=repack_allowed(settings.repack))
+    except UserError as error:
+        if num_sequences == 1:
+            raise
+        raise UserError(f"--max-concurrency {num_sequences} with {target_settings.max_context} tokens each: {error}; "
+                        "lower --max-concurrency or --max-context") from None
     if plan is not None:
         plan = per_sequence_plan(plan, num_sequences)
         choice, target_settings, speculation = plan.choice, plan.target_settings, plan.speculation

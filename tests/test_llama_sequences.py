@@ -12,7 +12,8 @@ import pytest
 
 from conftest import assert_matches_plain
 from pocketspec.backends.llama_context import LlamaModelContext
-from pocketspec.backends.llama_sequences import DecodeRounds, LlamaSequence
+from pocketspec.backends.llama_cpp_backend import LlamaSequence
+from pocketspec.backends.llama_sequences import DecodeRounds
 from pocketspec.session import open_session
 from pocketspec.session_settings import SessionSettings
 from pocketspec.settings import ModelSettings, SamplingSettings
@@ -26,11 +27,13 @@ MAX_NEW_TOKENS = 32
 
 
 def _settings(smollm2_path, drafter: str) -> SessionSettings:
-    return SessionSettings(target=str(smollm2_path), draft=drafter, max_context=512, threads=1,
+    """drafter "model": SmolLM2 drafts for itself as a draft model (its own shared context, batched alike)."""
+    draft = str(smollm2_path) if drafter == "model" else drafter
+    return SessionSettings(target=str(smollm2_path), draft=draft, max_context=512, threads=1,
                            sampling=SamplingSettings(temperature=0.0))
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "none"])
+@pytest.mark.parametrize("drafter", ["ngram", "none", "model"])
 def test_requests_decoded_together_equal_each_alone(smollm2_path, drafter):
     with open_session(_settings(smollm2_path, drafter), num_sequences=NUM_SEQUENCES) as shared:
         prompts = [shared.encode(question, chat=True) for question in QUESTIONS]
@@ -54,6 +57,9 @@ def test_requests_decoded_together_equal_each_alone(smollm2_path, drafter):
             thread.join(600)
         assert len(together) == len(prompts)
         assert rounds.num_forwards > 2 * rounds.num_rounds  # most rounds carried several sequences
+        if drafter == "model":
+            assert all(engine.model is not None for engine in shared.engines)
+            assert len({id(engine.model.backend.native) for engine in shared.engines}) == 1  # one draft context
     with open_session(_settings(smollm2_path, drafter)) as alone:
         for index, prompt in enumerate(prompts):
             alone.reset()

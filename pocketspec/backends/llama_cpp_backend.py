@@ -1,7 +1,13 @@
-"""The llama.cpp backend: one model, one context, one sequence (pocketspec/backends/llama_context.py)."""
+"""The llama.cpp backend: one sequence of a llama.cpp context (pocketspec/backends/llama_context.py).
+
+LlamaCppBackend owns a context of one sequence and decodes at once. A server's engines each
+hold a LlamaSequence of a shared context instead, whose forwards wait for their round
+(pocketspec/backends/llama_sequences.py) and whose context its owner closes.
+"""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Sequence
 
@@ -11,34 +17,49 @@ from pocketspec.backends.base import CachedTokens
 from pocketspec.backends.llama_context import LlamaModelContext, SequenceForward
 from pocketspec.settings import ModelSettings
 
-SEQUENCE = 0
 
+class LlamaSequence(CachedTokens):
+    """Sequence `sequence_id` of a context, as the Backend protocol describes one backend.
 
-class LlamaCppBackend(CachedTokens):
-    def __init__(self, model_path: Path | str, settings: ModelSettings = ModelSettings()):
+    rounds: None decodes each forward at once; a DecodeRounds holds it until its round.
+    """
+
+    def __init__(self, native: LlamaModelContext, sequence_id: int = 0, rounds=None):
         super().__init__()
-        self.settings = settings
-        self.native = LlamaModelContext(model_path, settings)
-        self.n_batch = self.native.n_batch
-        self.tokenizer = self.native.tokenizer
-        self.vocab_size = self.native.vocab_size
-        self.model_path = self.native.model_path
+        self.native = native
+        self.sequence_id = sequence_id
+        self.rounds = rounds
+        self.settings = native.settings
+        self.n_batch = native.n_batch
+        self.tokenizer = native.tokenizer
+        self.vocab_size = native.vocab_size
+        self.model_path = native.model_path
 
     @property
     def max_context(self) -> int:
         return self.native.max_context
 
     def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
-        """Logits [len(logits_rows), vocab], a view valid until the next call on this backend."""
+        """Logits [len(logits_rows), vocab]: a view valid until the next call on this backend, or (in
+        rounds) this call's own copy."""
         self.check_forward(tokens, logits_rows)
-        logits, = self.native.decode([SequenceForward(SEQUENCE, len(self._cached), tokens, logits_rows)], copy=False)
+        forward = SequenceForward(self.sequence_id, len(self._cached), tokens, logits_rows)
+        if self.rounds is None:
+            logits, = self.native.decode([forward], copy=False)
+        else:
+            logits = self.rounds.forward(self.native, forward)
         self._cached.extend(tokens)
         return logits
+
+    def _exclusive(self):
+        """No round runs inside (llama.cpp's context is not thread-safe)."""
+        return nullcontext() if self.rounds is None else self.rounds.exclusive()
 
     def rollback(self, num_kept: int) -> None:
         if num_kept >= len(self._cached):
             return
-        self.native.remove(SEQUENCE, num_kept)
+        with self._exclusive():
+            self.native.remove(self.sequence_id, num_kept)
         del self._cached[num_kept:]
 
     @property
@@ -46,7 +67,8 @@ class LlamaCppBackend(CachedTokens):
         return self.native.can_shift
 
     def shift_out(self, start: int, count: int) -> None:
-        self.native.shift_out(SEQUENCE, start, count)
+        with self._exclusive():
+            self.native.shift_out(self.sequence_id, start, count)
         del self._cached[start:start + count]
 
     def exact_verify_width(self, max_width: int) -> int:
@@ -55,7 +77,18 @@ class LlamaCppBackend(CachedTokens):
         return exact_width(self, max_width)
 
     def memory_report(self) -> dict[str, int]:
+        """The whole context's bytes (every sequence's)."""
         return self.native.memory_report()
+
+    def close(self) -> None:
+        """A shared context outlives its sequences: its owner closes it."""
+
+
+class LlamaCppBackend(LlamaSequence):
+    """One model, one context of one sequence, owned and closed by this backend."""
+
+    def __init__(self, model_path: Path | str, settings: ModelSettings = ModelSettings()):
+        super().__init__(LlamaModelContext(model_path, settings))
 
     def close(self) -> None:
         self.native.close()

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Sequence
 
 import numpy as np
 
-from pocketspec.backends.base import CachedTokens
 from pocketspec.backends.llama_context import LlamaModelContext, SequenceForward
+from pocketspec.backends.llama_cpp_backend import LlamaSequence
 
 
 class _Waiting:
@@ -116,74 +115,19 @@ def _groups(taken: list[_Waiting], native: LlamaModelContext) -> list[list[_Wait
     return groups
 
 
-class LlamaSequence(CachedTokens):
-    """Sequence `sequence_id` of a shared context, as the Backend protocol describes one backend."""
-
-    def __init__(self, native: LlamaModelContext, sequence_id: int, rounds: DecodeRounds):
-        super().__init__()
-        self.native = native
-        self.sequence_id = sequence_id
-        self.rounds = rounds
-        self.settings = native.settings
-        self.n_batch = native.n_batch
-        self.tokenizer = native.tokenizer
-        self.vocab_size = native.vocab_size
-        self.model_path = native.model_path
-
-    @property
-    def max_context(self) -> int:
-        return self.native.max_context
-
-    def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
-        """Logits [len(logits_rows), vocab], this call's own copy."""
-        self.check_forward(tokens, logits_rows)
-        logits = self.rounds.forward(self.native, SequenceForward(self.sequence_id, len(self._cached), tokens,
-                                                                  logits_rows))
-        self._cached.extend(tokens)
-        return logits
-
-    def rollback(self, num_kept: int) -> None:
-        if num_kept >= len(self._cached):
-            return
-        with self.rounds.exclusive():
-            self.native.remove(self.sequence_id, num_kept)
-        del self._cached[num_kept:]
-
-    @property
-    def can_shift(self) -> bool:
-        return self.native.can_shift
-
-    def shift_out(self, start: int, count: int) -> None:
-        with self.rounds.exclusive():
-            self.native.shift_out(self.sequence_id, start, count)
-        del self._cached[start:start + count]
-
-    def exact_verify_width(self, max_width: int) -> int:
-        from pocketspec.backends.exact_width import exact_width
-
-        return exact_width(self, max_width)
-
-    def memory_report(self) -> dict[str, int]:
-        """The whole shared context's bytes (every sequence's)."""
-        return self.native.memory_report()
-
-    def close(self) -> None:
-        """The shared context outlives its sequences: its owner closes it."""
-
-
 class SharedContexts:
-    """Opens backends as sequences of shared contexts: the k-th backend opened on a model file is
-    sequence k of that model's context of num_sequences (built on first use). Pass open_backend as
+    """Opens backends as sequences of shared contexts: the k-th backend opened on a model file with
+    the same settings is sequence k of that context of num_sequences (built on first use). Pass open_backend as
     the loader's opener once per engine; close() closes the contexts after every engine is closed."""
 
     def __init__(self, num_sequences: int):
         self.num_sequences = num_sequences
         self.rounds = DecodeRounds()
-        self._natives: dict[str, LlamaModelContext] = {}
-        self._num_opened: dict[str, int] = {}
+        self._natives: dict[tuple, LlamaModelContext] = {}
+        self._num_opened: dict[tuple, int] = {}
 
     def open_backend(self, model_path, settings) -> LlamaSequence:
-        key = str(model_path)
+        key = (str(model_path), settings)  # a model drafting for itself is a context of its own
         native = self._natives.get(key)
         if native is None:
             native = self._natives[key] = LlamaModelContext(model_path, settings, self.num_sequences)
