@@ -6,7 +6,10 @@ match evidence (pocketspec/drafters/ngram.py): with p_i the probability that tok
 accepted, a step verifying its first γ tokens yields 1 + Σ_{i≤γ} Π_{j≤i} p_j. Costs are this
 machine's calibrated forward costs at the current depth (pocketspec/costs.py), so a width on a
 flat step of the cost curve loses to the widest width of that step. γ = 0 (plain decoding) is
-always an option, so speculation never makes generation meaningfully slower.
+always an option, so speculation never makes generation meaningfully slower. A sequence that
+shares its decode with other sequences (a server's concurrent requests) counts what its rows
+add to that decode, not a forward of its own: on a CPU, where every row costs about the same,
+a draft rejected there is time taken from the other requests.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Sequence
 from memplanner.defaults import ACCEPTANCE_PRIORS, MAX_GAMMA
 from pocketspec.costs import CostTable
 from pocketspec.drafters.ngram import MatchEvidence
+
+MIN_MARGINAL_SHARE = 0.01  # a shared decode's extra rows cost at least this share of one token's forward
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -139,15 +144,29 @@ class GammaController:
             return [min(self.fixed_gamma, cap)]
         return range(1, cap + 1)
 
+    def _verify_seconds(self, rows_beside: int):
+        """Seconds a verify of w rows adds: alone, its forward; in a decode shared with rows_beside
+        other sequences' tokens, what its rows add to that decode (never under 1 % of one token's
+        forward), so that a draft is worth its rows to every sequence, not only to its own."""
+        seconds = self.target_costs.seconds
+        if rows_beside <= 0:
+            return seconds
+
+        def marginal(width: int, depth: int = 0) -> float:
+            added = seconds(rows_beside + width, depth) - seconds(rows_beside, depth)
+            return max(added, MIN_MARGINAL_SHARE * seconds(1, depth))
+        return marginal
+
     def options(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
-                model_lag: int | None, max_gamma: int, depth: int = 0) -> list[Choice]:
+                model_lag: int | None, max_gamma: int, depth: int = 0, rows_beside: int = 0) -> list[Choice]:
         """Every (drafter, γ) this step could run, with its predicted tokens per second.
 
         ngram_probs: each proposed draftless token's acceptance probability (else ngram_available
         tokens at the n-gram drafter's single rate); model_lag: tokens the draft model must catch
-        up on first (None when there is no draft model).
+        up on first (None when there is no draft model); rows_beside: tokens other sequences put
+        in the same decode (pocketspec/backends/llama_sequences.py).
         """
-        verify = self.target_costs.seconds
+        verify = self._verify_seconds(rows_beside)
         choices = [Choice("none", 0, self._rate(1.0, verify(1, depth)))]
         if ngram_probs is None:
             alpha = self.acceptance["ngram"].rate
@@ -168,10 +187,10 @@ class GammaController:
         return choices
 
     def choose(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
-               model_lag: int | None, max_gamma: int | None = None, depth: int = 0) -> Choice:
+               model_lag: int | None, max_gamma: int | None = None, depth: int = 0, rows_beside: int = 0) -> Choice:
         limit = self.widest_gamma if max_gamma is None else min(max_gamma, self.widest_gamma)
         choices = self.options(ngram_available=ngram_available, ngram_probs=ngram_probs, model_lag=model_lag,
-                               max_gamma=limit, depth=depth)
+                               max_gamma=limit, depth=depth, rows_beside=rows_beside)
         if self.fixed_gamma is not None:
             drafted = [choice for choice in choices if choice.gamma > 0]
             # with a fixed γ, a model draft beats an n-gram one only when there is no n-gram match

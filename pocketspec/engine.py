@@ -182,7 +182,8 @@ class SpeculativeEngine:
         if self.model is not None and self.model.fits(context, max_gamma):
             model_lag = self.model.lag(context)
         choice = self.controller.choose(ngram_probs=self.controller.match_acceptance.probabilities(proposal.evidence),
-                                        model_lag=model_lag, max_gamma=max_gamma, depth=num_cached)
+                                        model_lag=model_lag, max_gamma=max_gamma, depth=num_cached,
+                                        rows_beside=self.target.rows_beside)
         if proposal.tokens and choice.drafter != "ngram" and self._shadow is None:
             self._shadow = (len(context), proposal)
         draft = self._draft(choice, context, proposal)
@@ -194,7 +195,11 @@ class SpeculativeEngine:
         verify_seconds = time.perf_counter() - verify_started
         self.target.rollback(num_cached + 1 + verdict.num_accepted)
 
-        self.controller.target_costs.observe(len(rows), verify_seconds, num_cached)
+        shared_decode = self.target.last_round  # with other sequences: the decode's own width and time
+        if shared_decode is None:
+            self.controller.target_costs.observe(len(rows), verify_seconds, num_cached)
+        else:
+            self.controller.target_costs.observe(shared_decode.width, shared_decode.seconds, num_cached)
         self.controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted,
                                      evidence=proposal.evidence if choice.drafter == "ngram" else None)
         step_seconds = time.perf_counter() - step_started

@@ -47,7 +47,8 @@ class LlamaSequence(CachedTokens):
         if self.rounds is None:
             logits, = self.native.decode([forward], copy=False)
         else:
-            logits = self.rounds.forward(self.native, forward)
+            logits, self.last_round = self.rounds.forward(self.native, forward)
+            self.rows_beside = self.last_round.width - len(tokens)
         self._cached.extend(tokens)
         return logits
 

@@ -16,12 +16,22 @@ rollbacks included, holds the rounds' lock.
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 
 from pocketspec.backends.llama_context import LlamaModelContext, SequenceForward
 from pocketspec.backends.llama_cpp_backend import LlamaSequence
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    """The llama_decode that carried a forward: its tokens, every sequence's together, and its seconds."""
+
+    width: int
+    seconds: float
 
 
 class _Waiting:
@@ -31,6 +41,7 @@ class _Waiting:
         self.native = native
         self.forward = forward
         self.logits: np.ndarray | None = None
+        self.timing: RoundTiming | None = None
         self.error: BaseException | None = None
         self.is_done = False
 
@@ -60,8 +71,8 @@ class DecodeRounds:
         with self._condition:
             yield
 
-    def forward(self, native: LlamaModelContext, forward: SequenceForward) -> np.ndarray:
-        """The forward's logits rows (a copy), once its round has run."""
+    def forward(self, native: LlamaModelContext, forward: SequenceForward) -> tuple[np.ndarray, RoundTiming]:
+        """The forward's logits rows (a copy) once its round has run, and that round's decode."""
         waiting = _Waiting(native, forward)
         with self._condition:
             if threading.get_ident() in self._members:
@@ -73,7 +84,7 @@ class DecodeRounds:
                 self._condition.wait()
         if waiting.error is not None:
             raise waiting.error
-        return waiting.logits
+        return waiting.logits, waiting.timing
 
     def _run_if_all_waiting(self) -> None:
         waiting_threads = len(self._waiting)
@@ -86,15 +97,18 @@ class DecodeRounds:
         """Decode the forwards (lock held), one llama_decode per context and per n_batch of tokens."""
         for native in {id(waiting.native): waiting.native for waiting in taken}.values():
             for group in _groups([waiting for waiting in taken if waiting.native is native], native):
+                started = time.perf_counter()
                 try:
                     results = native.decode([waiting.forward for waiting in group], copy=True)
                 except BaseException as error:  # every forward of the group fails the same way
                     results = [error] * len(group)
+                timing = RoundTiming(sum(len(waiting.forward.tokens) for waiting in group),
+                                     time.perf_counter() - started)
                 for waiting, result in zip(group, results):
                     if isinstance(result, BaseException):
                         waiting.error = result
                     else:
-                        waiting.logits = result
+                        waiting.logits, waiting.timing = result, timing
                     waiting.is_done = True
                 self.num_rounds += 1
                 self.num_forwards += len(group)
