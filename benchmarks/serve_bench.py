@@ -128,7 +128,7 @@ def start(system: str, num_clients: int, args, target: Path, draft: Path | None)
             "-np", str(num_clients), "-c", str(args.max_context * num_clients), "-t", str(args.threads),
             "-tb", str(args.threads), "--no-webui"]
     if system == "llama-server-md":
-        argv += ["-md", str(draft), "-cd", str(args.max_context)]
+        argv += ["-md", str(draft)]
     if args.device == "cuda":
         argv += ["-ngl", "999", "-ngld", "999"]
     return Server(argv, url=f"http://127.0.0.1:{port}")
@@ -296,14 +296,33 @@ def main() -> None:
     from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
     from pocketspec.settings import ModelSettings
 
+    budget_bytes = parse_size(args.memory_budget) if args.memory_budget else None
+    config = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
+    columns = ["system", "N", "requests", "output tok/s", "TTFT p50 s", "TTFT p99 s", "ITL p50 s", "ITL p99 s",
+               "peak memory", "errors"]
+    results: dict[str, dict[str, dict]] = {}
+    failures: list[str] = []
+
+    def save() -> tuple[Path, Path]:
+        """Written after every run, so an interrupted bench keeps what it measured."""
+        rows, notes = summarize(results, clients, budget_bytes)
+        payload = {"config": config, "prompts": len(prompts), "results": results, "failures": failures}
+        return write_results(args.out_dir, "serve_bench", payload,
+                             f"Serving {args.target or args.pair} ({args.backend}, {args.threads} threads)",
+                             columns, rows, notes + failures)
+
     with LlamaCppBackend(target, ModelSettings(max_context=64)) as backend:
         tokenizer = backend.tokenizer
         prompts = pick_prompts(args.prompts)
-        results: dict[str, dict[str, dict]] = {}
         for system in systems:
             for num_clients in clients:
                 print(f"{system}, {num_clients} clients ...", file=sys.stderr, flush=True)
-                server = start(system, num_clients, args, target, draft)
+                try:
+                    server = start(system, num_clients, args, target, draft)
+                except RuntimeError as error:
+                    failures.append(f"{system}, N={num_clients}: {error}")
+                    print(f"  failed: {error}", file=sys.stderr, flush=True)
+                    continue
                 try:
                     stream_one(server.url, model_id(server.url), "Say hi.", 4, tokenizer)  # warm up
                     run = replay(server.url, prompts, num_clients, args.max_tokens, tokenizer)
@@ -313,15 +332,8 @@ def main() -> None:
                 results.setdefault(system, {})[str(num_clients)] = run
                 print(f"  {run['tok_per_s']:.2f} tok/s, {run['requests']} requests, {len(run['errors'])} errors",
                       file=sys.stderr, flush=True)
-    budget_bytes = parse_size(args.memory_budget) if args.memory_budget else None
-    rows, notes = summarize(results, clients, budget_bytes)
-    config = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
-    payload = {"config": config, "prompts": len(prompts), "results": results}
-    columns = ["system", "N", "requests", "output tok/s", "TTFT p50 s", "TTFT p99 s", "ITL p50 s", "ITL p99 s",
-               "peak memory", "errors"]
-    json_path, markdown_path = write_results(args.out_dir, "serve_bench", payload,
-                                             f"Serving {args.target or args.pair} ({args.backend}, {args.threads} threads)",
-                                             columns, rows, notes)
+                json_path, markdown_path = save()
+    json_path, markdown_path = save()
     plot(results, args.out_dir / "serve_bench.png")
     print(f"wrote {json_path}, {markdown_path} and serve_bench.png", file=sys.stderr)
 

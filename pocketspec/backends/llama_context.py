@@ -1,8 +1,11 @@
 """One llama.cpp model and context holding one or more sequences, through the low-level batch API.
 
 A decode carries forwards of several sequences at once: every token is tagged with its
-sequence, and each sequence attends only to its own cache (a separate KV stream each,
-kv_unified off, so n_ctx is split evenly between them). Logits are requested only at the
+sequence, and each sequence attends only to its own tokens. The KV cache is one buffer of
+num_sequences x max_context cells shared by all (kv_unified): measured here (qwen 1.5B, 2
+threads), a 200-token prefill in a context of 2 separate streams took 15 % longer than in a
+one-sequence context, and in a unified one the same. The sequences (LlamaSequence) each
+refuse to hold more than max_context tokens, so together they never overflow it. Logits are requested only at the
 rows each forward asks for (per-position logit flags), never with logits_all, which would
 cost n_ctx x vocab floats. This class keeps no token bookkeeping: the backends built on it
 (LlamaCppBackend, one sequence; LlamaSequence, one of several) do.
@@ -88,7 +91,7 @@ class LlamaModelContext:
         context_params.n_batch = settings.n_batch
         context_params.n_ubatch = min(settings.n_ubatch, settings.n_batch)
         context_params.n_seq_max = num_sequences
-        context_params.kv_unified = False  # a KV stream per sequence: each holds max_context, no more
+        context_params.kv_unified = True  # one buffer for every sequence (see the module's docstring)
         context_params.n_outputs_max = settings.max_logits_rows * num_sequences
         context_params.n_outputs_max_per_seq = 0  # 0: same as n_outputs_max (the default 1 would abort)
         context_params.n_threads = settings.resolved_num_threads
@@ -116,8 +119,8 @@ class LlamaModelContext:
 
     @property
     def max_context(self) -> int:
-        """Tokens one sequence holds. llama.cpp pads n_ctx up to a multiple of 256; the context is
-        still the one asked for."""
+        """Tokens one sequence may hold: its share. llama.cpp pads n_ctx up to a multiple of 256; the
+        context is still the one asked for."""
         return min(self._context.n_ctx() // self.num_sequences, self.settings.max_context)
 
     def decode(self, forwards: Sequence[SequenceForward], *, copy: bool) -> list[np.ndarray]:
