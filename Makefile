@@ -44,8 +44,8 @@ models-test: setup
 models-default: setup
 	$(BIN)/pocketspec models pull qwen-coder
 
-# The peers `pocketspec bench` compares with: llama.cpp's own tools (built once into
-# POCKETSPEC_HOME, about 10 minutes on 2 cores) and the `peers` extra (transformers).
+# The peers `pocketspec bench` and benchmarks/serve_bench.py compare with: llama.cpp's own
+# tools, llama-server included (built once into POCKETSPEC_HOME), and the `peers` extra (transformers).
 peers: setup
 	native/build_llama_tools.sh $(BIN)/pip
 	$(BIN)/pip install -q -e '.[peers]'

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's own `llama-speculative-simple`, `llama-bench` and `llama-server`, the
-# peers that `pocketspec bench` and benchmarks/serve_bench.py run, from the llama.cpp source vendored in the llama-cpp-python
-# sdist, with the same version and portable flags as native/build_llama_cpp.sh.
+# peers that `pocketspec bench` and benchmarks/serve_bench.py run, from the llama.cpp source
+# vendored in the llama-cpp-python sdist, with the same version and portable flags as
+# native/build_llama_cpp.sh.
 #
 #   POCKETSPEC_ACCEL=cpu|cuda|rocm|vulkan native/build_llama_tools.sh [path/to/venv/bin/pip]
 #
 # Installs into $POCKETSPEC_HOME/llama-tools/<version>-<accel>/ (POCKETSPEC_HOME defaults
 # to ~/.cache/pocketspec) with a stamp build.json, and skips the build when that stamp
 # names the same version and CMake arguments. POCKETSPEC_FORCE_REBUILD=1 rebuilds.
-# About 10 minutes on 2 cores.
+# About 10 minutes on 2 cores (longer with the server: about 40 minutes here on a busy machine).
 set -euo pipefail
 
 source "$(dirname "$0")/llama_build.sh"
