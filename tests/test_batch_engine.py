@@ -50,29 +50,31 @@ class Models:
         make_batch_invariant(self.target, self.tiles)
         self.draft = load_model(draft_path, "fp32", torch.device(device))
 
-    def rows(self, model, num_rows: int, *, is_draft: bool = False, num_layers: int | None = None) -> BatchedModel:
+    def rows(self, model, num_rows: int, *, is_draft: bool = False, num_layers: int | None = None,
+             n_batch: int = 64) -> BatchedModel:
         settings = replace(self.settings, is_batch_invariant=not is_draft)
-        return BatchedModel(model, num_rows=num_rows, max_context=self.max_context, kv_dtype="fp32", n_batch=64,
+        return BatchedModel(model, num_rows=num_rows, max_context=self.max_context, kv_dtype="fp32", n_batch=n_batch,
                             settings=settings, tiles=self.tiles if model is self.target else None,
                             num_layers=num_layers)
 
     def engine(self, drafter: str, *, max_batch: int, num_rows: int, gamma: int | None = None, scheduler: str = "pad",
-               sampling: SamplingSettings = SamplingSettings(), ngram_min: int = 2) -> BatchEngine:
+               sampling: SamplingSettings = SamplingSettings(), ngram_min: int = 2, n_batch: int = 64) -> BatchEngine:
         draft = None
         if drafter == "model":
-            draft = self.rows(self.draft, num_rows, is_draft=True)
+            draft = self.rows(self.draft, num_rows, is_draft=True, n_batch=n_batch)
         elif drafter == "self-skip":
-            draft = self.rows(self.target, num_rows, is_draft=True, num_layers=1)
+            draft = self.rows(self.target, num_rows, is_draft=True, num_layers=1, n_batch=n_batch)
         kind = {"self-skip": "model"}.get(drafter, drafter)
-        return BatchEngine(self.rows(self.target, num_rows), is_end=self.tokenizer.is_end_of_generation,
+        return BatchEngine(self.rows(self.target, num_rows, n_batch=n_batch), is_end=self.tokenizer.is_end_of_generation,
                            draft=BatchModelDrafter(draft) if draft is not None else None, sampling=sampling,
                            speculation=SpeculationSettings(drafter=kind, gamma=gamma, ngram_min=ngram_min),
                            batch=replace(self.settings, max_batch=max_batch, scheduler=scheduler))
 
     @lru_cache(maxsize=None)
-    def alone(self, prompt: tuple[int, ...], max_new_tokens: int) -> tuple[tuple[int, ...], str]:
-        """Plain greedy decoding of one prompt by itself: the reference."""
-        result = self.engine("none", max_batch=1, num_rows=1).run([Request(list(prompt), max_new_tokens)])[0]
+    def alone(self, prompt: tuple[int, ...], max_new_tokens: int, n_batch: int = 64) -> tuple[tuple[int, ...], str]:
+        """Plain greedy decoding of one prompt by itself, in a fresh engine: the reference."""
+        engine = self.engine("none", max_batch=1, num_rows=1, n_batch=n_batch)
+        result = engine.run([Request(list(prompt), max_new_tokens)])[0]
         return tuple(result.tokens), result.stop_reason
 
 
@@ -100,10 +102,11 @@ def _requests(prompts, max_new_tokens) -> list[Request]:
     return [Request([1, *prompt], count) for prompt, count in zip(prompts, max_new_tokens)]
 
 
-def _assert_each_equals_alone(models: Models, requests, results) -> None:
+def _assert_each_equals_alone(models: Models, requests, results, n_batch: int = 64) -> None:
     assert [result.index for result in results] == list(range(len(requests)))
     for request, result in zip(requests, results):
-        assert (tuple(result.tokens), result.stop_reason) == models.alone(tuple(request.prompt), request.max_new_tokens)
+        alone = models.alone(tuple(request.prompt), request.max_new_tokens, n_batch)
+        assert (tuple(result.tokens), result.stop_reason) == alone
 
 
 @st.composite
@@ -140,6 +143,27 @@ def test_drafts_are_accepted_and_rejected_while_rows_join_and_leave(tiny, drafte
     num_accepted = sum(result.stats.num_accepted for result in results)
     assert 0 < num_accepted < num_drafted
     assert len(set(engine.rows_per_step)) > 1  # the batch shrank as sequences finished
+
+
+@pytest.mark.parametrize("drafter", ["none", "model"])
+def test_a_conversation_reuses_its_prefilled_chunks_and_each_turn_still_equals_it_alone(tiny, drafter):
+    """Each turn's prompt is the last one, its answer and a new message. It goes to the row that
+    holds the last prompt and prefills only what follows that prompt's whole chunks (8 tokens
+    here); on the near-tie model, where any other rounding would show, every turn and the
+    request beside it still equal the same prompt decoded alone in a fresh engine."""
+    engine = tiny.engine(drafter, max_batch=2, num_rows=2, gamma=3, n_batch=8)
+    rng = np.random.default_rng(3)
+    conversation = [1, *rng.integers(3, MAX_TOKEN, 13)]
+    for turn in range(3):
+        beside = [1, *rng.integers(3, MAX_TOKEN, 20)]
+        requests = [Request(conversation, 8), Request(beside, 6)]
+        results = engine.run(requests)
+        _assert_each_equals_alone(tiny, requests, results, n_batch=8)
+        expected_reuse = 0 if turn == 0 else previous_length - previous_length % 8
+        assert results[0].stats.num_reused_tokens == expected_reuse and results[1].stats.num_reused_tokens == 0
+        previous_length = len(conversation)
+        conversation = conversation + results[0].tokens + [*rng.integers(3, MAX_TOKEN, 5)]
+    assert expected_reuse >= 16
 
 
 def test_a_sequence_that_fills_its_context_stops_there(tiny):

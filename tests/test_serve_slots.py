@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -78,6 +79,33 @@ def test_each_request_samples_with_its_own_settings_and_seed(torch_slots):
     first, second = (_generate(torch_slots, prompt, sampling=sampled)[0].result(timeout=300).tokens
                      for _ in range(2))
     assert len(first) > 4 and first == second  # the same seed draws the same tokens, whatever ran before
+
+
+def test_the_torch_pool_sends_a_conversation_to_the_row_that_holds_its_prompt(one_torch_thread):
+    """A second turn whose prompt begins with the first (over 512 tokens, one prefill chunk) goes to
+    the row that holds it and prefills only the rest; evicted (two other long prompts fill both
+    rows), the same second turn prefilled whole returns the same tokens."""
+    slots = open_slots(replace(_settings("torch"), max_context=2048), max_concurrency=2)
+    try:
+        story = " ".join(f"Day {day}: the keeper lit the lamp at dusk and wrote the weather in the log."
+                         for day in range(1, 40))
+        messages = [{"role": "user", "content": f"{story}\nWhat did the keeper do each day?"}]
+        first_prompt = encode_chat(slots.tokenizer, slots.template, messages)
+        assert len(first_prompt) > 512
+        first = _generate(slots, first_prompt, max_new_tokens=12)[0].result(timeout=300)
+        answer = slots.tokenizer.decode(first.tokens)
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": "And at dawn?"}]
+        second_prompt = encode_chat(slots.tokenizer, slots.template, messages)
+        assert second_prompt[:512] == first_prompt[:512]
+        second = _generate(slots, second_prompt, max_new_tokens=12)[0].result(timeout=300)
+        assert second.num_reused_tokens == 512 and second.tokens
+        others = [_generate(slots, _prompt(slots, f"{question} {story}"), max_new_tokens=2)[0]
+                  for question in QUESTIONS[:2]]
+        assert all(other.result(timeout=300).num_reused_tokens == 0 for other in others)
+        again = _generate(slots, second_prompt, max_new_tokens=12)[0].result(timeout=300)
+        assert again.num_reused_tokens == 0 and again.tokens == second.tokens
+    finally:
+        slots.close()
 
 
 def test_one_engine_serves_requests_in_turn_and_reuses_the_prefix():

@@ -2,8 +2,12 @@
 
 `forward` runs new tokens of any subset of rows in one pass (ragged lengths allowed)
 and returns each row's logits; `rollback` of a row is a length move, as for one
-sequence. A prompt is prefilled alone in its row, with the fast kernels: its KV cache
-is then a function of the prompt only, the same whether other rows are busy or not.
+sequence. A prompt is prefilled alone in its row, with the fast kernels, in chunks of n_batch that start
+at multiples of n_batch: its KV cache is then a function of the prompt only, the same whether
+other rows are busy or not. So a row keeps, after its request leaves, the whole chunks of its
+prompt, and a later prompt that begins with them prefills only the rest (`reusable_prefix`),
+bit for bit as a fresh prefill would: tokens decoded or prefilled in a part chunk are never
+reused, since other kernels or another chunk width computed them.
 Decoding forwards use the batch-invariant kernels when the settings ask for them.
 A self-skip draft is another BatchedModel over the same model with fewer layers.
 """
@@ -20,6 +24,7 @@ import torch
 from memplanner.sizes import round_up
 from pocketspec.batch.layout import AlignmentTimer, AttentionShape, BatchLayout, RowInput
 from pocketspec.errors import ContextFullError
+from pocketspec.prefix import common_prefix_length
 from pocketspec.settings import BatchSettings
 from pocketspec.torch_model.invariant import TileShape
 from pocketspec.torch_model.kv_cache import StaticKVCache
@@ -51,6 +56,7 @@ class BatchedModel:
                              if settings.is_batch_invariant else FAST_ATTENTION)
         self.timer = AlignmentTimer(uses_events=device.type == "cuda")
         self.cached: list[list[int]] = [[] for _ in range(num_rows)]
+        self.num_exact = [0] * num_rows  # leading cached tokens a fresh prefill would compute bit for bit
 
     @property
     def num_rows(self) -> int:
@@ -82,21 +88,34 @@ class BatchedModel:
         tile_rows = self.settings.row_tile if self.settings.is_batch_invariant else 0
         return self._run(items, self.decode_shape, tile_rows)
 
+    def reusable_prefix(self, row: int, prompt: Sequence[int]) -> int:
+        """Leading tokens of `prompt` that `row` holds as a fresh prefill would compute them: whole
+        chunks, leaving at least one token to prefill (its logits start the decoding)."""
+        shared = min(common_prefix_length(self.cached[row][:self.num_exact[row]], prompt), len(prompt) - 1)
+        return max(0, shared - shared % self.n_batch)
+
     def prefill(self, row: int, tokens: Sequence[int],
                 should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
-        """Append a prompt to `row` alone, in chunks of n_batch; logits [vocab] of its last token (None: stopped)."""
+        """Append a prompt (or its part after `reusable_prefix`) to `row` alone, in chunks of n_batch;
+        logits [vocab] of its last token (None: stopped)."""
         if not tokens:
             raise ValueError("prefill needs at least one token")
+        if self.num_cached(row) % self.n_batch:
+            raise ValueError(f"row {row} holds {self.num_cached(row)} tokens: a prefill starts at a multiple of "
+                             f"{self.n_batch}")
         for first in range(0, len(tokens), self.n_batch):
             chunk = list(tokens[first:first + self.n_batch])
             is_last = first + self.n_batch >= len(tokens)
             logits = self._run([RowInput(row, self.num_cached(row), chunk, 1 if is_last else 0)], FAST_ATTENTION, 0)
+            if len(chunk) == self.n_batch and self.num_exact[row] == self.num_cached(row) - len(chunk):
+                self.num_exact[row] = self.num_cached(row)
             if not is_last and should_stop is not None and should_stop():
                 return None
         return logits[0][0]
 
     def rollback(self, row: int, num_kept: int) -> None:
         del self.cached[row][num_kept:]
+        self.num_exact[row] = min(self.num_exact[row], num_kept)
 
     def memory_report(self) -> dict[str, int]:
         weight_bytes = sum(tensor.numel() * tensor.element_size()

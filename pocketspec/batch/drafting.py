@@ -26,11 +26,10 @@ class BatchModelDrafter:
         self.draft = draft
 
     def admit(self, row: int, prompt: Sequence[int]) -> None:
-        self.draft.rollback(row, 0)
-        self.draft.prefill(row, prompt)
-
-    def release(self, row: int) -> None:
-        self.draft.rollback(row, 0)
+        """Prefill a new request's prompt, keeping what the row holds of it from an earlier request."""
+        num_reused = self.draft.reusable_prefix(row, prompt)
+        self.draft.rollback(row, num_reused)
+        self.draft.prefill(row, prompt[num_reused:])
 
     def _num_kept(self, sequence: SequenceState) -> int:
         cached = self.draft.cached[sequence.row]

@@ -4,7 +4,9 @@ Each step the scheduler picks the sequences that run; the adaptive controller pi
 one drafter and one γ for them all (one controller per group size, since a forward's
 cost depends on how many rows it holds; acceptance is shared). Every row is then
 verified on its own by the pure rules of pocketspec/verify.py with its own generator,
-and rolled back on its own. A finished sequence frees its row for the next request.
+and rolled back on its own. A finished sequence frees its row for the next request; a new
+request takes the free row that has the longest exact prefix of its prompt cached
+(BatchedModel.reusable_prefix), in the target and in the draft.
 """
 
 from __future__ import annotations
@@ -66,8 +68,10 @@ class BatchEngine:
             sequence.stop_reason = "max_tokens"
             return sequence
         started = time.perf_counter()
-        self.target.rollback(row, 0)
-        logits = self.target.prefill(row, request.prompt, should_stop)
+        num_reused = self.target.reusable_prefix(row, request.prompt)
+        self.target.rollback(row, num_reused)
+        logits = self.target.prefill(row, request.prompt[num_reused:], should_stop)
+        sequence.stats.num_reused_tokens = num_reused
         if self.uses_model and logits is not None:
             self.draft.admit(row, request.prompt)
         sequence.stats.prefill_seconds = time.perf_counter() - started
@@ -131,10 +135,12 @@ class BatchEngine:
         self.num_steps += 1
         self.rows_per_step.append(len(group))
 
+    def best_row(self, prompt: Sequence[int], free_rows: Sequence[int]) -> int:
+        """The free row whose cache holds the longest reusable prefix of `prompt` (the first on a tie)."""
+        return max(free_rows, key=lambda row: (self.target.reusable_prefix(row, prompt), -free_rows.index(row)))
+
     def release(self, sequence: SequenceState) -> BatchResult:
-        self.target.rollback(sequence.row, 0)
-        if self.uses_model:
-            self.draft.release(sequence.row)
+        """The sequence's result; its row keeps its cache for a later prompt with the same prefix."""
         result = sequence.finish()
         result.stats.peak_rss_bytes = peak_rss_bytes()
         return result

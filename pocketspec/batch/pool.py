@@ -32,7 +32,9 @@ class BatchPool:
         finished = []
         while self.waiting and self.free_rows:
             index, request, submitted_at = self.waiting.popleft()
-            sequence = self.engine.admit(index, request, self.free_rows.pop(0), submitted_at, should_stop)
+            row = self.engine.best_row(request.prompt, self.free_rows)
+            self.free_rows.remove(row)
+            sequence = self.engine.admit(index, request, row, submitted_at, should_stop)
             self.active[index] = sequence
             if sequence.is_finished:
                 finished.append(self._finish(sequence))
