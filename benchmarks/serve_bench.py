@@ -155,11 +155,13 @@ def stream_one(url: str, model: str, prompt: str, max_tokens: int, tokenizer) ->
             if delta:
                 chunk_times.append(time.perf_counter())
                 text += delta
-    tokens = (usage or {}).get("completion_tokens") or len(tokenizer.encode(text, add_bos=False))
+    usage = usage or {}
+    tokens = usage.get("completion_tokens") or len(tokenizer.encode(text, add_bos=False))
+    drafts = {"drafted": usage.get("drafted_tokens", 0), "accepted": usage.get("accepted_tokens", 0)}
     if not chunk_times:
-        return {"tokens": tokens, "ttft": None, "itl": None, "ended": time.perf_counter()}
+        return {"tokens": tokens, "ttft": None, "itl": None, "ended": time.perf_counter(), **drafts}
     itl = (chunk_times[-1] - chunk_times[0]) / (tokens - 1) if tokens > 1 else None
-    return {"tokens": tokens, "ttft": chunk_times[0] - sent, "itl": itl, "ended": chunk_times[-1]}
+    return {"tokens": tokens, "ttft": chunk_times[0] - sent, "itl": itl, "ended": chunk_times[-1], **drafts}
 
 
 def replay(url: str, prompts: list[str], num_clients: int, max_tokens: int, tokenizer) -> dict:
@@ -191,7 +193,9 @@ def replay(url: str, prompts: list[str], num_clients: int, max_tokens: int, toke
     tokens = sum(request["tokens"] for request in done)
     ttfts = [request["ttft"] for request in done if request["ttft"] is not None]
     itls = [request["itl"] for request in done if request["itl"] is not None]
+    drafted, accepted = (sum(request[key] for request in done) for key in ("drafted", "accepted"))
     return {"requests": len(done), "errors": errors, "tokens": tokens, "seconds": seconds,
+            "drafted": drafted, "accepted": accepted,
             "tok_per_s": tokens / seconds, "ttft_p50": _percentile(ttfts, 50), "ttft_p99": _percentile(ttfts, 99),
             "itl_p50": _percentile(itls, 50), "itl_p99": _percentile(itls, 99)}
 
@@ -221,6 +225,7 @@ def summarize(results: dict, clients: list[int], budget_bytes: int | None) -> tu
             rows.append([system, num_clients, run["requests"], f"{run['tok_per_s']:.2f}",
                          *(f"{run[key]:.3f}" if run[key] is not None else "–"
                            for key in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99")),
+                         f"{run['accepted'] / run['drafted']:.2f}" if run.get("drafted") else "–",
                          format_bytes(peak) if peak else "–", len(run["errors"])])
     for num_clients in clients:
         def rate(system: str) -> float | None:
@@ -299,7 +304,7 @@ def main() -> None:
     budget_bytes = parse_size(args.memory_budget) if args.memory_budget else None
     config = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
     columns = ["system", "N", "requests", "output tok/s", "TTFT p50 s", "TTFT p99 s", "ITL p50 s", "ITL p99 s",
-               "peak memory", "errors"]
+               "acceptance", "peak memory", "errors"]
     results: dict[str, dict[str, dict]] = {}
     failures: list[str] = []
 

@@ -136,7 +136,8 @@ class BatchEngine:
         self.rows_per_step.append(len(group))
 
     def best_row(self, prompt: Sequence[int], free_rows: Sequence[int]) -> int:
-        """The free row whose cache holds the longest reusable prefix of `prompt` (the first on a tie)."""
+        """The free row whose cache holds the longest reusable prefix of `prompt`; on a tie the first
+        of `free_rows` (the pool lists them least recently released first)."""
         return max(free_rows, key=lambda row: (self.target.reusable_prefix(row, prompt), -free_rows.index(row)))
 
     def release(self, sequence: SequenceState) -> BatchResult:

@@ -1,11 +1,14 @@
 """From SessionSettings to the slots a server runs: the torch backend's continuous-batching pool
 (every slot a row, each request's output what it would be alone), else speculative engines:
-on llama.cpp one per concurrent request, on sequences of one shared context that decode together."""
+on llama.cpp one per concurrent request, on sequences of one shared context that decode together;
+on torch one engine for a target split over --devices (a row split's rank 0 serves, its other
+ranks follow) or drafting for itself with a sparse cache."""
 
 from __future__ import annotations
 
 from typing import Callable
 
+from pocketspec.errors import UserError
 from pocketspec.serve.generation import Slots
 from pocketspec.session_settings import SessionSettings
 
@@ -17,7 +20,13 @@ def open_slots(settings: SessionSettings, *, max_concurrency: int, on_note: Noti
     """The slots for `max_concurrency` requests at once; UserError when that many cannot run (the backend,
     the drafter, or the memory budget)."""
     is_torch = settings.options.get("backend") == "torch"
-    if is_torch and not (settings.draft == "self-sparse" and max_concurrency == 1):  # batching slides no window
+    is_split = bool(settings.options.get("devices"))
+    if is_torch and is_split and max_concurrency > 1:
+        raise UserError(f"--max-concurrency {max_concurrency} with --devices on --backend torch: the batching pool "
+                        "runs on one device, so a split target serves one request at a time (--max-concurrency 1); "
+                        "--backend llama.cpp serves concurrent requests on split devices")
+    # the pool batches on one device and slides no window; a split or a sparse self-draft serves on one engine
+    if is_torch and not is_split and not (settings.draft == "self-sparse" and max_concurrency == 1):
         from pocketspec.serve.batch_slots import open_batch_slots
 
         return open_batch_slots(settings, max_concurrency, on_note=on_note)

@@ -1,0 +1,42 @@
+"""`pocketspec serve --devices cpu:0,cpu:1` on SmolLM2 (torch): a target split by layers, or by rows
+with rank 0 serving and a spawned rank following, answers a greedy chat exactly as `generate` does
+with the same split; concurrency on a split torch target is refused with one line."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from serve_process import ServerProcess
+from test_cli_errors import assert_one_line_error, run_cli
+
+pytestmark = pytest.mark.real_model
+
+MODEL = "smollm2-135m-instruct"
+QUESTION = "Name three colours of the rainbow."
+SPLIT = ("--backend", "torch", "--devices", "cpu:0,cpu:1", "--max-context", "512")
+
+
+@pytest.mark.parametrize("split_mode", ["layer", "row"])
+def test_a_split_target_serves_what_generate_returns_with_the_same_split(smollm2_path, split_mode):
+    flags = (*SPLIT, "--split-mode", split_mode)
+    generated = run_cli("generate", "--target", MODEL, "--draft", "ngram", "--threads", "1", *flags,
+                        "--max-tokens", "16", "--chat", "--json", "--prompt", QUESTION)
+    assert generated.returncode == 0, generated.stderr
+    expected = json.loads(generated.stdout)
+    server = ServerProcess(*flags, "--max-tokens", "16")
+    try:
+        client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
+        reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                               temperature=0)
+        assert expected["tokens"] and reply.choices[0].message.content == expected["text"]
+        assert reply.usage.completion_tokens == len(expected["tokens"])
+    finally:
+        assert server.stop() == 0, server.stderr()
+
+
+def test_concurrent_requests_on_a_split_torch_target_are_refused_with_one_line(smollm2_path):
+    result = run_cli("serve", "--target", MODEL, "--draft", "ngram", *SPLIT, "--max-concurrency", "2", "--port", "0")
+    assert_one_line_error(result, "--max-concurrency 2 with --devices", "--max-concurrency 1")
