@@ -56,6 +56,9 @@ def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
     check_devices(target_settings)
     if target_settings.backend != "torch":
         raise UserError("--batch decodes on --backend torch only; add --backend torch")
+    if len(target_settings.devices) > 1:
+        raise UserError(f"--devices {','.join(target_settings.devices)}: the batching pool runs on one device; "
+                        "give one --device, or decode one prompt at a time on the split")
     plan = None
     if settings.memory_budget is not None:
         plan = apply_batch_plan(choice, settings.memory_budget, target_settings, speculation, batch)

@@ -62,6 +62,7 @@ def test_outputs_come_in_input_order_and_equal_each_prompt_alone(tiny_target, pr
     (["--batch", "2", "--repack"], ["--repack", "torch"]),
     (["--batch", "2", "--no-repack"], ["--no-repack", "torch"]),
     (["--batch", "2", "--kv-type", "q8_0"], ["--kv-type q8_0", "--torch-kv-type"]),
+    (["--batch", "2", "--devices", "cpu:0,cpu:1"], ["--devices cpu:0,cpu:1", "one device"]),
 ])
 def test_bad_batch_flags_are_one_line_errors(tiny_target, prompt_file, args, fragments):
     assert_one_line_error(_batch(tiny_target, prompt_file, *args), *fragments)
