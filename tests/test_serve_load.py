@@ -2,7 +2,7 @@
 from 16 concurrent clients, every fifth client leaving after its first chunk. Every request that
 finishes is well-formed and carries its own prompt's answer (the prompts' greedy answers differ from
 their first characters, so a mixed-up reply is caught), none is lost, the slots all come back free,
-and the server's memory after the second burst stays within a few percent of the first burst's."""
+and the server's memory after the second burst stays within a few percent of the first, equal burst's."""
 
 from __future__ import annotations
 
@@ -83,7 +83,10 @@ def test_a_burst_with_clients_leaving_loses_nothing_and_frees_every_slot(server)
     answers = [_stream(server, prompt, leaves_early=False)[0] for prompt in PROMPTS]  # each alone
     assert len(set(answer[:6] for answer in answers)) == len(answers), answers  # they differ at once
     memory = psutil.Process(server.process.pid)
-    _burst(server, NUM_CLIENTS)
+    # A warm-up burst as large as the checked one: the allocator grows over the first bursts and then
+    # levels off (measured 221, 232, 236, 239, 239 MiB after bursts of 16, 64, 64, 64, 64), so the
+    # check compares two equal bursts, where a leak would still grow by a burst's worth
+    _burst(server, NUM_REQUESTS)
     assert _wait_until_idle(server)["slots_in_use"] == 0
     rss_after_first = memory.memory_info().rss
     results = _burst(server, NUM_REQUESTS)
