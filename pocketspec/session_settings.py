@@ -63,6 +63,11 @@ def apply_backend_options(target_settings: ModelSettings, speculation: Speculati
     return target_settings, replace(speculation, **speculation_options)
 
 
+def requested_devices(settings: SessionSettings) -> tuple[str, ...]:
+    """The devices --devices lists (empty: one device), checked as every session checks them."""
+    return _parse_devices(settings.options.get("devices"), settings.options.get("device", MODEL.device))
+
+
 def _parse_devices(devices: str | tuple | None, device: str) -> tuple[str, ...]:
     if devices is None:
         return MODEL.devices

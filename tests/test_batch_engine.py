@@ -65,7 +65,8 @@ class Models:
         elif drafter == "self-skip":
             draft = self.rows(self.target, num_rows, is_draft=True, num_layers=1, n_batch=n_batch)
         kind = {"self-skip": "model"}.get(drafter, drafter)
-        return BatchEngine(self.rows(self.target, num_rows, n_batch=n_batch), is_end=self.tokenizer.is_end_of_generation,
+        return BatchEngine(self.rows(self.target, num_rows, n_batch=n_batch),
+                           is_end=self.tokenizer.is_end_of_generation,
                            draft=BatchModelDrafter(draft) if draft is not None else None, sampling=sampling,
                            speculation=SpeculationSettings(drafter=kind, gamma=gamma, ngram_min=ngram_min),
                            batch=replace(self.settings, max_batch=max_batch, scheduler=scheduler))

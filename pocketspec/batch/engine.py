@@ -137,8 +137,8 @@ class BatchEngine:
 
     def best_row(self, prompt: Sequence[int], free_rows: Sequence[int]) -> int:
         """The free row whose cache holds the longest reusable prefix of `prompt`; on a tie the first
-        of `free_rows` (the pool lists them least recently released first)."""
-        return max(free_rows, key=lambda row: (self.target.reusable_prefix(row, prompt), -free_rows.index(row)))
+        of `free_rows` (max keeps the first; the pool lists them least recently released first)."""
+        return max(free_rows, key=lambda row: self.target.reusable_prefix(row, prompt))
 
     def release(self, sequence: SequenceState) -> BatchResult:
         """The sequence's result; its row keeps its cache for a later prompt with the same prefix."""

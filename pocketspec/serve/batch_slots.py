@@ -116,7 +116,8 @@ class BatchSlots(Slots):
             stop_reason = "cancelled" if result.stop_reason == "interrupted" else result.stop_reason
             pending.future.set_result(GenerationOutcome(
                 result.tokens, stop_reason, len(pending.request.prompt_tokens), stats.num_drafted,
-                stats.num_accepted, stats.num_reused_tokens, stats.seconds, max(0.0, result.latency_seconds - stats.seconds)))
+                stats.num_accepted, stats.num_reused_tokens, stats.seconds,
+                max(0.0, result.latency_seconds - stats.seconds)))
         del self._pending[result.index], self._num_emitted[result.index]
 
     def _fail_all(self, error: BaseException) -> None:

@@ -10,7 +10,7 @@ from typing import Callable
 
 from pocketspec.errors import UserError
 from pocketspec.serve.generation import Slots
-from pocketspec.session_settings import SessionSettings
+from pocketspec.session_settings import SessionSettings, requested_devices
 
 Notify = Callable[[str], None]
 
@@ -20,8 +20,7 @@ def open_slots(settings: SessionSettings, *, max_concurrency: int, on_note: Noti
     """The slots for `max_concurrency` requests at once; UserError when that many cannot run (the backend,
     the drafter, or the memory budget)."""
     is_torch = settings.options.get("backend") == "torch"
-    devices = settings.options.get("devices") or ()  # the flag's text, or a tuple
-    is_split = len(devices.split(",") if isinstance(devices, str) else devices) > 1
+    is_split = len(requested_devices(settings)) > 1
     if is_torch and is_split and max_concurrency > 1:
         raise UserError(f"--max-concurrency {max_concurrency} with --devices on --backend torch: the batching pool "
                         "runs on one device, so a split target serves one request at a time (--max-concurrency 1); "
