@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from memplanner.measured_costs import MeasuredCosts
-from pocketspec.controller import Choice, GammaController
+from pocketspec.controller import MIN_PROPOSAL_SURVIVAL, Choice, GammaController
 from pocketspec.costs import CostTable
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.model import ModelDrafter
@@ -44,11 +44,15 @@ class SpeculativeEngine:
         speculation: SpeculationSettings = SpeculationSettings(),
         target_costs: MeasuredCosts | None = None,
         draft_costs: MeasuredCosts | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
-        """target_costs / draft_costs: this machine's calibrated forward costs (pocketspec/calibrate.py)."""
+        """target_costs / draft_costs: this machine's calibrated forward costs (pocketspec/calibrate.py);
+        clock: seconds for every timing the controller learns from (a replay of recorded outputs,
+        benchmarks/replay_drafting.py, passes a virtual one)."""
         if speculation.drafter not in DRAFTERS:
             raise UserError(f"unknown drafter {speculation.drafter!r}: use one of {', '.join(DRAFTERS)}")
         self.target = target
+        self.clock = clock
         self.sampling = sampling
         self.rng = np.random.default_rng(sampling.seed)
         uses_ngram = speculation.drafter in ("auto", "ngram")
@@ -139,9 +143,9 @@ class SpeculativeEngine:
             )
         kept = min(common_prefix_length(self.target.cached_tokens, prompt), len(prompt) - 1)
         self.target.rollback(kept)
-        started = time.perf_counter()
+        started = self.clock()
         logits = self.target.prefill(prompt[kept:], should_stop)
-        stats.prefill_seconds = time.perf_counter() - started
+        stats.prefill_seconds = self.clock() - started
         stats.num_prompt_tokens, stats.num_reused_tokens = len(prompt), kept
         if logits is None:
             return None
@@ -172,27 +176,31 @@ class SpeculativeEngine:
 
     def _step(self, context: list[int], max_gamma: int, stats: GenerationStats) -> list[int]:
         """One draft + verify step; returns the tokens it adds to the context."""
-        step_started = time.perf_counter()
+        step_started = self.clock()
         max_gamma = min(max_gamma, self.controller.widest_gamma)
         num_cached = self.target.num_cached
         proposal = Proposal()
+        controller = self.controller
+        rows_beside = self.target.rows_beside
         if self.ngram is not None:
-            proposal = self.ngram.propose_scored(context, min(max_gamma, self.controller.max_draftless_gamma))
+            proposal = self.ngram.propose_scored(
+                context, min(max_gamma, controller.max_draftless_gamma), controller.match_acceptance.probability,
+                min_first=controller.min_first_acceptance(num_cached, rows_beside), min_survival=MIN_PROPOSAL_SURVIVAL)
         model_lag = None
         if self.model is not None and self.model.fits(context, max_gamma):
             model_lag = self.model.lag(context)
-        choice = self.controller.choose(ngram_probs=self.controller.match_acceptance.probabilities(proposal.evidence),
-                                        model_lag=model_lag, max_gamma=max_gamma, depth=num_cached,
-                                        rows_beside=self.target.rows_beside)
+        choice = controller.choose(ngram_probs=proposal.probabilities, model_lag=model_lag, max_gamma=max_gamma,
+                                   depth=num_cached, rows_beside=rows_beside)
         if proposal.tokens and choice.drafter != "ngram" and self._shadow is None:
             self._shadow = (len(context), proposal)
         draft = self._draft(choice, context, proposal)
 
         rows = [context[-1], *draft.tokens]
-        verify_started = time.perf_counter()
+        verify_started = self.clock()
         logits = self.target.forward(rows, range(len(rows)))  # [γ + 1, vocab]
+        forward_seconds = self.clock() - verify_started
         verdict = self._verify(draft, logits)
-        verify_seconds = time.perf_counter() - verify_started
+        verify_seconds = self.clock() - verify_started
         self.target.rollback(num_cached + 1 + verdict.num_accepted)
 
         shared_decode = self.target.last_round  # with other sequences: the decode's own width and time
@@ -202,9 +210,10 @@ class SpeculativeEngine:
             self.controller.target_costs.observe(shared_decode.width, shared_decode.seconds, num_cached)
         self.controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted,
                                      evidence=proposal.evidence if choice.drafter == "ngram" else None)
-        step_seconds = time.perf_counter() - step_started
+        step_seconds = self.clock() - step_started
         self.controller.observe_overhead(step_seconds - verify_seconds - draft.seconds)
-        stats.record_step(choice.drafter, len(draft), verdict.num_accepted, step_seconds)
+        stats.record_step(choice.drafter, len(draft), verdict.num_accepted, step_seconds,
+                          forward_seconds + draft.seconds)
         return verdict.emitted(draft.tokens)
 
     def generate(
@@ -217,7 +226,7 @@ class SpeculativeEngine:
     ) -> GenerationResult:
         """Continue `prompt`, reusing the target KV cache for its longest cached prefix."""
         stats = GenerationStats()
-        started = time.perf_counter()
+        started = self.clock()
         emitted: list[int] = []
         stop_reason = "max_tokens"
         is_end = self.target.tokenizer.is_end_of_generation
@@ -254,6 +263,6 @@ class SpeculativeEngine:
         if self.ngram is not None:
             self.ngram.remember(emitted)
         stats.num_tokens = len(emitted)
-        stats.seconds = time.perf_counter() - started
+        stats.seconds = self.clock() - started
         stats.peak_rss_bytes = peak_rss_bytes()
         return GenerationResult(emitted, stop_reason, stats)

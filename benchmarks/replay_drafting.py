@@ -1,0 +1,196 @@
+"""Replay the speculative loop against recorded target outputs, on this machine's cost table.
+
+    .venv/bin/python benchmarks/replay_drafting.py benchmarks/results/traces/code_edit.jsonl \
+        [--gamma auto|N] [--max-gamma 31] [--out benchmarks/results/replay_code_edit]
+
+At temperature 0 a speculative run emits exactly what plain decoding emitted
+(benchmarks/record_traces.py keeps that). So the real engine (pocketspec/engine.py: its
+drafter, controller and verification) runs here on a stand-in target whose logits pick the
+recorded next token, and whose forwards take the calibrated cost of their width at their
+depth on a virtual clock instead of running the model. The speedup it reports is the
+controller's decode time against plain decoding's (one-token forwards) on the same costs:
+what the mechanism gains, free of the machine's noise, on hundreds of prompts in seconds.
+The real bench (`pocketspec bench`) remains the measurement; this is for designing.
+
+Prompts run in file order on one engine, so the drafter's cross-request corpus fills as in a
+bench. Results: per category, speedup, tokens per step, acceptance and the verify widths used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from apps.report import markdown_table, write_results  # noqa: E402
+from memplanner.measured_costs import MeasuredCosts, load_measured_costs  # noqa: E402
+from pocketspec.backends.base import CachedTokens  # noqa: E402
+from pocketspec.engine import SpeculativeEngine  # noqa: E402
+from pocketspec.settings import SpeculationSettings  # noqa: E402
+
+
+class VirtualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ReplayTokenizer:
+    def is_end_of_generation(self, token: int) -> bool:
+        return False
+
+
+class ReplayTarget(CachedTokens):
+    """A target whose every logits row picks the recorded continuation, at the table's cost."""
+
+    n_batch = 512
+
+    def __init__(self, costs: MeasuredCosts, clock: VirtualClock, vocab_size: int, max_context: int = 1 << 16,
+                 max_logits_rows: int = 32):
+        super().__init__()
+        self.costs, self.clock = costs, clock
+        self.vocab_size = vocab_size
+        self.tokenizer = ReplayTokenizer()
+        self._max_context = max_context
+        self._max_logits_rows = max_logits_rows
+        self.truth: list[int] = []
+        self.widths: Counter = Counter()
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def max_logits_rows(self) -> int:
+        return self._max_logits_rows
+
+    def follow(self, tokens: list[int]) -> None:
+        self.truth = list(tokens)
+
+    def _next_after(self, position: int) -> int:
+        following = position + 1
+        return self.truth[following] if following < len(self.truth) else self.vocab_size - 1
+
+    def _logits(self, positions) -> np.ndarray:
+        logits = np.zeros((len(positions), self.vocab_size), dtype=np.float32)  # [rows, vocab]
+        for row, position in enumerate(positions):
+            logits[row, self._next_after(position)] = 1.0
+        return logits
+
+    def forward(self, tokens, logits_rows) -> np.ndarray:
+        start = len(self._cached)
+        self.clock.now += self.costs.forward_seconds(len(tokens), start)
+        self.widths[len(tokens)] += 1
+        self._cached.extend(tokens)
+        return self._logits([start + row for row in logits_rows])
+
+    def prefill(self, tokens, should_stop=None) -> np.ndarray:
+        self._cached.extend(tokens)
+        return self._logits([len(self._cached) - 1])[0]
+
+    def rollback(self, num_kept: int) -> None:
+        del self._cached[num_kept:]
+
+    def exact_verify_width(self, max_width: int) -> int:
+        return max_width
+
+    def close(self) -> None:
+        pass
+
+
+def plain_seconds(costs: MeasuredCosts, num_prompt_tokens: int, num_tokens: int) -> float:
+    """Decode time of plain decoding: one one-token forward per token after the first."""
+    return sum(costs.forward_seconds(1, num_prompt_tokens + index) for index in range(num_tokens - 1))
+
+
+def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSettings, vocab_size: int) -> list[dict]:
+    clock = VirtualClock()
+    target = ReplayTarget(costs, clock, vocab_size, max_logits_rows=speculation.verify_width())
+    engine = SpeculativeEngine(target, speculation=speculation, target_costs=costs, clock=clock)
+    rows = []
+    for trace in traces:
+        prompt, output = trace["prompt_tokens"], trace["output_tokens"]
+        if len(output) < 2:
+            continue
+        target.follow(prompt + output)
+        target.widths.clear()
+        engine.reset()
+        result = engine.generate(prompt, len(output))
+        if result.tokens != output:
+            raise AssertionError(f"{trace['prompt_id']}: the replay left the recorded output")
+        stats = result.stats
+        rows.append({"prompt_id": trace["prompt_id"], "category": trace["category"], "turn": trace.get("turn", 1),
+                     "num_tokens": len(output), "decode_seconds": stats.decode_seconds,
+                     "plain_seconds": plain_seconds(costs, len(prompt), len(output)),
+                     "num_steps": stats.num_steps, "num_drafted": stats.num_drafted,
+                     "num_accepted": stats.num_accepted, "widths": dict(target.widths)})
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    spec = sum(row["decode_seconds"] for row in rows)
+    plain = sum(row["plain_seconds"] for row in rows)
+    drafted = sum(row["num_drafted"] for row in rows)
+    widths: Counter = Counter()
+    for row in rows:
+        widths.update(row["widths"])
+    return {"num_prompts": len(rows), "speedup": plain / spec if spec else 0.0,
+            "tokens_per_step": sum(row["num_tokens"] for row in rows) / max(sum(row["num_steps"] for row in rows), 1),
+            "acceptance": sum(row["num_accepted"] for row in rows) / drafted if drafted else None,
+            "common_widths": [width for width, _ in widths.most_common(4)]}
+
+
+def by_category(rows: list[dict]) -> dict[str, dict]:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        key = row["category"] if row["turn"] == 1 else f"{row['category']} (turn {row['turn']})"
+        groups[key].append(row)
+    return {**{key: summarize(group) for key, group in groups.items()}, "all": summarize(rows)}
+
+
+COLUMNS = ["category", "prompts", "× plain", "tokens/step", "acceptance", "common widths"]
+
+
+def table_rows(summary: dict[str, dict]) -> list[list]:
+    return [[category, item["num_prompts"], f"{item['speedup']:.2f}×", f"{item['tokens_per_step']:.2f}",
+             "–" if item["acceptance"] is None else f"{item['acceptance']:.2f}",
+             ", ".join(map(str, item["common_widths"]))] for category, item in summary.items()]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("traces", type=Path, nargs="+")
+    parser.add_argument("--costs", type=Path, required=True, help="a cost table (POCKETSPEC_HOME/costs/*.json)")
+    parser.add_argument("--gamma", default="auto", help="auto (the controller) or a fixed draft length")
+    parser.add_argument("--max-gamma", type=int, default=None, help="the draftless γ ceiling (default: the runtime's)")
+    parser.add_argument("--vocab-size", type=int, default=151936)
+    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
+    args = parser.parse_args(argv)
+    costs = load_measured_costs(args.costs)
+    if costs is None:
+        parser.error(f"--costs {args.costs}: not a cost table")
+    traces = [json.loads(line) for path in args.traces for line in path.read_text().splitlines() if line.strip()]
+    speculation = SpeculationSettings(drafter="ngram", gamma=None if args.gamma == "auto" else int(args.gamma))
+    if args.max_gamma is not None:
+        speculation = SpeculationSettings(drafter="ngram", gamma=speculation.gamma,
+                                          max_draftless_gamma=args.max_gamma)
+    rows = replay(traces, costs, speculation, args.vocab_size)
+    summary = by_category(rows)
+    title = f"Replay of {', '.join(path.name for path in args.traces)} (γ {args.gamma})"
+    print(markdown_table(COLUMNS, table_rows(summary)))
+    if args.out is not None:
+        notes = [f"cost table: {args.costs}", "speedups are predicted from the table, not timed"]
+        write_results(args.out.parent, args.out.name, {"summary": summary, "rows": rows}, title, COLUMNS,
+                      table_rows(summary), notes)
+
+if __name__ == "__main__":
+    main()

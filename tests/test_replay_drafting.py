@@ -1,0 +1,77 @@
+"""benchmarks/replay_drafting.py: the real engine replayed on recorded outputs and a cost table,
+and benchmarks/record_traces.py recording them from a real model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memplanner.measured_costs import MeasuredCosts
+from pocketspec.settings import SpeculationSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from replay_drafting import by_category, replay  # noqa: E402
+
+
+def _costs(seconds_by_width) -> MeasuredCosts:
+    return MeasuredCosts("test", {0: {width: seconds_by_width(width) for width in range(1, 33)}})
+
+
+def _copy_trace(prompt_id: str = "copy") -> dict:
+    code = list(range(1000, 1200))
+    prompt = [1, 2, 3] + code + [7, 8]
+    return {"prompt_id": prompt_id, "category": "copy", "prompt_tokens": prompt, "output_tokens": code}
+
+
+def _novel_trace() -> dict:
+    return {"prompt_id": "novel", "category": "novel", "prompt_tokens": [1, 2, 3, 4],
+            "output_tokens": list(range(5000, 5150))}
+
+
+def test_a_copy_on_a_cheap_wide_verify_replays_the_recorded_output_faster():
+    # 16 rows cost twice one row: a fully accepted copy nearly reaches 8x
+    costs = _costs(lambda width: 0.03 * (1 if width == 1 else 2 * ((width + 15) // 16)))
+    rows = replay([_copy_trace()], costs, SpeculationSettings(drafter="ngram"), vocab_size=6000)
+    summary = by_category(rows)["copy"]
+    assert summary["speedup"] > 3.0 and summary["acceptance"] > 0.9
+    assert max(rows[0]["widths"], key=rows[0]["widths"].get) >= 16
+
+
+def test_rows_that_cost_a_forward_each_never_pay_and_nothing_is_drafted_for_new_text():
+    linear = _costs(lambda width: 0.03 * width)
+    rows = replay([_copy_trace(), _novel_trace()], linear, SpeculationSettings(drafter="ngram"), vocab_size=6000)
+    summary = by_category(rows)
+    assert 0.9 < summary["copy"]["speedup"] <= 1.0 + 1e-9
+    assert summary["novel"]["speedup"] == pytest.approx(1.0) and rows[1]["num_drafted"] == 0
+
+
+def test_a_replay_that_leaves_the_recording_is_an_error(monkeypatch):
+    import replay_drafting
+
+    monkeypatch.setattr(replay_drafting.ReplayTarget, "_next_after", lambda self, position: 5)
+    with pytest.raises(AssertionError, match="left the recorded output"):
+        replay([_novel_trace()], _costs(lambda width: 0.03), SpeculationSettings(drafter="ngram"), vocab_size=6000)
+
+
+@pytest.mark.real_model
+def test_record_traces_writes_each_turn_of_a_conversation(smollm2_path, tmp_path):
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(json.dumps({"id": "c1", "category": "chat", "turns": ["Say hi.", "Say bye."]}) + "\n")
+    out = tmp_path / "traces.jsonl"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "record_traces.py"), "--suite", str(suite),
+                          "--target", str(smollm2_path), "--per-category", "1", "--max-tokens", "6",
+                          "--max-context", "512", "--threads", "1", "--out", str(out)],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    first, second = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (first["turn"], second["turn"]) == (1, 2) and first["prompt_id"] == second["prompt_id"] == "c1"
+    assert 1 <= len(first["output_tokens"]) <= 6
+    # the second turn's prompt holds the first turn's prompt and the model's own reply
+    assert second["prompt_tokens"][:len(first["prompt_tokens"])] == first["prompt_tokens"]
+    assert len(second["prompt_tokens"]) > len(first["prompt_tokens"]) + len(first["output_tokens"])
