@@ -23,6 +23,8 @@ from pocketspec.costs import CostTable
 from pocketspec.drafters.ngram import MatchEvidence
 
 MIN_MARGINAL_SHARE = 0.01  # a shared decode's extra rows cost at least this share of one token's forward
+# A proposed token reached with a smaller chance than this adds too little to be worth walking to
+MIN_PROPOSAL_SURVIVAL = 0.05
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
@@ -156,6 +158,17 @@ class GammaController:
             added = seconds(rows_beside + width, depth) - seconds(rows_beside, depth)
             return max(added, MIN_MARGINAL_SHARE * seconds(1, depth))
         return marginal
+
+    def min_first_acceptance(self, depth: int = 0, rows_beside: int = 0) -> float:
+        """The first drafted token's acceptance chance below which no draftless γ can beat plain
+        decoding, even if every later token were certain: a step of γ yields at most 1 + γ·p tokens
+        for what γ + 1 rows cost. A proposal whose first token falls short is not walked further."""
+        if self.fixed_gamma is not None:
+            return 0.0
+        verify = self._verify_seconds(rows_beside)
+        one = verify(1, depth)
+        return min((verify(gamma + 1, depth) / one - 1.0) / gamma for gamma in range(1, self.max_draftless_gamma + 1)) \
+            if self.max_draftless_gamma > 0 else 1.0
 
     def options(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
                 model_lag: int | None, max_gamma: int, depth: int = 0, rows_beside: int = 0) -> list[Choice]:

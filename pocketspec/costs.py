@@ -21,6 +21,7 @@ CPU_PRIOR_RATIO = {width: seconds / _REFERENCE[1] for width, seconds in _REFEREN
 
 
 MIN_WIDTH_OBSERVATIONS = 3  # timed passes of one width before its own correction replaces the shared one
+DEPTH_BUCKET = 32  # cached tokens over which one calibrated cost is used
 
 
 class CostTable:
@@ -35,19 +36,26 @@ class CostTable:
         self._scale_sum = 0.0
         self._scale_count = 0
         self._log_correction = 0.0  # log(observed / calibrated), smoothed over every width
+        self._factor = 1.0  # exp(_log_correction)
+        self._calibrated_cache: dict[tuple[int, int], float] = {}
         # per width, once seen often enough: a table measured on a busy machine heals where it is used
         self._width_corrections: dict[int, tuple[int, float]] = {}
+        self._width_factors: dict[int, float] = {}  # exp(correction) of the widths seen often enough
 
     def observe(self, width: int, seconds: float, depth: int = 0) -> None:
         if width <= 0 or seconds <= 0:
             return
         if self.measured is not None:
-            predicted = self.measured.forward_seconds(width, depth)
+            predicted = self._calibrated(width, depth)
             if predicted > 0:
                 error = math.log(seconds / predicted)
                 self._log_correction += self.smoothing * (error - self._log_correction)
+                self._factor = math.exp(self._log_correction)
                 count, correction = self._width_corrections.get(width, (0, error))
-                self._width_corrections[width] = (count + 1, correction + self.smoothing * (error - correction))
+                correction += self.smoothing * (error - correction)
+                self._width_corrections[width] = (count + 1, correction)
+                if count + 1 >= MIN_WIDTH_OBSERVATIONS:
+                    self._width_factors[width] = math.exp(correction)
             return
         previous = self._seconds_by_width.get(width)
         if previous is None:
@@ -57,6 +65,15 @@ class CostTable:
         self._scale_sum += seconds / interpolate(self.prior_ratio, width)
         self._scale_count += 1
 
+    def _calibrated(self, width: int, depth: int) -> float:
+        """The calibrated table's cost, read once per width and DEPTH_BUCKET of cached tokens: the
+        controller asks for up to 32 widths every step, and attention grows slowly with depth."""
+        key = (width, depth // DEPTH_BUCKET)
+        cost = self._calibrated_cache.get(key)
+        if cost is None:
+            cost = self._calibrated_cache[key] = self.measured.forward_seconds(width, key[1] * DEPTH_BUCKET)
+        return cost
+
     @property
     def is_measured(self) -> bool:
         return self.measured is not None or self._scale_count > 0
@@ -65,10 +82,7 @@ class CostTable:
         if width <= 0:
             return 0.0
         if self.measured is not None:
-            count, correction = self._width_corrections.get(width, (0, 0.0))
-            if count < MIN_WIDTH_OBSERVATIONS:
-                correction = self._log_correction
-            return self.measured.forward_seconds(width, depth) * math.exp(correction)
+            return self._calibrated(width, depth) * self._width_factors.get(width, self._factor)
         measured = self._seconds_by_width.get(width)
         if measured is not None:
             return measured

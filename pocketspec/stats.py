@@ -62,8 +62,14 @@ class GenerationStats:
     steps_by_gamma: dict[int, int] = field(default_factory=dict)  # how often each draft length was verified
     last_gamma: int = 0
     peak_rss_bytes: int = 0
+    # seconds of the steps spent outside the models' forwards: drafting lookups, the controller, verification
+    loop_seconds: float = 0.0
 
-    def record_step(self, drafter: str, num_drafted: int, num_accepted: int, seconds: float) -> None:
+    def record_step(self, drafter: str, num_drafted: int, num_accepted: int, seconds: float,
+                    forward_seconds: float | None = None) -> None:
+        """forward_seconds: the step's time inside model forwards (target and draft model), when known."""
+        if forward_seconds is not None:
+            self.loop_seconds += max(seconds - forward_seconds, 0.0)
         self.num_steps += 1
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
@@ -77,6 +83,11 @@ class GenerationStats:
         """Mean seconds of a step that drafted nothing: what speculation costs when it cannot help."""
         steps = self.steps_by_drafter.get("none", 0)
         return self.step_seconds_by_drafter.get("none", 0.0) / steps if steps else 0.0
+
+    @property
+    def loop_seconds_per_step(self) -> float:
+        """Mean seconds a step spends outside the forwards: the speculative loop's own overhead."""
+        return self.loop_seconds / self.num_steps if self.num_steps else 0.0
 
     @property
     def tokens_per_second(self) -> float:
@@ -118,5 +129,6 @@ class GenerationStats:
             "steps_by_drafter": dict(self.steps_by_drafter),
             "steps_by_gamma": {str(gamma): count for gamma, count in sorted(self.steps_by_gamma.items())},
             "plain_step_seconds": round(self.plain_step_seconds, 6),
+            "loop_seconds_per_step": round(self.loop_seconds_per_step, 6),
             "peak_rss_bytes": self.peak_rss_bytes,
         }

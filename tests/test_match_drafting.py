@@ -105,3 +105,30 @@ def test_a_width_timed_often_gets_its_own_correction():
         table.observe(1, 0.037)
     assert abs(table.seconds(16) - 0.113) < 0.01
     assert abs(table.seconds(1) - 0.037) < 0.003
+
+
+def test_a_doubtful_first_token_ends_the_walk():
+    code = list(range(100, 160))
+    context = [1, 2, 3] + code + [7, 8] + code[:20]
+    drafter = NgramDrafter(min_n=2, max_n=6)
+    assert len(drafter.propose_scored(context, 10, lambda evidence: 0.3, min_first=0.4).tokens) == 1
+    confident = drafter.propose_scored(context, 10, lambda evidence: 0.9, min_first=0.4)
+    assert confident.tokens == code[20:30]
+    assert confident.probabilities == [0.9] * 10
+
+
+def test_the_walk_stops_where_the_next_token_is_hardly_ever_reached():
+    code = list(range(100, 160))
+    context = [1, 2, 3] + code + [7, 8] + code[:20]
+    proposal = NgramDrafter(min_n=2, max_n=6).propose_scored(context, 10, lambda evidence: 0.5, min_survival=0.1)
+    assert len(proposal.tokens) == 4  # 0.5 ** 4 < 0.1: the fourth token is proposed, the fifth never walked to
+
+
+def test_a_first_token_below_the_bound_cannot_pay_at_any_width():
+    controller = _controller()
+    bound = controller.min_first_acceptance()
+    # even with every later token certain, no γ beats plain just under the bound; one does just above it
+    just_under = [bound * 0.99] + [1.0] * 30
+    just_over = [min(bound * 1.05, 1.0)] + [1.0] * 30
+    assert controller.choose(ngram_probs=just_under, model_lag=None).drafter == "none"
+    assert controller.choose(ngram_probs=just_over, model_lag=None).drafter == "ngram"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pocketspec.drafters.base import Draft
 
@@ -37,6 +37,7 @@ class MatchEvidence:
 class Proposal:
     tokens: list[int] = field(default_factory=list)
     evidence: list[MatchEvidence] = field(default_factory=list)
+    probabilities: list[float] = field(default_factory=list)  # each token's acceptance chance, when scored
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -147,12 +148,22 @@ class NgramDrafter:
             return token, MatchEvidence(length, counts[token] / sum(counts.values()))
         return None
 
-    def propose_scored(self, context: Sequence[int], max_tokens: int) -> Proposal:
+    def propose_scored(self, context: Sequence[int], max_tokens: int,
+                       probability: Callable[[MatchEvidence], float] | None = None, *,
+                       min_first: float = 0.0, min_survival: float = 0.0) -> Proposal:
+        """Up to max_tokens continuing `context`, each with its evidence.
+
+        probability(evidence): each token's acceptance chance, kept in the proposal. The walk then
+        stops as soon as the rest cannot pay: a first token less likely than min_first, or a next
+        token reached with a chance under min_survival. Most steps of ordinary text end at the
+        first token, so a step that drafts nothing costs a lookup, not a 31-token walk.
+        """
         proposal = Proposal()
         if max_tokens <= 0 or len(context) < self.min_n:
             return proposal
         self._index(context)
         walked = list(context[-MAX_MATCH_LENGTH - 1:])
+        survival = 1.0
         for _ in range(max_tokens):
             found = self._next(walked)
             if found is None:
@@ -160,6 +171,12 @@ class NgramDrafter:
             token, evidence = found
             proposal.tokens.append(token)
             proposal.evidence.append(evidence)
+            if probability is not None:
+                chance = probability(evidence)
+                proposal.probabilities.append(chance)
+                survival *= chance
+                if (len(proposal.tokens) == 1 and chance < min_first) or survival < min_survival:
+                    break
             walked.append(token)
         return proposal
 
