@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from memplanner import terms
 from memplanner.costs import CPU_REFERENCES, tokens_per_second
-from memplanner.defaults import ATTENTION_SINK_TOKENS, LLAMA_KV_TYPES, MAX_GAMMA, MAX_NEW_TOKENS
+from memplanner.defaults import ATTENTION_SINK_TOKENS, LLAMA_KV_TYPES, MAX_DRAFTLESS_GAMMA, MAX_GAMMA, MAX_NEW_TOKENS
 from memplanner.shapes import ModelShape
 
 UBATCH_CHOICES = (512, 256, 128, 64)
@@ -34,22 +34,24 @@ class Workload:
     max_context: int  # prompt + generated tokens per sequence
     max_new_tokens: int = MAX_NEW_TOKENS
     batch_size: int = 1
-    max_gamma: int = MAX_GAMMA
+    max_gamma: int = MAX_GAMMA  # a draft model's longest draft
     temperature: float = 0.0
     target_kv_type: str = "f16"  # the user's --kv-type: the plan never changes it
+    # a draftless proposal's longest: its tokens cost nothing to draft, only verify rows (0: none)
+    max_draftless_gamma: int = MAX_DRAFTLESS_GAMMA
 
 
 @dataclass(frozen=True)
 class PlanSettings:
     drafter: str  # "model" | "ngram" | "none"
-    max_gamma: int  # 0 for plain decoding
+    max_gamma: int  # 0 for plain decoding; the draft model's γ, or the n-gram drafter's
     target_n_ctx: int  # KV cells, already a multiple of 256 as llama.cpp would pad it
     target_kv_type: str  # the user's, always (quantized V needs flash attention: "auto" gives it on CPU)
     draft_n_ctx: int  # 0 without a draft model
     draft_kv_window: int  # tokens the draft keeps: sinks + recent; == max_context when full
     n_batch: int
     n_ubatch: int
-    logits_rows: int  # n_outputs_max for the target: gamma + 1 verified rows
+    logits_rows: int  # n_outputs_max for the target: the widest verify (a draft model's pair drafts n-grams too)
     batch_size: int
     target_device: str
     draft_device: str
@@ -67,7 +69,7 @@ class Candidate:
 
     @property
     def preference(self) -> tuple:
-        """Larger is better: speed, drafter upside, draft window, f16 draft KV, n_ubatch, γ, repack, less memory.
+        """Larger is better: speed, drafter upside, draft window, f16 draft KV, γ, n_ubatch, repack, less memory.
 
         At equal predicted speed the n-gram drafter beats plain decoding: the runtime's
         controller falls back to γ = 0 by itself, so drafting can only gain, for a few KiB.
@@ -75,7 +77,7 @@ class Candidate:
         """
         s = self.settings
         return (round(self.tokens_per_second, 9), DRAFTER_UPSIDE[s.drafter], s.draft_kv_window,
-                -DRAFT_KV_PREFERENCE.index(s.draft_kv_type), s.n_ubatch, s.max_gamma, s.repack_weights,
+                -DRAFT_KV_PREFERENCE.index(s.draft_kv_type), s.max_gamma, s.n_ubatch, s.repack_weights,
                 -self.peak_bytes)
 
 
@@ -94,7 +96,7 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
         "target_kv_cache": terms.kv_cache_bytes(target, s.target_n_ctx, s.target_kv_type, num_seqs=batch),
         "target_logits": terms.output_buffer_bytes(target, s.logits_rows * batch),
         "target_compute": terms.compute_buffer_bytes(target, s.n_ubatch, s.target_n_ctx, s.logits_rows * batch),
-        "target_probs": batch * terms.target_probs_bytes(target, gamma, workload.temperature),
+        "target_probs": batch * terms.target_probs_bytes(target, s.logits_rows - 1, workload.temperature),
     }
     if s.drafter == "ngram":
         found["ngram_index"] = batch * terms.ngram_index_bytes(workload.max_context)
@@ -129,6 +131,13 @@ def candidate_settings(target: ModelShape, draft: ModelShape | None, workload: W
             yield replace(settings, repack_weights=repack_weights)
 
 
+def draftless_gammas(ceiling: int) -> list[int]:
+    """The n-gram ceilings worth planning: verify widths of powers of two (the tiles batched kernels
+    run: llama.cpp's CPU gemm takes 4 and 16 rows at a time, so 16 rows cost less than 11) and
+    the ceiling asked for. A proposal costs nothing to draft, so only the widest verify matters."""
+    return sorted({width - 1 for width in (2, 4, 8, 16, 32) if width - 1 <= ceiling} | ({ceiling} if ceiling else set()))
+
+
 def _candidate_settings(target: ModelShape, draft: ModelShape | None, workload: Workload, device_kind: str):
     common = dict(batch_size=workload.batch_size, target_device=device_kind, draft_device=device_kind)
     target_kv = workload.target_kv_type
@@ -137,8 +146,12 @@ def _candidate_settings(target: ModelShape, draft: ModelShape | None, workload: 
         yield PlanSettings("none", 0, plain_ctx, target_kv, 0, 0, n_ubatch, n_ubatch, 1, **common)
     drafters = ["ngram"] + (["model"] if draft is not None else [])
     for drafter in drafters:
-        for gamma in range(1, workload.max_gamma + 1):
-            target_ctx = terms.padded_context(workload.max_context + gamma + 1)
+        gammas = draftless_gammas(workload.max_draftless_gamma) if drafter == "ngram" else \
+            range(1, workload.max_gamma + 1)
+        for gamma in gammas:
+            # beside a draft model the runtime also verifies n-gram proposals, up to their own γ
+            verify_rows = 1 + (gamma if drafter == "ngram" else max(gamma, workload.max_draftless_gamma))
+            target_ctx = terms.padded_context(workload.max_context + verify_rows)
             windows, draft_kv_types = [(0, 0)], DRAFT_KV_PREFERENCE[:1]
             if drafter == "model":
                 draft_kv_types = DRAFT_KV_PREFERENCE
@@ -149,7 +162,7 @@ def _candidate_settings(target: ModelShape, draft: ModelShape | None, workload: 
                 for draft_ctx, window in windows:
                     for n_ubatch in UBATCH_CHOICES:
                         yield PlanSettings(drafter, gamma, target_ctx, target_kv, draft_ctx, window,
-                                           n_ubatch, n_ubatch, gamma + 1, draft_kv_type=draft_kv, **common)
+                                           n_ubatch, n_ubatch, verify_rows, draft_kv_type=draft_kv, **common)
 
 
 def evaluate(settings: PlanSettings, target: ModelShape, draft: ModelShape | None, workload: Workload,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from memplanner import costs, terms
-from memplanner.options import candidate_settings
+from memplanner.options import candidate_settings, draftless_gammas, settings_terms
 from memplanner.planner import (REPACK_EITHER, Workload, generation_bytes, min_budget_any, min_budget_keep,
                                 naive_generation_bytes, plan)
 from memplanner.shapes import ModelShape
@@ -125,7 +125,20 @@ def test_unconstrained_plan_has_no_degradations_and_prefers_f16():
     best = plan(64 * GIB, TARGET, DRAFT, WORKLOAD, alpha=GOOD_DRAFT)
     assert best.degradations == [] and best.settings.target_kv_type == best.settings.draft_kv_type == "f16"
     assert best.settings.drafter == "model" and best.settings.draft_kv_window == 4096
-    assert best.settings.logits_rows == best.settings.max_gamma + 1
+    # beside the draft model the runtime verifies n-gram proposals too, up to their own ceiling
+    assert best.settings.logits_rows == max(best.settings.max_gamma, WORKLOAD.max_draftless_gamma) + 1
+
+
+def test_an_ngram_plan_verifies_up_to_the_draftless_ceiling_when_it_fits():
+    roomy = plan(64 * GIB, TARGET, None, WORKLOAD)
+    assert roomy.settings.drafter == "ngram" and roomy.settings.max_gamma == WORKLOAD.max_draftless_gamma
+    assert roomy.settings.logits_rows == WORKLOAD.max_draftless_gamma + 1
+    # n_ubatch goes first; where the widest verify's buffers fit at no n_ubatch, the next tile width does
+    assert plan(roomy.predicted_peak_bytes - 1, TARGET, None, WORKLOAD).settings.max_gamma == 31
+    widest = [settings_terms(s, TARGET, None, WORKLOAD) for s in candidate_settings(TARGET, None, WORKLOAD)
+              if s.drafter == "ngram" and s.max_gamma == 31]
+    tight = plan(min(sum(found.values()) for found in widest) - 1, TARGET, None, WORKLOAD)
+    assert tight.settings.drafter == "ngram" and tight.settings.max_gamma == 15
 
 
 def test_on_this_cpu_the_default_draft_does_not_pay():
@@ -154,7 +167,7 @@ def test_sampling_adds_probability_buffers():
     gamma = sampled.settings.max_gamma
     assert "draft_probs" not in greedy.terms
     assert sampled.terms["draft_probs"] == gamma * 151936 * 4
-    assert sampled.terms["target_probs"] == (gamma + 1) * 151936 * 4
+    assert sampled.terms["target_probs"] == sampled.settings.logits_rows * 151936 * 4  # every verified row
 
 
 def test_naive_allocation_costs_more_than_the_lower_bound():
@@ -211,3 +224,9 @@ def test_the_draft_kv_cache_is_quantized_before_its_window_shrinks():
         assert found.terms["draft_kv_cache"] == terms.kv_cache_bytes(DRAFT, found.settings.draft_n_ctx,
                                                                       found.settings.draft_kv_type)
         assert any(step.startswith("draft KV cache quantized f16 -> ") for step in found.degradations)
+
+
+def test_the_draftless_ceilings_planned_are_tile_widths_and_the_one_asked_for():
+    assert draftless_gammas(31) == [1, 3, 7, 15, 31]
+    assert draftless_gammas(10) == [1, 3, 7, 10]
+    assert draftless_gammas(0) == []

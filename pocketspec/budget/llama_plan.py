@@ -30,10 +30,16 @@ def describe(plan_: Plan) -> str:
 def workload_for(choice: ModelChoice, target_settings: ModelSettings, speculation: SpeculationSettings,
                  max_new_tokens: int, temperature: float) -> Workload:
     """What the user asked for, the target's KV type included (the plan keeps it as it is)."""
-    # `--draft none` asks for plain decoding: plan no draft buffers at all (γ = 0)
-    max_gamma = 0 if choice.drafter == "none" else (speculation.gamma or speculation.max_gamma)
+    # `--draft none` asks for plain decoding: plan no draft buffers at all (γ = 0); a fixed --gamma caps both
+    if choice.drafter == "none":
+        max_gamma = max_draftless_gamma = 0
+    elif speculation.gamma is not None:
+        max_gamma = max_draftless_gamma = speculation.gamma
+    else:
+        max_gamma, max_draftless_gamma = speculation.max_gamma, speculation.max_draftless_gamma
     return Workload(max_context=target_settings.max_context, max_new_tokens=max_new_tokens,
-                    max_gamma=max_gamma, temperature=temperature, target_kv_type=target_settings.kv_type)
+                    max_gamma=max_gamma, temperature=temperature, target_kv_type=target_settings.kv_type,
+                    max_draftless_gamma=max_draftless_gamma)
 
 
 def planned_device_name(settings: ModelSettings) -> str:
@@ -93,7 +99,9 @@ def settings_from_plan(settings: PlanSettings, choice: ModelChoice, target_setti
         repack_weights=settings.repack_weights,
     )
     fixed_gamma = None if speculation.gamma is None else min(speculation.gamma, settings.max_gamma)
-    speculation = replace(speculation, drafter=runtime_drafter, max_gamma=settings.max_gamma, gamma=fixed_gamma,
-                          draft_kv_type=settings.draft_kv_type)
+    # an n-gram plan's γ is the draftless one; a draft model's plan verifies n-grams up to its logits rows too
+    max_gamma = min(settings.max_gamma, speculation.max_gamma) if settings.drafter == "ngram" else settings.max_gamma
+    speculation = replace(speculation, drafter=runtime_drafter, max_gamma=max_gamma, gamma=fixed_gamma,
+                          max_draftless_gamma=max(settings.logits_rows - 1, 0), draft_kv_type=settings.draft_kv_type)
     draft_max_context = settings.draft_n_ctx if draft_path is not None else None
     return choice, target_settings, speculation, draft_max_context

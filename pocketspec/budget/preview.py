@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memplanner.defaults import MAX_DRAFTLESS_GAMMA
 from memplanner.device import detect_device
 from memplanner.planner import Workload, plan
 from memplanner.shapes import shape_from_gguf
@@ -41,8 +42,9 @@ def preview_plan(*, target, draft, pair, memory_budget: str | None, devices: str
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path else None
     trained_context_limit(choice.target_path, max_context, max_context)
     # `--draft none` asks for plain decoding: no gamma to plan
-    workload = Workload(max_context, max_new_tokens, 1, 0 if choice.drafter == "none" else max_gamma, temperature,
-                        target_kv_type=kv_type)
+    is_plain = choice.drafter == "none"
+    workload = Workload(max_context, max_new_tokens, 1, 0 if is_plain else max_gamma, temperature,
+                        target_kv_type=kv_type, max_draftless_gamma=0 if is_plain else MAX_DRAFTLESS_GAMMA)
     drafting = "n-gram drafting" if choice.drafter == "ngram" else "plain decoding"
     pair_name = target_shape.name + (f" + {draft_shape.name}" if draft_shape else f" ({drafting})")
     if is_split:
