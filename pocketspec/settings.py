@@ -176,6 +176,8 @@ class BenchSettings:
     max_new_tokens: int = field(default=128, metadata=in_range("--max-tokens", 2, MAX_TOKENS, is_integer=True))
     # every system gets the same context, so KV and logits buffers compare
     max_context: int = field(default=2048, metadata=in_range("--max-context", 256, MAX_CONTEXT, is_integer=True))
+    # turns of each conversation (MT-Bench's follow-ups, the code-edit suite's second edits); None: all
+    max_turns: int | None = field(default=None, metadata=in_range("--turns", 1, 1 << 10, is_integer=True))
     drafters: str = "auto,ngram"  # PocketSpec drafters: auto (draft model + n-gram, adaptive), ngram, self-sparse, self-skip
     peers: str = "auto"  # auto: the peers that run on --backend (llama.cpp + prompt-lookup, or transformers)
     # llama-speculative-simple's --spec-draft-n-max (None: llama.cpp's default)

@@ -38,7 +38,7 @@ def test_bad_suite_line_names_file_and_line(smollm2_path, tmp_path):
 def two_category_suite(tmp_path):
     suite = tmp_path / "two.jsonl"
     suite.write_text('{"category": "code", "prompt": "Write a Python function that adds two numbers."}\n'
-                     '{"category": "chat", "turns": ["Say hello."]}\n')
+                     '{"category": "chat", "turns": ["Say hello.", "Now say goodbye."]}\n')
     return suite
 
 
@@ -56,12 +56,14 @@ def test_smallest_run_writes_results_report_and_plots(smollm2_path, two_category
     assert status["pocketspec-self-sparse"] == ("skipped", "self-drafts run on --backend torch")
     assert status["llama.cpp-speculative"][0] == "skipped"  # SmolLM2 has no draft model
     assert {(row["system"], row["category"]) for row in results["rows"]} == {
-        (system, category) for system in ("plain", "pocketspec-ngram", "prompt-lookup") for category in ("code", "chat")}
+        (system, category) for system in ("plain", "pocketspec-ngram", "prompt-lookup")
+        for category in ("code", "chat", "chat (turn 2)")}  # a second turn follows plain decoding's first reply
     assert results["rounds"]["num_completed"] == 2 and not results["rounds"]["is_partial"]
-    assert {(row["category"], row["round"]) for row in results["rows"]} == {("code", 0), ("chat", 1)}
+    assert {(row["category"], row["round"]) for row in results["rows"]} == {
+        ("code", 0), ("chat", 1), ("chat (turn 2)", 1)}
     assert all(len(system["startup_seconds"]) == 2 for system in results["systems"] if system["status"] == "ok")
     # greedy n-gram drafting is lossless: each of its outputs equals plain decoding's
-    assert [row["matches_plain"] for row in results["rows"] if row["system"] == "pocketspec-ngram"] == [True, True]
+    assert [row["matches_plain"] for row in results["rows"] if row["system"] == "pocketspec-ngram"] == [True] * 3
     assert all(row["peak_memory_bytes"] > 50 * 2**20 and row["num_tokens"] >= 1 for row in results["rows"])
     assert results["machine"]["doctor"]["llama_cpp"]["version"] == "0.3.36"
     report = (out / "report.md").read_text()

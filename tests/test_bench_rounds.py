@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from apps.bench.rounds import plan_rounds, schedule
 from apps.bench.run import System
-from apps.bench.suite import DEFAULT_CATEGORY, SuitePrompt
+from apps.bench.suite import DEFAULT_CATEGORY, SuitePrompt, with_later_turns
 
 
 def prompts(*categories: str) -> list[SuitePrompt]:
@@ -31,6 +31,13 @@ def test_large_categories_and_suites_without_categories_are_cut_into_groups():
     assert [round_.label for round_ in rounds] == [f"{DEFAULT_CATEGORY} 1/3", f"{DEFAULT_CATEGORY} 2/3",
                                                    f"{DEFAULT_CATEGORY} 3/3", "math"]
     assert [len(round_.prompts) for round_ in rounds] == [3, 3, 1, 1]
+
+
+def test_a_conversation_keeps_its_turns_together_in_one_round():
+    first = [SuitePrompt(str(number), "chat", f"q{number}", later_turns=("again",)) for number in range(3)]
+    rounds = plan_rounds(with_later_turns(first), max_prompts_per_round=2)
+    assert [[prompt.prompt_id for prompt in round_.prompts] for round_ in rounds] == [
+        ["0", "0/turn2", "1", "1/turn2"], ["2", "2/turn2"]]
 
 
 def test_each_round_runs_plain_first_then_every_runnable_system_once():

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from apps.bench.command import DEFAULT_SUITE
-from apps.bench.suite import DEFAULT_CATEGORY, SuitePrompt, read_suite, select_prompts
+from apps.bench.suite import DEFAULT_CATEGORY, SuitePrompt, read_suite, select_prompts, with_later_turns
 from pocketspec.errors import UserError
 
 
@@ -24,8 +24,20 @@ def test_turns_and_prompt_rows_with_optional_fields(tmp_path):
                        "",
                        json.dumps({"id": "x1", "prompt": "a prompt"}),
                        json.dumps({"prompt": "no id"}))
-    assert read_suite(path) == [SuitePrompt("7", "coding", "first"), SuitePrompt("x1", DEFAULT_CATEGORY, "a prompt"),
+    assert read_suite(path) == [SuitePrompt("7", "coding", "first", later_turns=("second",)),
+                                SuitePrompt("x1", DEFAULT_CATEGORY, "a prompt"),
                                 SuitePrompt("4", DEFAULT_CATEGORY, "no id")]  # the line number stands in for an id
+
+
+def test_later_turns_follow_their_first_turn_in_a_category_of_their_own(tmp_path):
+    path = write_lines(tmp_path, json.dumps({"question_id": 7, "category": "coding", "turns": ["a", "b", "c"]}),
+                       json.dumps({"id": "x1", "prompt": "alone"}))
+    units = with_later_turns(read_suite(path))
+    assert [(unit.prompt_id, unit.text, unit.turn, unit.conversation_id, unit.report_category) for unit in units] == [
+        ("7", "a", 1, "7", "coding"), ("7/turn2", "b", 2, "7", "coding (turn 2)"),
+        ("7/turn3", "c", 3, "7", "coding (turn 3)"), ("x1", "alone", 1, "x1", DEFAULT_CATEGORY)]
+    assert [unit.prompt_id for unit in with_later_turns(read_suite(path), max_turns=2)] == ["7", "7/turn2", "x1"]
+    assert [unit.prompt_id for unit in with_later_turns(read_suite(path), max_turns=1)] == ["7", "x1"]
 
 
 @pytest.mark.parametrize("line, fragment", [

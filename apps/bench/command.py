@@ -21,13 +21,14 @@ import click
 from apps.bench.report import build_report
 from apps.bench.rounds import BenchProgress, plan_rounds, run_rounds
 from apps.bench.run import BenchJob, System, add_closing_notes
-from apps.bench.suite import read_suite, select_prompts
+from apps.bench.suite import read_suite, select_prompts, with_later_turns
 from apps.flags import (MODEL, SPECULATION, backend_options, model_choice_options, repack_option, sampling_options,
                         setting_option, threads_option)
 from apps.bench.peers import PEERS, parse_peers
 from apps.bench.peers.llama_speculative import default_tools_dir, missing_binary
 from apps.bench.peers.transformers_assisted import missing_requirement as transformers_missing
 from pocketspec.backends.device_check import check_devices
+from pocketspec.catalog import resolve_pair
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models
 from pocketspec.session_settings import apply_backend_options
@@ -44,8 +45,12 @@ def _split(values: tuple[str, ...]) -> list[str]:
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
 
 
-def _parse_drafters(text: str, backend: str, draft_path) -> list[tuple[str, str | None, str | None]]:
-    """(drafter, --draft value for the worker, reason it cannot run) for each requested drafter."""
+def _parse_drafters(text: str, backend: str, draft_path, draft_from_pair: bool = False
+                    ) -> list[tuple[str, str | None, str | None]]:
+    """(drafter, --draft value for the worker, reason it cannot run) for each requested drafter.
+
+    draft_from_pair: the draft model is the pair's, not named with --draft, so `auto` runs as
+    `generate --pair` does (no --draft: the loader may leave a draft that cannot pay unloaded)."""
     names = _split((text,))
     unknown = [name for name in names if name not in DRAFTERS]
     if unknown:
@@ -53,7 +58,7 @@ def _parse_drafters(text: str, backend: str, draft_path) -> list[tuple[str, str 
     drafters = []
     for name in dict.fromkeys(names):
         if name == "auto":
-            drafters.append((name, str(draft_path) if draft_path else None,
+            drafters.append((name, str(draft_path) if draft_path and not draft_from_pair else None,
                              None if draft_path else "needs a draft model: pass --pair or --draft NAME"))
         elif name.startswith("self-") and backend != "torch":
             drafters.append((name, name, "self-drafts run on --backend torch"))
@@ -99,6 +104,8 @@ def _command_line() -> str:
               help="Only these categories (comma-separated or repeated).")
 @setting_option("--per-category", BenchSettings, "per_category", show_default=True, help="Prompts per category.")
 @setting_option("--max-tokens", BenchSettings, "max_new_tokens", show_default=True, help="New tokens per prompt.")
+@setting_option("--turns", BenchSettings, "max_turns",
+                help="Turns of each conversation, each after plain decoding's earlier replies [default: all].")
 @sampling_options
 @click.option("--memory-budget", default=None,
               help="Memory budget for PocketSpec, or a comma-separated list (one run per budget: the frontier).")
@@ -118,11 +125,11 @@ def _command_line() -> str:
               help="PocketSpec's verify width: proven bit-exact, or free (see `pocketspec generate --help`).")
 @click.option("--out", "--out-dir", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_OUT,
               help="Folder for results.json, report.md and the plots [default: benchmarks/results/bench].")
-def bench(target, draft, pair, suite, categories, per_category, max_tokens, temperature, top_p, top_k, seed,
+def bench(target, draft, pair, suite, categories, per_category, max_tokens, turns, temperature, top_p, top_k, seed,
           memory_budget, drafters, peers_text, peer_draft_max, llama_tools, threads, max_context, repack,
           exact_verify, out_dir, **backend_args):
     """Benchmark plain decoding, PocketSpec's drafters and the peers on a prompt suite."""
-    prompts = select_prompts(read_suite(suite), tuple(_split(categories)), per_category)
+    prompts = with_later_turns(select_prompts(read_suite(suite), tuple(_split(categories)), per_category), turns)
     settings, _ = apply_backend_options(MODEL, SPECULATION, backend_args)  # refuse what every worker would refuse
     if memory_budget is None or "=" not in memory_budget:  # a budget naming devices is checked as a split
         check_devices(settings)
@@ -130,14 +137,15 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, temp
     choice = choose_models(target=target, draft=draft, pair=pair)
     if drafters is None:
         drafters = draft if draft in DRAFTERS[1:] else BENCH.drafters
-    drafter_specs = _parse_drafters(drafters, backend, choice.draft_path)
+    pair_name = resolve_pair(pair).name if draft is None and choice.draft_path is not None else None
+    drafter_specs = _parse_drafters(drafters, backend, choice.draft_path, draft_from_pair=pair_name is not None)
     budgets = _parse_budgets(memory_budget)
     peers = parse_peers(peers_text, backend)
     num_threads = threads or default_num_threads()
     job = BenchJob(choice.target_path, choice.draft_path, prompts, max_tokens, temperature, top_k, top_p, seed,
                    num_threads, max_context, BENCH.num_warmup_tokens,
                    {"exact_verify": exact_verify, "repack": repack, **backend_args},
-                   llama_tools or default_tools_dir(), peer_draft_max)
+                   llama_tools or default_tools_dir(), peer_draft_max, pair_name)
     systems = [System("plain", "plain", "pocketspec", "plain", draft="none")]
     for drafter, draft_value, reason in drafter_specs:
         for budget, budget_bytes in budgets:

@@ -40,6 +40,8 @@ def summarize(rows: list[dict]) -> dict:
     matches = [row["matches_plain"] for row in rows if row.get("matches_plain") is not None]
     plain_steps = sum(row.get("steps_by_drafter", {}).get("none", 0) for row in rows)
     plain_step_seconds = sum(row.get("step_seconds_by_drafter", {}).get("none", 0.0) for row in rows)
+    timed = [row for row in counted if row.get("loop_seconds") is not None]
+    timed_steps = sum(row["num_steps"] for row in timed)
     gammas: dict[int, int] = defaultdict(int)
     for row in rows:
         for gamma, count in row.get("steps_by_gamma", {}).items():
@@ -55,6 +57,8 @@ def summarize(rows: list[dict]) -> dict:
         "tokens_per_step": (accepted + steps) / steps if steps else None,
         # mean time of a step that drafted nothing: what speculation costs where it cannot help
         "plain_step_ms": 1000 * plain_step_seconds / plain_steps if plain_steps else None,
+        # time a step spends outside the model forwards: the speculative loop's own overhead
+        "loop_ms_per_step": 1000 * sum(row["loop_seconds"] for row in timed) / timed_steps if timed_steps else None,
         "common_gammas": sorted(gammas, key=gammas.get, reverse=True)[:3],
     }
 
@@ -93,8 +97,8 @@ def _cell(value, suffix: str = "") -> str:
 
 
 def _table(rows_by_system: dict[str, list[dict]], peers: list[str]) -> str:
-    columns = ["system", "prompts", "tok/s", "× plain", *[f"× {peer}" for peer in peers],
-               "acceptance", "tokens/step", "γ=0 step ms", "common γ", "TTFT s", "peak GiB", "matches plain"]
+    columns = ["system", "prompts", "tok/s", "× plain", *[f"× {peer}" for peer in peers], "acceptance",
+               "tokens/step", "γ=0 step ms", "loop ms/step", "common γ", "TTFT s", "peak GiB", "matches plain"]
     rows = []
     for name, own_rows in rows_by_system.items():
         summary = summarize(own_rows)
@@ -103,7 +107,8 @@ def _table(rows_by_system: dict[str, list[dict]], peers: list[str]) -> str:
         rows.append([name, summary["num_prompts"], _cell(summary["tokens_per_second"]),
                      *[_cell(ratio, "×") for ratio in ratios],
                      _cell(summary["acceptance_rate"]), _cell(summary["tokens_per_step"]),
-                     _cell(summary["plain_step_ms"]), ",".join(map(str, summary["common_gammas"])) or "–",
+                     _cell(summary["plain_step_ms"]), _cell(summary["loop_ms_per_step"]),
+                     ",".join(map(str, summary["common_gammas"])) or "–",
                      _cell(summary["ttft_seconds"]), _cell(summary["peak_memory_bytes"] / 2**30),
                      "–" if summary["match_rate"] is None else f"{summary['match_rate']:.0%}"])
     return markdown_table(columns, rows)

@@ -31,17 +31,19 @@ class Round:
 
 
 def plan_rounds(prompts: list[SuitePrompt], max_prompts_per_round: int) -> list[Round]:
-    """The prompts grouped by category (in the order categories first appear), each category
-    cut into consecutive groups of at most max_prompts_per_round."""
-    by_category: dict[str, list[SuitePrompt]] = {}
+    """The conversations grouped by category (in the order categories first appear), each category
+    cut into consecutive groups of at most max_prompts_per_round conversations; a conversation's
+    turns stay together and in order, since a later turn follows plain decoding's earlier replies."""
+    by_category: dict[str, dict[str, list[SuitePrompt]]] = {}
     for prompt in prompts:
-        by_category.setdefault(prompt.category, []).append(prompt)
+        by_category.setdefault(prompt.category, {}).setdefault(prompt.conversation_id, []).append(prompt)
     rounds = []
-    for category, group in by_category.items():
+    for category, conversations in by_category.items():
+        group = list(conversations.values())
         chunks = [group[start:start + max_prompts_per_round] for start in range(0, len(group), max_prompts_per_round)]
         for number, chunk in enumerate(chunks, start=1):
             label = category if len(chunks) == 1 else f"{category} {number}/{len(chunks)}"
-            rounds.append(Round(len(rounds), label, tuple(chunk)))
+            rounds.append(Round(len(rounds), label, tuple(turn for conversation in chunk for turn in conversation)))
     return rounds
 
 

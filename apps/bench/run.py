@@ -62,6 +62,7 @@ class BenchJob:
     pocketspec_options: dict  # SessionSettings fields (exact_verify, repack) and the backend flags
     llama_tools_dir: Path
     peer_draft_max: int | None
+    pair: str | None = None  # the pair a PocketSpec system without a --draft value takes its draft from
 
 
 def _worker_job(system: System, job: BenchJob, prompts: list[SuitePrompt], reference: dict[str, dict]) -> dict:
@@ -69,9 +70,10 @@ def _worker_job(system: System, job: BenchJob, prompts: list[SuitePrompt], refer
     if system.budget is not None:
         options["memory_budget"] = system.budget
     draft = system.draft if system.runner == "pocketspec" else (str(job.draft_path) if job.draft_path else None)
-    prompts = [{"prompt_id": prompt.prompt_id, "text": prompt.text,
+    prompts = [{"prompt_id": prompt.prompt_id, "text": prompt.text, "conversation": prompt.conversation_id,
                 "prompt_tokens": reference.get(prompt.prompt_id, {}).get("prompt_tokens")} for prompt in prompts]
-    return {"runner": system.runner, "target": str(job.target_path), "draft": draft, "prompts": prompts,
+    return {"runner": system.runner, "target": str(job.target_path), "draft": draft, "pair": job.pair,
+            "prompts": prompts,
             "max_tokens": job.max_tokens, "temperature": job.temperature, "top_k": job.top_k, "top_p": job.top_p,
             "seed": job.seed, "num_threads": job.num_threads, "max_context": job.max_context,
             "num_warmup_tokens": job.num_warmup_tokens, "options": options}
@@ -169,7 +171,7 @@ def matches_plain(row: dict, plain: dict, job: BenchJob) -> bool | None:
 
 def final_rows(system: System, raw_rows: list[dict], job: BenchJob, reference: dict[str, dict]) -> list[dict]:
     """Rows for results.json: measurements, category, whether they match plain; no token lists."""
-    categories = {prompt.prompt_id: prompt.category for prompt in job.prompts}
+    categories = {prompt.prompt_id: prompt.report_category for prompt in job.prompts}
     rows = []
     for raw in raw_rows:
         row = {key: value for key, value in raw.items()

@@ -1,7 +1,9 @@
 """Benchmark suites (read by apps/prompt_file.py) and the prompts a bench takes from them.
 
-Only the first turn is benchmarked: later turns of Spec-Bench/MT-Bench need the model's own
-first answer.
+A conversation's later turns (MT-Bench's second questions, the code-edit suite's follow-up
+edits) are benchmarked too, each after the model's own earlier replies: plain decoding
+writes those replies, and every other system answers the very prompt plain decoding saw.
+A later turn is reported in a category of its own ("coding (turn 2)").
 """
 
 from __future__ import annotations
@@ -13,19 +15,41 @@ from pathlib import Path
 from apps.prompt_file import DEFAULT_CATEGORY, read_prompt_rows
 from pocketspec.errors import UserError
 
-__all__ = ["DEFAULT_CATEGORY", "SuitePrompt", "read_suite", "select_prompts"]
+__all__ = ["DEFAULT_CATEGORY", "SuitePrompt", "read_suite", "select_prompts", "with_later_turns"]
 
 
 @dataclass(frozen=True)
 class SuitePrompt:
     prompt_id: str
     category: str
-    text: str  # the first user turn
+    text: str  # this turn's user message
+    turn: int = 1
+    conversation: str | None = None  # a later turn: the prompt_id of its conversation's first turn
+    later_turns: tuple[str, ...] = ()  # a first turn: the user messages that follow it
+
+    @property
+    def conversation_id(self) -> str:
+        return self.conversation or self.prompt_id
+
+    @property
+    def report_category(self) -> str:
+        return self.category if self.turn == 1 else f"{self.category} (turn {self.turn})"
 
 
 def read_suite(path: Path) -> list[SuitePrompt]:
-    """Every prompt in the file, in order (its first turn); a bad file or line is one UserError naming both."""
-    return [SuitePrompt(row.prompt_id, row.category, row.text) for row in read_prompt_rows(path, "--suite")]
+    """Every conversation in the file, in order, as its first turn; a bad file or line is one UserError naming both."""
+    return [SuitePrompt(row.prompt_id, row.category, row.text, later_turns=row.turns[1:])
+            for row in read_prompt_rows(path, "--suite")]
+
+
+def with_later_turns(prompts: list[SuitePrompt], max_turns: int | None = None) -> list[SuitePrompt]:
+    """Each first turn followed by its conversation's later turns (up to max_turns in all; None: every one)."""
+    found = []
+    for prompt in prompts:
+        found.append(prompt)
+        for turn, text in enumerate(prompt.later_turns[:None if max_turns is None else max_turns - 1], start=2):
+            found.append(SuitePrompt(f"{prompt.prompt_id}/turn{turn}", prompt.category, text, turn, prompt.prompt_id))
+    return found
 
 
 def select_prompts(prompts: list[SuitePrompt], categories: tuple[str, ...], per_category: int) -> list[SuitePrompt]:

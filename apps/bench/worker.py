@@ -55,7 +55,7 @@ def session_settings(job: dict):
 
     options = dict(job["options"])
     return SessionSettings(
-        target=job["target"], draft=job["draft"],
+        target=job["target"], draft=job["draft"], pair=job.get("pair"),
         sampling=SamplingSettings(temperature=job["temperature"], top_k=job["top_k"], top_p=job["top_p"],
                                   seed=job["seed"]),
         gamma=parse_gamma(options.pop("gamma", "auto")), memory_budget=options.pop("memory_budget", None),
@@ -77,13 +77,16 @@ def run_pocketspec(job: dict) -> None:
             session.reset(job["seed"])  # every prompt starts from empty caches, as in the peers
             return engine.generate(prompt_tokens, max_tokens)
 
+        conversations: dict[str, list[dict]] = {}  # each conversation's messages so far
         for index, prompt in enumerate(job["prompts"]):
-            messages = [{"role": "user", "content": prompt["text"]}]
-            prompt_tokens = session.encode_messages(messages)
+            conversation = prompt.get("conversation") or prompt["prompt_id"]
+            messages = conversations.get(conversation, []) + [{"role": "user", "content": prompt["text"]}]
+            # plain decoding's prompt when the bench has it: a later turn then follows the same replies
+            prompt_tokens = prompt.get("prompt_tokens") or session.encode_messages(messages)
             if index == 0 and job["num_warmup_tokens"]:
                 generate(prompt_tokens, job["num_warmup_tokens"])
             result = generate(prompt_tokens, job["max_tokens"])
-            stats = result.stats
+            stats, reply = result.stats, tokenizer.decode(result.tokens)
             emit(measured_row(prompt, tokens=result.tokens, num_decode_tokens=max(stats.num_tokens - 1, 0),
                               decode_seconds=stats.decode_seconds, ttft_seconds=stats.prefill_seconds,
                               peak_rss_bytes=stats.peak_rss_bytes, num_drafted=stats.num_drafted,
@@ -91,9 +94,10 @@ def run_pocketspec(job: dict) -> None:
                               stop_reason=result.stop_reason, prompt_text=template.render(messages),
                               steps_by_drafter=stats.steps_by_drafter,
                               step_seconds_by_drafter=stats.step_seconds_by_drafter,
+                              loop_seconds=stats.loop_seconds,
                               steps_by_gamma={str(gamma): count for gamma, count in stats.steps_by_gamma.items()},
-                              prompt_tokens=prompt_tokens,
-                              text=tokenizer.decode(result.tokens)))
+                              prompt_tokens=prompt_tokens, text=reply))
+            conversations[conversation] = messages + [{"role": "assistant", "content": reply}]
 
 
 def main() -> None:
