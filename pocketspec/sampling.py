@@ -53,11 +53,6 @@ def distribution(logits: np.ndarray, sampling: SamplingSettings) -> np.ndarray:
     return _keep_top_p(probs, sampling.top_p)
 
 
-def distributions(logits: np.ndarray, sampling: SamplingSettings) -> np.ndarray:
-    """Row-wise `distribution` for logits [rows, vocab] -> [rows, vocab]."""
-    return np.stack([distribution(row, sampling) for row in logits])
-
-
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Draw one token id from probs [vocab] by inverse CDF (one uniform draw)."""
     cumulative = np.cumsum(probs)

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pocketspec.sampling import distributions, sample
+from pocketspec.sampling import distribution, sample
 from pocketspec.settings import SamplingSettings
 
 
@@ -24,6 +24,22 @@ class Verdict:
     def emitted(self, draft_tokens: Sequence[int]) -> list[int]:
         """Tokens this step adds to the sequence: accepted drafts, then the next token."""
         return [*draft_tokens[: self.num_accepted], self.next_token]
+
+
+class RowDistributions:
+    """The target's distribution for each verified row, computed when the rule first reads it: a
+    rejection at row i never pays for the rows after it (each is a float64 softmax, top-k and top-p
+    over the whole vocabulary: on a CPU a wide verify's rows would cost more than its forward)."""
+
+    def __init__(self, logits: np.ndarray, sampling: SamplingSettings):
+        self.logits, self.sampling = logits, sampling  # [rows, vocab]
+        self._rows: dict[int, np.ndarray] = {}
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        row = self._rows.get(index)
+        if row is None:
+            row = self._rows[index] = distribution(self.logits[index], self.sampling)
+        return row
 
 
 def verify_greedy(draft_tokens: Sequence[int], target_choices: Sequence[int]) -> Verdict:
@@ -43,18 +59,19 @@ def verify_greedy(draft_tokens: Sequence[int], target_choices: Sequence[int]) ->
 def verify_sampled(
     draft_tokens: Sequence[int],
     draft_probs: np.ndarray,  # [num_draft, vocab]: q, the distribution each draft was drawn from
-    target_probs: np.ndarray,  # [num_draft + 1, vocab]: p
+    target_probs,  # [num_draft + 1, vocab]: p, an array or RowDistributions
     rng: np.random.Generator,
 ) -> Verdict:
     """Lossless speculative sampling: accept x with min(1, p(x)/q(x)), else draw from norm(max(0, p - q))."""
     for index, drafted in enumerate(draft_tokens):
-        p = target_probs[index, drafted]
+        target_row = target_probs[index]
+        p = target_row[drafted]
         q = draft_probs[index, drafted]
         if q > 0 and rng.random() * q < p:
             continue
-        residual = np.maximum(target_probs[index] - draft_probs[index], 0.0)
+        residual = np.maximum(target_row - draft_probs[index], 0.0)
         if residual.sum() <= 0:  # p == q up to rounding: any draw from p is exact
-            residual = target_probs[index]
+            residual = target_row
         return Verdict(index, sample(residual, rng))
     num_draft = len(draft_tokens)
     return Verdict(num_draft, sample(target_probs[num_draft], rng))
@@ -86,7 +103,7 @@ def verify_logits(draft_tokens: Sequence[int], draft_probs: np.ndarray | None, l
     (no probabilities, e.g. n-gram) or a sampled draft with its probabilities."""
     if sampling.is_greedy:
         return verify_greedy(draft_tokens, np.argmax(logits, axis=-1))
-    target_probs = distributions(logits, sampling)
+    target_probs = RowDistributions(logits, sampling)
     if draft_probs is None:
         return verify_deterministic(draft_tokens, target_probs, rng)
     return verify_sampled(draft_tokens, draft_probs, target_probs, rng)

@@ -103,3 +103,16 @@ def test_verify_logits_picks_the_rule_for_the_sampling_and_the_draft():
     draft_probs = np.array([[0.2, 0.5, 0.3]])
     sampled = verify_logits([1], draft_probs, logits, sampling, np.random.default_rng(3))
     assert sampled == verify_sampled([1], draft_probs, np.exp(logits), np.random.default_rng(3))
+
+
+def test_a_rejection_at_the_first_row_never_computes_the_rows_after_it(monkeypatch):
+    import pocketspec.verify as verify
+
+    computed = []
+    real = verify.distribution
+    monkeypatch.setattr(verify, "distribution", lambda logits, sampling: computed.append(1) or real(logits, sampling))
+    logits = np.zeros((32, 50), dtype=np.float32)
+    logits[:, 7] = 30.0  # the target is sure of token 7 at every row
+    sampling = SamplingSettings(temperature=1.0)
+    verdict = verify_logits([3] * 31, None, logits, sampling, np.random.default_rng(0))
+    assert verdict == Verdict(0, 7) and len(computed) == 1
