@@ -17,6 +17,7 @@ from memplanner.measured_costs import MeasuredCosts
 from pocketspec.controller import MIN_PROPOSAL_SURVIVAL, Choice, GammaController
 from pocketspec.costs import CostTable
 from pocketspec.drafters.base import Draft
+from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.drafters.model import ModelDrafter
 from pocketspec.drafters.ngram import NgramDrafter, Proposal
 from pocketspec.errors import UserError
@@ -90,6 +91,11 @@ class SpeculativeEngine:
             self.model.reset()
         if seed is not None:
             self.reseed(seed)
+
+    def share_corpus(self, corpus: OutputCorpus) -> None:
+        """Draft from (and add to) earlier outputs shared with other engines: a server's sequences."""
+        if self.ngram is not None:
+            self.ngram.corpus = corpus
 
     def allocator_peaks(self) -> dict[str, int]:
         """torch's allocator peaks by GPU on devices this process does not see itself (a row split's

@@ -25,6 +25,7 @@ from pocketspec.backends.torch_open import open_backend
 from pocketspec.budget import MemoryPlan, apply_budget
 from pocketspec.budget.sequences_plan import per_sequence_plan
 from pocketspec.chat_template import encode_chat, encode_prompt, template_for
+from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, draft_settings_for, load_engine
 from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
@@ -158,6 +159,10 @@ def open_session(settings: SessionSettings, *, num_sequences: int = 1, on_note: 
     except BaseException:
         Session(engines, choice, plan, notes, settings, shared_contexts).close()
         raise
+    if num_sequences > 1:  # every sequence drafts from every request's earlier outputs
+        corpus = OutputCorpus(speculation.ngram_min, speculation.ngram_max)
+        for engine in engines:
+            engine.share_corpus(corpus)
     if plan is not None and plan.shown_after_loading:
         for line in notes:
             notify(line)

@@ -146,6 +146,18 @@ def test_drafts_are_accepted_and_rejected_while_rows_join_and_leave(tiny, drafte
     assert len(set(engine.rows_per_step)) > 1  # the batch shrank as sequences finished
 
 
+def test_a_request_drafts_from_the_outputs_of_requests_that_finished_before_it(tiny):
+    """The n-gram drafter of every row reads one corpus of finished outputs: a prompt asked again
+    (its context holding none of the answer) is drafted from the first answer."""
+    engine = tiny.engine("ngram", max_batch=1, num_rows=2, gamma=4)
+    request = Request([1, *np.random.default_rng(5).integers(3, MAX_TOKEN, 12)], 24)
+    first = engine.run([request])[0]
+    again = engine.run([request])[0]
+    _assert_each_equals_alone(tiny, [request], [again])
+    assert first.stats.num_accepted < again.stats.num_accepted
+    assert engine.corpus.counts(tuple(first.tokens[:2]))  # the corpus holds the first answer
+
+
 @pytest.mark.parametrize("drafter", ["none", "model"])
 def test_a_conversation_reuses_its_prefilled_chunks_and_each_turn_still_equals_it_alone(tiny, drafter):
     """Each turn's prompt is the last one, its answer and a new message. It goes to the row that

@@ -57,6 +57,9 @@ def test_requests_decoded_together_equal_each_alone(smollm2_path, drafter):
             thread.join(600)
         assert len(together) == len(prompts)
         assert rounds.num_forwards > 2 * rounds.num_rounds  # most rounds carried several sequences
+        if drafter == "ngram":  # one corpus of finished outputs for every sequence's drafter
+            assert len({id(engine.ngram.corpus) for engine in shared.engines}) == 1
+            assert shared.engines[0].ngram.corpus.counts(tuple(together[1][:2]))  # engine 1's answer, seen by 0
         if drafter == "model":
             assert all(engine.model is not None for engine in shared.engines)
             assert len({id(engine.model.backend.native) for engine in shared.engines}) == 1  # one draft context

@@ -5,6 +5,7 @@ import random
 from memplanner.measured_costs import MeasuredCosts
 from pocketspec.controller import GammaController, MatchAcceptance, expected_tokens_by_gamma
 from pocketspec.costs import CostTable
+from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.drafters.ngram import MatchEvidence, NgramDrafter
 
 STEPPED = {1: 0.037, 2: 0.059, 3: 0.080, 4: 0.097, **{w: 0.222 for w in range(5, 9)},
@@ -40,15 +41,47 @@ def test_earlier_outputs_are_proposed_for_a_new_request():
 
 
 def test_the_corpus_forgets_its_oldest_outputs_past_its_bound(monkeypatch):
-    import pocketspec.drafters.ngram as ngram
+    import pocketspec.drafters.corpus as corpus
 
-    monkeypatch.setattr(ngram, "CORPUS_MAX_TOKENS", 20)
+    monkeypatch.setattr(corpus, "CORPUS_MAX_TOKENS", 20)
     drafter = NgramDrafter(min_n=2, max_n=2)
     drafter.remember([70, 71, 72])
     for start in range(0, 30, 5):
         drafter.remember(list(range(1000 + start, 1005 + start)))
     assert drafter.lookup([9, 70, 71], 1) == []
     assert drafter.lookup([9, 1025, 1026], 2) == [1027, 1028]
+
+
+def test_drafters_sharing_a_corpus_draft_from_each_others_outputs():
+    shared = OutputCorpus(2, 4)
+    first, second = NgramDrafter(2, 4, corpus=shared), NgramDrafter(2, 4, corpus=shared)
+    first.remember([40, 41, 42, 43, 44, 45])
+    assert second.lookup([9, 40, 41], 3) == [42, 43, 44]
+    assert NgramDrafter(2, 4).lookup([9, 40, 41], 3) == []  # a drafter of its own starts empty
+
+
+def test_a_corpus_shared_across_threads_stays_consistent():
+    import threading
+
+    shared = OutputCorpus(2, 3)
+    drafter = NgramDrafter(2, 3, corpus=shared)
+    stop = threading.Event()
+
+    def keep_adding():
+        start = 0
+        while not stop.is_set():
+            shared.remember(list(range(start % 500, start % 500 + 40)))
+            start += 7
+
+    writer = threading.Thread(target=keep_adding)
+    writer.start()
+    try:
+        for start in range(2000):  # lookups while outputs are added (a dict changed during iteration would raise)
+            proposal = drafter.lookup([start % 500, start % 500 + 1], 4)
+            assert proposal == list(range(start % 500 + 2, start % 500 + 2 + len(proposal)))
+    finally:
+        stop.set()
+        writer.join()
 
 
 def test_proposals_never_contain_the_corpus_separator():

@@ -6,7 +6,8 @@ cost depends on how many rows it holds; acceptance is shared). Every row is then
 verified on its own by the pure rules of pocketspec/verify.py with its own generator,
 and rolled back on its own. A finished sequence frees its row for the next request; a new
 request takes the free row that has the longest exact prefix of its prompt cached
-(BatchedModel.reusable_prefix), in the target and in the draft.
+(BatchedModel.reusable_prefix), in the target and in the draft. Every row's n-gram drafter
+also drafts from the outputs of the requests that finished before (one shared corpus).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pocketspec.batch.pool import BatchPool
 from pocketspec.batch.sequence import BatchResult, Request, SequenceState
 from pocketspec.controller import Choice, GammaController
 from pocketspec.drafters.base import Draft
+from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.drafters.ngram import NgramDrafter
 from pocketspec.errors import UserError
 from pocketspec.sampling import choose_token
@@ -40,6 +42,7 @@ class BatchEngine:
         self.uses_model = draft is not None and speculation.drafter in ("auto", "model")
         self.max_gamma = speculation.max_gamma if (self.uses_ngram or self.uses_model) else 0
         self.max_batch = min(batch.max_batch, target.num_rows)
+        self.corpus = OutputCorpus(speculation.ngram_min, speculation.ngram_max)  # every finished output, for all rows
         self._controllers: dict[int, GammaController] = {}
         self.acceptance = self._controller(1).acceptance
         self.seconds = dict.fromkeys(TIMED_PARTS, 0.0)
@@ -61,7 +64,8 @@ class BatchEngine:
         if len(request.prompt) >= self.target.max_context:
             raise UserError(f"prompt {index + 1} has {len(request.prompt)} tokens but the context holds "
                             f"{self.target.max_context}: shorten it or raise --max-context")
-        ngram = NgramDrafter(self.speculation.ngram_min, self.speculation.ngram_max) if self.uses_ngram else None
+        ngram = NgramDrafter(self.speculation.ngram_min, self.speculation.ngram_max, self.corpus) \
+            if self.uses_ngram else None
         sequence = SequenceState(index, request, row, ngram=ngram, submitted_at=submitted_at, sampling=self.sampling)
         sequence.last_step = self.num_steps
         if request.max_new_tokens <= 0:
@@ -143,6 +147,7 @@ class BatchEngine:
     def release(self, sequence: SequenceState) -> BatchResult:
         """The sequence's result; its row keeps its cache for a later prompt with the same prefix."""
         result = sequence.finish()
+        self.corpus.remember(result.tokens)
         result.stats.peak_rss_bytes = peak_rss_bytes()
         return result
 

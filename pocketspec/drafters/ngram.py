@@ -9,20 +9,19 @@ max_n along the source, so a long verbatim copy is seen as one) and the share of
 continuation among the suffix's continuations. The controller turns evidence into an
 acceptance probability learned online.
 
-A bounded corpus of earlier outputs (other requests, earlier `--batch` prompts) is indexed
-the same way and consulted beside the context; it survives `reset()`.
+A bounded corpus of earlier outputs (pocketspec/drafters/corpus.py: other requests, earlier
+`--batch` prompts) is indexed the same way and consulted beside the context; it survives
+`reset()`, and a session's engines share one.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from pocketspec.drafters.base import Draft
-
-MAX_MATCH_LENGTH = 32  # backward extension stops here: longer matches are scored alike
-CORPUS_MAX_TOKENS = 1 << 16
+from pocketspec.drafters.corpus import OutputCorpus
+from pocketspec.drafters.suffix_index import MAX_MATCH_LENGTH, SuffixIndex
 
 
 @dataclass
@@ -43,78 +42,25 @@ class Proposal:
         return len(self.tokens)
 
 
-class SuffixIndex:
-    """n-gram -> {next token: [count, latest end]} over one token stream."""
-
-    def __init__(self, min_n: int, max_n: int):
-        self.min_n, self.max_n = min_n, max_n
-        self.tokens: list[int] = []
-        self.continuations: dict[tuple[int, ...], dict[int, list[int]]] = {}
-
-    def extend(self, new_tokens: Sequence[int]) -> None:
-        start = len(self.tokens)
-        self.tokens.extend(new_tokens)
-        tokens = self.tokens
-        # An n-gram ending at `end` continues with tokens[end]; the stream's own suffix has no
-        # continuation yet, so a lookup never finds itself.
-        for end in range(max(start, 1), len(tokens)):
-            following = tokens[end]
-            if following < 0:  # a corpus separator is never proposed
-                continue
-            for n in range(self.min_n, min(self.max_n, end) + 1):
-                entry = self.continuations.setdefault(tuple(tokens[end - n:end]), {})
-                seen = entry.get(following)
-                if seen is None:
-                    entry[following] = [1, end]
-                else:
-                    seen[0] += 1
-                    seen[1] = end
-
-    def backward_match(self, suffix: Sequence[int], source_end: int, matched: int) -> int:
-        """How far `suffix` (already matched for `matched` tokens) agrees with tokens before source_end."""
-        tokens = self.tokens
-        length = matched
-        while (length < MAX_MATCH_LENGTH and length < len(suffix) and source_end - length - 1 >= 0
-               and tokens[source_end - length - 1] == suffix[-length - 1]):
-            length += 1
-        return length
-
-
 class NgramDrafter:
     name = "ngram"
     has_probs = False
 
-    def __init__(self, min_n: int = 2, max_n: int = 6):
+    def __init__(self, min_n: int = 2, max_n: int = 6, corpus: OutputCorpus | None = None):
+        """corpus: earlier outputs to draft from, shared with other drafters (a new one when None)."""
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n = min_n
         self.max_n = max_n
-        self._corpus = SuffixIndex(min_n, max_n)
-        self._corpus_documents: deque[list[int]] = deque()
-        self._num_corpus_tokens = 0
+        self.corpus = corpus if corpus is not None else OutputCorpus(min_n, max_n)
         self.reset()
 
     def reset(self) -> None:
         self._context = SuffixIndex(self.min_n, self.max_n)
 
     def remember(self, tokens: Sequence[int]) -> None:
-        """Keep a finished output for later requests; the oldest are dropped past CORPUS_MAX_TOKENS."""
-        if len(tokens) <= self.min_n:
-            return
-        self._corpus_documents.append(list(tokens))
-        self._num_corpus_tokens += len(tokens)
-        if self._num_corpus_tokens <= CORPUS_MAX_TOKENS:
-            self._add_to_corpus(tokens)
-            return
-        while self._num_corpus_tokens > CORPUS_MAX_TOKENS // 2:
-            self._num_corpus_tokens -= len(self._corpus_documents.popleft())
-        self._corpus = SuffixIndex(self.min_n, self.max_n)
-        for document in self._corpus_documents:
-            self._add_to_corpus(document)
-
-    def _add_to_corpus(self, tokens: Sequence[int]) -> None:
-        self._corpus.extend(tokens)
-        self._corpus.tokens.append(-1)  # a separator no n-gram crosses
+        """Keep a finished output for later requests (the corpus drops the oldest past its bound)."""
+        self.corpus.remember(tokens)
 
     def _index(self, context: Sequence[int]) -> None:
         indexed = self._context.tokens
@@ -129,10 +75,9 @@ class NgramDrafter:
         for n in range(min(self.max_n, len(walked)), self.min_n - 1, -1):
             key = tuple(walked[-n:])
             in_context = self._context.continuations.get(key)
-            in_corpus = self._corpus.continuations.get(key)
-            if not in_context and not in_corpus:
+            counts = self.corpus.counts(key)  # a copy: other engines may add to the corpus meanwhile
+            if not in_context and not counts:
                 continue
-            counts: dict[int, int] = {token: seen[0] for token, seen in (in_corpus or {}).items()}
             for token, seen in (in_context or {}).items():
                 counts[token] = counts.get(token, 0) + seen[0]
 

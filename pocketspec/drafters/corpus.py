@@ -1,0 +1,52 @@
+"""A bounded corpus of earlier outputs for the suffix drafter, shared by a session's engines.
+
+A server's requests and `generate --batch` prompts often repeat one another (the same code
+rewritten, the same boilerplate). Every finished output is indexed here; each engine's
+drafter (pocketspec/drafters/ngram.py) consults it beside its own context. A server runs its
+engines on threads of their own, so lookups and additions take a lock; a lookup returns a
+copy. Past CORPUS_MAX_TOKENS the oldest outputs are dropped, down to half the bound.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Sequence
+
+from pocketspec.drafters.suffix_index import SuffixIndex
+
+CORPUS_MAX_TOKENS = 1 << 16
+
+
+class OutputCorpus:
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self._lock = threading.Lock()
+        self._index = SuffixIndex(min_n, max_n)
+        self._documents: deque[list[int]] = deque()
+        self._num_tokens = 0  # a running count: summing the documents on every output would cost more
+
+    def counts(self, key: tuple[int, ...]) -> dict[int, int]:
+        """How often each token followed the n-gram `key` in the remembered outputs."""
+        with self._lock:
+            entry = self._index.continuations.get(key)
+            return {token: seen[0] for token, seen in entry.items()} if entry else {}
+
+    def remember(self, tokens: Sequence[int]) -> None:
+        if len(tokens) <= self.min_n:
+            return
+        with self._lock:
+            self._documents.append(list(tokens))
+            self._num_tokens += len(tokens)
+            if self._num_tokens <= CORPUS_MAX_TOKENS:
+                self._add(tokens)
+                return
+            while self._num_tokens > CORPUS_MAX_TOKENS // 2:
+                self._num_tokens -= len(self._documents.popleft())
+            self._index = SuffixIndex(self.min_n, self.max_n)
+            for document in self._documents:
+                self._add(document)
+
+    def _add(self, tokens: Sequence[int]) -> None:
+        self._index.extend(tokens)
+        self._index.tokens.append(-1)  # a separator no n-gram crosses

@@ -1,0 +1,46 @@
+"""An incremental n-gram index over one token stream: every n-gram of the stream, with the tokens
+that followed it (how often, and where last). The suffix drafter (pocketspec/drafters/ngram.py)
+keeps one over its context; the shared corpus of earlier outputs (corpus.py) another."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+MAX_MATCH_LENGTH = 32  # backward extension stops here: longer matches are scored alike
+
+
+class SuffixIndex:
+    """n-gram -> {next token: [count, latest end]} over one token stream."""
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        self.continuations: dict[tuple[int, ...], dict[int, list[int]]] = {}
+
+    def extend(self, new_tokens: Sequence[int]) -> None:
+        start = len(self.tokens)
+        self.tokens.extend(new_tokens)
+        tokens = self.tokens
+        # An n-gram ending at `end` continues with tokens[end]; the stream's own suffix has no
+        # continuation yet, so a lookup never finds itself.
+        for end in range(max(start, 1), len(tokens)):
+            following = tokens[end]
+            if following < 0:  # a corpus separator is never proposed
+                continue
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                entry = self.continuations.setdefault(tuple(tokens[end - n:end]), {})
+                seen = entry.get(following)
+                if seen is None:
+                    entry[following] = [1, end]
+                else:
+                    seen[0] += 1
+                    seen[1] = end
+
+    def backward_match(self, suffix: Sequence[int], source_end: int, matched: int) -> int:
+        """How far `suffix` (already matched for `matched` tokens) agrees with tokens before source_end."""
+        tokens = self.tokens
+        length = matched
+        while (length < MAX_MATCH_LENGTH and length < len(suffix) and source_end - length - 1 >= 0
+               and tokens[source_end - length - 1] == suffix[-length - 1]):
+            length += 1
+        return length
