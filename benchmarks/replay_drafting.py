@@ -10,6 +10,8 @@ recorded next token, and whose forwards take the calibrated cost of their width 
 depth on a virtual clock instead of running the model. The speedup it reports is the
 controller's decode time against plain decoding's (one-token forwards) on the same costs:
 what the mechanism gains, free of the machine's noise, on hundreds of prompts in seconds.
+Beside it, the oracle: a controller that knew how much of each proposal will be accepted,
+the bound on any choice of γ with these proposals and costs.
 The real bench (`pocketspec bench`) remains the measurement; this is for designing.
 
 Prompts run in file order on one engine, so the drafter's cross-request corpus fills as in a
@@ -32,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from apps.report import markdown_table, write_results  # noqa: E402
 from memplanner.measured_costs import MeasuredCosts, load_measured_costs  # noqa: E402
 from pocketspec.backends.base import CachedTokens  # noqa: E402
+from pocketspec.drafters.ngram import NgramDrafter  # noqa: E402
 from pocketspec.engine import SpeculativeEngine  # noqa: E402
 from pocketspec.settings import SpeculationSettings  # noqa: E402
 
@@ -116,6 +119,7 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
     clock = VirtualClock()
     target = ReplayTarget(costs, clock, vocab_size, max_logits_rows=speculation.verify_width())
     engine = SpeculativeEngine(target, speculation=speculation, target_costs=costs, clock=clock)
+    oracle_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
     rows = []
     for trace in traces:
         prompt, output = trace["prompt_tokens"], trace["output_tokens"]
@@ -131,9 +135,34 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
         rows.append({"prompt_id": trace["prompt_id"], "category": trace["category"], "turn": trace.get("turn", 1),
                      "num_tokens": len(output), "decode_seconds": stats.decode_seconds,
                      "plain_seconds": plain_seconds(costs, len(prompt), len(output)),
+                     "oracle_seconds": oracle_seconds(oracle_drafter, costs, prompt, output,
+                                                      speculation.verify_width() - 1),
                      "num_steps": stats.num_steps, "num_drafted": stats.num_drafted,
                      "num_accepted": stats.num_accepted, "widths": dict(target.widths)})
     return rows
+
+
+def oracle_seconds(drafter: NgramDrafter, costs: MeasuredCosts, prompt: list[int], output: list[int],
+                   max_gamma: int) -> float:
+    """Decode time of a controller that knew how much of each proposal the target accepts: the bound
+    on what any choice of γ can reach with this drafter's proposals on these costs. Each step takes
+    the γ with the most tokens per second for that step (the full proposal is walked every step)."""
+    sequence = prompt + output
+    position, seconds = len(prompt) + 1, 0.0
+    drafter.reset()
+    while position < len(sequence):
+        depth = position - 1
+        room = min(max_gamma, len(sequence) - position - 1)
+        proposal = drafter.propose_scored(sequence[:position], room).tokens if room > 0 else []
+        num_matched = 0
+        while num_matched < len(proposal) and proposal[num_matched] == sequence[position + num_matched]:
+            num_matched += 1
+        gamma = max(range(len(proposal) + 1),
+                    key=lambda gamma: (min(gamma, num_matched) + 1) / costs.forward_seconds(gamma + 1, depth))
+        seconds += costs.forward_seconds(gamma + 1, depth)
+        position += min(gamma, num_matched) + 1
+    drafter.remember(output)
+    return seconds
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -143,7 +172,9 @@ def summarize(rows: list[dict]) -> dict:
     widths: Counter = Counter()
     for row in rows:
         widths.update(row["widths"])
+    oracle = sum(row["oracle_seconds"] for row in rows)
     return {"num_prompts": len(rows), "speedup": plain / spec if spec else 0.0,
+            "oracle_speedup": plain / oracle if oracle else 0.0,
             "tokens_per_step": sum(row["num_tokens"] for row in rows) / max(sum(row["num_steps"] for row in rows), 1),
             "acceptance": sum(row["num_accepted"] for row in rows) / drafted if drafted else None,
             "common_widths": [width for width, _ in widths.most_common(4)]}
@@ -157,11 +188,12 @@ def by_category(rows: list[dict]) -> dict[str, dict]:
     return {**{key: summarize(group) for key, group in groups.items()}, "all": summarize(rows)}
 
 
-COLUMNS = ["category", "prompts", "× plain", "tokens/step", "acceptance", "common widths"]
+COLUMNS = ["category", "prompts", "× plain", "oracle × plain", "tokens/step", "acceptance", "common widths"]
 
 
 def table_rows(summary: dict[str, dict]) -> list[list]:
-    return [[category, item["num_prompts"], f"{item['speedup']:.2f}×", f"{item['tokens_per_step']:.2f}",
+    return [[category, item["num_prompts"], f"{item['speedup']:.2f}×", f"{item['oracle_speedup']:.2f}×",
+             f"{item['tokens_per_step']:.2f}",
              "–" if item["acceptance"] is None else f"{item['acceptance']:.2f}",
              ", ".join(map(str, item["common_widths"]))] for category, item in summary.items()]
 

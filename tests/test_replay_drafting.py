@@ -40,6 +40,7 @@ def test_a_copy_on_a_cheap_wide_verify_replays_the_recorded_output_faster():
     rows = replay([_copy_trace()], costs, SpeculationSettings(drafter="ngram"), vocab_size=6000)
     summary = by_category(rows)["copy"]
     assert summary["speedup"] > 3.0 and summary["acceptance"] > 0.9
+    assert summary["oracle_speedup"] >= summary["speedup"] * 0.99  # it knew where every proposal would end
     assert max(rows[0]["widths"], key=rows[0]["widths"].get) >= 16
 
 
@@ -49,6 +50,7 @@ def test_rows_that_cost_a_forward_each_never_pay_and_nothing_is_drafted_for_new_
     summary = by_category(rows)
     assert 0.9 < summary["copy"]["speedup"] <= 1.0 + 1e-9
     assert summary["novel"]["speedup"] == pytest.approx(1.0) and rows[1]["num_drafted"] == 0
+    assert summary["copy"]["oracle_speedup"] == pytest.approx(1.0)  # not even knowing the future helps
 
 
 def test_a_replay_that_leaves_the_recording_is_an_error(monkeypatch):
