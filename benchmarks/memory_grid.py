@@ -2,18 +2,25 @@
 
     .venv/bin/python benchmarks/memory_grid.py [--quick]
 
-Each configuration runs in a fresh worker process. The worker imports the CLI's modules
-(as `pocketspec generate` does), plans with memplanner for the budget, loads exactly what
-the plan says, prefills a prompt that fills the context (the plan's worst case),
-generates, and reports the whole process's peak resident memory, what a budget bounds
-(VmHWM, and psutil's RSS sampled every 5 ms). Results: benchmarks/results/memory_grid.{json,md}.
+Each configuration runs in a fresh worker process. The worker imports the CLI's modules (as
+`pocketspec generate` does), plans with memplanner for the budget, loads exactly what the plan
+says, prefills a prompt that fills the context and, after generating, verifies one batch as
+wide as every logits row planned (the plan's two worst cases), and reports the whole process's
+peak resident memory, what a budget bounds (VmHWM, and psutil's RSS sampled every 5 ms). A
+configuration with a draft model plans from the reference tables (plan_as_uncalibrated), so
+that its draft-model terms are measured even on a machine whose own costs say the draft does
+not pay. Results: benchmarks/results/memory_grid.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,8 +35,24 @@ sys.path.insert(0, str(ROOT))
 NEW_TOKENS = 24
 
 
+def plan_as_uncalibrated() -> None:
+    """Plan from the reference tables, as on a machine whose forward costs were never measured:
+    this process gets a POCKETSPEC_HOME of its own (the models linked in, no cost tables). Where
+    the measured costs say the draft model cannot pay, the planner would never pick it, and its
+    memory terms would go unchecked."""
+    from pocketspec.catalog import models_dir
+
+    home = Path(tempfile.mkdtemp(prefix="memory-grid-home-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    (home / "models").symlink_to(models_dir())
+    os.environ["POCKETSPEC_HOME"] = str(home)
+
+
 def worker(config: dict) -> dict:
     import apps.cli  # noqa: F401  (what `generate` holds before it loads anything)
+
+    if config.get("uncalibrated"):
+        plan_as_uncalibrated()
 
     sampled_peak = [psutil.Process().memory_info().rss]
     stop = threading.Event()
@@ -53,13 +76,19 @@ def worker(config: dict) -> dict:
     tokenizer = session.tokenizer
     text = (ROOT / "benchmarks" / "data" / "spec_bench.jsonl").read_text()
     # fill the context: the plan's peak is the worst case, a full KV cache at full attention length
-    num_prompt = config["context"] - NEW_TOKENS - applied.planner_result.settings.max_gamma - 2
+    num_prompt = config["context"] - NEW_TOKENS - applied.planner_result.settings.logits_rows - 1
     # tokenize only what the prompt needs: a list of every token in the file would count as peak
     prompt = tokenizer.encode(text[:8 * num_prompt], add_bos=False)[:num_prompt]
     assert len(prompt) == num_prompt, "benchmark text too short for the context"
     started = time.perf_counter()
     result = engine.generate(prompt, NEW_TOKENS)
     seconds = time.perf_counter() - started
+    # the plan's other worst case, which 24 tokens of ordinary text may never reach: a verify of every
+    # logits row planned (a long accepted copy), at the end of the full context
+    width = engine.target.max_logits_rows
+    if width > 1:
+        engine.target.rollback(len(prompt))
+        engine.target.forward(prompt[:width], range(width))
     stop.set()
     session.close()
     settings = applied.planner_result.settings
@@ -95,7 +124,8 @@ def grid(quick: bool) -> list[dict]:
         for fraction in fractions:
             budget = int(low + fraction * (high - low))
             configs.append({"target": target, "draft": draft, "context": context, "alpha": alpha,
-                            "budget": str(budget), "budget_label": format_bytes(budget)})
+                            "budget": str(budget), "budget_label": format_bytes(budget),
+                            "uncalibrated": draft_shape is not None})
 
     small, target, draft = "smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
     for context in (512, 2048, 8192):

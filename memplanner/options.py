@@ -110,7 +110,7 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
             "draft_logits": terms.output_buffer_bytes(draft, batch),
             "draft_compute": terms.compute_buffer_bytes(draft, s.n_ubatch, s.draft_n_ctx, batch),
         })
-    if s.drafter != "none":
+    if s.drafter == "model":  # an n-gram draft is a point mass: no distribution to keep
         found["draft_probs"] = batch * terms.draft_probs_bytes(target, gamma, workload.temperature)
     return {name: int(value) for name, value in found.items() if value}
 

@@ -12,6 +12,7 @@ from memplanner.defaults import LLAMA_KV_TYPES
 from memplanner.shapes import ModelShape
 
 FLOAT32_BYTES = 4
+FLOAT64_BYTES = 8
 # Each of defaults.LLAMA_KV_TYPES: (elements per block, bytes per block)
 KV_TYPE_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
 # Python objects of a generation beside llama.cpp's buffers: token lists, glibc arenas of the
@@ -87,13 +88,15 @@ def working_set_bytes(shape: ModelShape, logits_rows: int) -> int:
 
 
 def draft_probs_bytes(shape: ModelShape, gamma: int, temperature: float) -> int:
-    """float32 draft distributions kept for rejection sampling; greedy keeps only token ids."""
-    return gamma * shape.vocab_size * FLOAT32_BYTES if temperature > 0 else 0
+    """float64 draft distributions kept for rejection sampling (pocketspec/sampling.py works in
+    float64); greedy keeps only token ids."""
+    return gamma * shape.vocab_size * FLOAT64_BYTES if temperature > 0 else 0
 
 
 def target_probs_bytes(shape: ModelShape, gamma: int, temperature: float) -> int:
-    """float32 softmax of the gamma + 1 verified rows, copied out of llama.cpp's logits."""
-    return (gamma + 1) * shape.vocab_size * FLOAT32_BYTES if temperature > 0 and gamma > 0 else 0
+    """float64 distributions of the verified rows, at most gamma + 1 of them (each computed when
+    the rule first reads it, pocketspec/verify.py)."""
+    return (gamma + 1) * shape.vocab_size * FLOAT64_BYTES if temperature > 0 and gamma > 0 else 0
 
 
 def compute_buffer_bytes(shape: ModelShape, n_ubatch: int, n_ctx: int, n_outputs: int,

@@ -54,8 +54,8 @@ def test_logits_and_probability_buffers():
     assert terms.output_buffer_bytes(TINY, 0) == 1000 * 4  # llama.cpp keeps at least one row
     assert terms.logits_all_bytes(TINY, 4096) == 4096 * 1000 * 4
     assert terms.draft_probs_bytes(TINY, 8, 0.0) == 0
-    assert terms.draft_probs_bytes(TINY, 8, 0.7) == 8 * 1000 * 4
-    assert terms.target_probs_bytes(TINY, 8, 0.7) == 9 * 1000 * 4
+    assert terms.draft_probs_bytes(TINY, 8, 0.7) == 8 * 1000 * 8  # float64, as sampling computes them
+    assert terms.target_probs_bytes(TINY, 8, 0.7) == 9 * 1000 * 8
     assert terms.target_probs_bytes(TINY, 0, 0.7) == 0
     # the Python side: a fixed working set and the numpy copy of the verified rows
     assert terms.working_set_bytes(TINY, 9) == terms.GENERATION_WORKING_SET_BYTES + 9 * 1000 * 4
