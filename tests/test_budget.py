@@ -119,6 +119,20 @@ def test_the_plan_keeps_the_users_kv_type_and_quantizes_only_the_draft(qwen_targ
     assert {"f16", "q8_0"} <= draft_kv_types
 
 
+def test_a_draft_the_user_named_stays_named_through_the_plan(qwen_target_path, qwen_draft_path):
+    """The loader leaves out a pair's draft that measured costs say cannot pay, never one named with --draft."""
+    from memplanner.options import PlanSettings
+    from pocketspec.budget.llama_plan import settings_from_plan
+    from pocketspec.loader import ModelChoice
+    from pocketspec.settings import ModelSettings, SpeculationSettings
+
+    planned = PlanSettings("model", 4, 4352, "f16", 4352, 4096, 512, 512, 32, 1, "cpu", "cpu")
+    for is_explicit in (True, False):
+        choice = ModelChoice(qwen_target_path, qwen_draft_path, "auto", is_explicit)
+        planned_choice = settings_from_plan(planned, choice, ModelSettings(), SpeculationSettings())[0]
+        assert planned_choice.draft_path == qwen_draft_path and planned_choice.draft_is_explicit == is_explicit
+
+
 def test_one_named_gpu_is_planned_as_that_gpu_with_its_own_free_memory(smollm2_path):
     """`--devices cuda:1 --memory-budget 6GiB` offloads every block, so the plan is a GPU plan for GPU 1,
     budgeted by what that GPU (here a described one) has free; it used to be a CPU plan."""

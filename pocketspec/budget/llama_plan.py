@@ -86,7 +86,8 @@ def settings_from_plan(settings: PlanSettings, choice: ModelChoice, target_setti
     the plan was made with it (Workload.target_kv_type) and never changes it."""
     runtime_drafter = {"model": "auto", "ngram": "ngram", "none": "none"}[settings.drafter]
     draft_path = choice.draft_path if runtime_drafter == "auto" else None
-    choice = ModelChoice(choice.target_path, draft_path, runtime_drafter)
+    # a draft the user named stays theirs: the loader loads it even where measured costs say it cannot pay
+    choice = ModelChoice(choice.target_path, draft_path, runtime_drafter, choice.draft_is_explicit)
     if settings.target_kv_type != target_settings.kv_type:
         raise AssertionError(f"the plan changed the target's KV type {target_settings.kv_type} -> "
                              f"{settings.target_kv_type}")
