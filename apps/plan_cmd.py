@@ -42,9 +42,10 @@ def _print_plan(plan_, title: str) -> None:
     for step in plan_.degradations:
         click.echo(f"  - {step}")
     click.echo(f"predicted speed: {plan_.predicted_tokens_per_second:.1f} tok/s")
-    click.echo(f"minimum to run at all: {format_bytes(plan_.min_budget_any_bytes)} (plain decoding, "
+    # rounded up: either figure typed back as --memory-budget is enough
+    click.echo(f"minimum to run at all: {format_bytes(plan_.min_budget_any_bytes, round_up=True)} (plain decoding, "
                f"{plan_.settings.target_kv_type} KV); "
-               f"to keep 95% of the best speed: {format_bytes(plan_.min_budget_keep_bytes)}")
+               f"to keep 95% of the best speed: {format_bytes(plan_.min_budget_keep_bytes, round_up=True)}")
     if plan_.reason:
         click.echo(f"note: {plan_.reason}")
 

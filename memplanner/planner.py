@@ -153,7 +153,8 @@ def plan(budget_bytes: int, target: ModelShape, draft: ModelShape | None, worklo
     keep = min_budget_keep(target, draft, workload, device=kind, alpha=alpha, repack=repack, costs=costs)
     if budget_bytes < minimum.peak_bytes:
         name, size = max(minimum.terms.items(), key=lambda item: item[1])
-        reason = (f"budget {format_bytes(budget_bytes)} is below the minimum {format_bytes(minimum.peak_bytes)}; "
+        reason = (f"budget {format_bytes(budget_bytes)} is below the minimum "
+                  f"{format_bytes(minimum.peak_bytes, round_up=True)}; "
                   f"biggest term: {_label(name)} {format_bytes(size)}")
         return Plan(False, budget_bytes, minimum.terms, None, minimum.peak_bytes, 0.0, [],
                     minimum.peak_bytes, keep, reason + _quantized_target_hint(budget_bytes, target, workload, kind,
@@ -177,8 +178,8 @@ def _quantized_target_hint(budget_bytes: int, target: ModelShape, workload: Work
     for kv_type in lighter:
         needed = min_budget_any(target, replace(workload, target_kv_type=kv_type), device_kind, repack)
         if needed <= budget_bytes:
-            return (f"; --kv-type {kv_type} would fit in {format_bytes(needed)} (a quantized target KV cache: "
-                    f"the output can differ from {workload.target_kv_type})")
+            return (f"; --kv-type {kv_type} would fit in {format_bytes(needed, round_up=True)} "
+                    f"(a quantized target KV cache: the output can differ from {workload.target_kv_type})")
     return ""
 
 

@@ -7,6 +7,7 @@ GiB, TiB), the way memory is sold and reported by `free -h`: "3G" is 3 * 2**30 b
 
 from __future__ import annotations
 
+import math
 import re
 
 MAX_BYTES = 2**60  # an exbibyte
@@ -39,8 +40,11 @@ def parse_size(text: str | int) -> int:
     return int(round(num_bytes))
 
 
-def format_bytes(num_bytes: int) -> str:
-    """'1.23 GiB', '512.00 MiB', '100 B': binary units, two decimals above one KiB."""
+def format_bytes(num_bytes: int, *, round_up: bool = False) -> str:
+    """'1.23 GiB', '512.00 MiB', '100 B': binary units, two decimals above one KiB.
+
+    round_up: the last decimal rounded up, for a size the user may type back as a budget (a
+    minimum shown rounded to nearest could be a few bytes short of itself)."""
     sign = "-" if num_bytes < 0 else ""
     value = float(abs(num_bytes))
     if value < 1024:
@@ -48,6 +52,8 @@ def format_bytes(num_bytes: int) -> str:
     for unit in ("KiB", "MiB", "GiB", "TiB"):
         value /= 1024
         if value < 1024 or unit == "TiB":
+            if round_up:
+                value = math.ceil(value * 100) / 100
             return f"{sign}{value:.2f} {unit}"
     raise AssertionError("unreachable")
 

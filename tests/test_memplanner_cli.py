@@ -42,6 +42,19 @@ def test_draft_none_plans_plain_decoding_as_a_table():
     assert "predicted peak" in result.output and "minimum to run at all" in result.output
 
 
+@needs_smollm2
+@pytest.mark.parametrize("max_context", ["512", "2048", "3000"])
+def test_the_minimum_plan_prints_is_a_budget_it_accepts(max_context):
+    """The figure is rounded up: typed back as --memory-budget it runs, and the smallest plan fits it."""
+    shown = run("--target", str(SMOLLM2), "--max-context", max_context)
+    assert shown.exit_code == 0, shown.output
+    minimum = shown.output.split("minimum to run at all: ")[1].split(" (")[0]
+    again = run("--target", str(SMOLLM2), "--max-context", max_context, "--memory-budget", minimum.replace(" ", ""),
+                "--json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output)["predicted_peak_bytes"] <= json.loads(again.output)["budget_bytes"]
+
+
 @needs_qwen
 def test_pair_preset_prints_terms_for_both_models(tmp_path, monkeypatch):
     # a home with the models but no measured costs: speed comes from the reference tables, where

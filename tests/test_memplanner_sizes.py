@@ -32,3 +32,10 @@ def test_format_bytes(num_bytes, expected):
 def test_round_trip():
     for text in ("1.50 GiB", "512.00 MiB", "3.00 KiB"):
         assert format_bytes(parse_size(text)) == text
+
+
+def test_a_size_shown_rounded_up_is_enough_when_typed_back():
+    for num_bytes in (234_555_000, 234_552_000, 1_394_892_683, 2**30 + 1):
+        shown = format_bytes(num_bytes, round_up=True)
+        assert parse_size(shown.replace(" ", "")) >= num_bytes, shown
+    assert format_bytes(2**30, round_up=True) == "1.00 GiB"  # an exact size keeps its figure
