@@ -89,7 +89,7 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
     found = {
         "process_base": terms.process_base_bytes(device),
         "runtime_overhead": terms.runtime_overhead_bytes(device),
-        "working_set": terms.working_set_bytes(target, s.logits_rows * batch),
+        "working_set": terms.GENERATION_WORKING_SET_BYTES,
         "target_weights": terms.resident_weights_bytes(target, device, s.repack_weights),
         "target_repacked_weights": terms.repacked_weights_bytes(target, device) if s.repack_weights else 0,
         "target_metadata": terms.model_metadata_bytes(target),

@@ -16,9 +16,10 @@ FLOAT64_BYTES = 8
 # Each of defaults.LLAMA_KV_TYPES: (elements per block, bytes per block)
 KV_TYPE_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
 # Python objects of a generation beside llama.cpp's buffers: token lists, glibc arenas of the
-# decode threads; the numpy copy of the verified logits rows is counted apart (working_set_bytes).
-# The memory grid of 2026-11-23 left 1.6-5.8 MiB of SmolLM2 runs and 0-1.6 MiB of the 1.5B
-# target's above every term with a flat 6 MiB: the difference is the logits copy.
+# decode threads, the argmax of each verified row. A single sequence reads its logits rows in
+# place (a view of llama.cpp's output buffer); a server's copies are counted with its sequences
+# (pocketspec/budget/sequences_plan.py). Counting a float32 copy of the rows as well put the plans
+# of 32-row verifies 5.6-9 % over their measured peaks (memory grid, 2026-11-25).
 GENERATION_WORKING_SET_BYTES = 4 * 1024 * 1024
 NGRAM_INDEX_BYTES_PER_TOKEN = 600  # estimate: ~3 Python dict entries (n = 2..4) per context token
 
@@ -80,11 +81,6 @@ def output_buffer_bytes(shape: ModelShape, logits_rows: int) -> int:
 def logits_all_bytes(shape: ModelShape, n_ctx: int) -> int:
     """llama-cpp-python's `scores` with logits_all=True: n_ctx x vocab float32 (the naive way)."""
     return n_ctx * shape.vocab_size * FLOAT32_BYTES
-
-
-def working_set_bytes(shape: ModelShape, logits_rows: int) -> int:
-    """The Python side of a generation: the fixed working set and a float32 copy of the logits rows."""
-    return GENERATION_WORKING_SET_BYTES + max(1, logits_rows) * shape.vocab_size * FLOAT32_BYTES
 
 
 def draft_probs_bytes(shape: ModelShape, gamma: int, temperature: float) -> int:

@@ -57,8 +57,6 @@ def test_logits_and_probability_buffers():
     assert terms.draft_probs_bytes(TINY, 8, 0.7) == 8 * 1000 * 8  # float64, as sampling computes them
     assert terms.target_probs_bytes(TINY, 8, 0.7) == 9 * 1000 * 8
     assert terms.target_probs_bytes(TINY, 0, 0.7) == 0
-    # the Python side: a fixed working set and the numpy copy of the verified rows
-    assert terms.working_set_bytes(TINY, 9) == terms.GENERATION_WORKING_SET_BYTES + 9 * 1000 * 4
 
 
 def test_compute_buffer_by_hand():
