@@ -92,9 +92,6 @@ class MatchAcceptance:
         accepted, tried = self._counts.get(evidence_bucket(evidence), (0.0, 0.0))
         return (accepted + self.prior_weight * prior_acceptance(evidence)) / (tried + self.prior_weight)
 
-    def probabilities(self, evidence: Sequence[MatchEvidence]) -> list[float]:
-        return [self.probability(item) for item in evidence]
-
     def observe(self, evidence: Sequence[MatchEvidence], num_accepted: int) -> None:
         """The first num_accepted tokens were accepted; the next one (if any) was the first rejected."""
         for index, item in enumerate(evidence[:num_accepted + 1]):
@@ -165,10 +162,11 @@ class GammaController:
         for what γ + 1 rows cost. A proposal whose first token falls short is not walked further."""
         if self.fixed_gamma is not None:
             return 0.0
+        if self.max_draftless_gamma <= 0:
+            return 1.0
         verify = self._verify_seconds(rows_beside)
         one = verify(1, depth)
-        return min((verify(gamma + 1, depth) / one - 1.0) / gamma for gamma in range(1, self.max_draftless_gamma + 1)) \
-            if self.max_draftless_gamma > 0 else 1.0
+        return min((verify(gamma + 1, depth) / one - 1.0) / gamma for gamma in range(1, self.max_draftless_gamma + 1))
 
     def options(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
                 model_lag: int | None, max_gamma: int, depth: int = 0, rows_beside: int = 0) -> list[Choice]:
