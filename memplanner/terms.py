@@ -21,7 +21,9 @@ KV_TYPE_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
 # (pocketspec/budget/sequences_plan.py). Counting a float32 copy of the rows as well put the plans
 # of 32-row verifies 5.6-9 % over their measured peaks (memory grid, 2026-11-25).
 GENERATION_WORKING_SET_BYTES = 4 * 1024 * 1024
-NGRAM_INDEX_BYTES_PER_TOKEN = 600  # estimate: ~3 Python dict entries (n = 2..4) per context token
+# The suffix drafter's index (n = 2..6, pocketspec/drafters/suffix_index.py) and the context's token
+# lists: tracemalloc measured 848-883 B a token over 2048-8192 tokens of Spec-Bench text (2026-11-25)
+NGRAM_INDEX_BYTES_PER_TOKEN = 900
 
 
 def padded_context(n_ctx: int, pad: int = constants.LLAMA_CPP_N_CTX_PAD) -> int:
@@ -131,7 +133,7 @@ def runtime_overhead_bytes(device_kind: str = "cpu") -> int:
 
 
 def ngram_index_bytes(max_context: int) -> int:
-    """The n-gram drafter's lookup table over the context (Python dicts; an estimate)."""
+    """The n-gram drafter's lookup table over the context (Python dicts, measured)."""
     return NGRAM_INDEX_BYTES_PER_TOKEN * max_context
 
 
