@@ -89,7 +89,7 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
     found = {
         "process_base": terms.process_base_bytes(device),
         "runtime_overhead": terms.runtime_overhead_bytes(device),
-        "working_set": terms.GENERATION_WORKING_SET_BYTES,
+        "working_set": terms.working_set_bytes(workload.max_context) * batch,
         "target_weights": terms.resident_weights_bytes(target, device, s.repack_weights),
         "target_repacked_weights": terms.repacked_weights_bytes(target, device) if s.repack_weights else 0,
         "target_metadata": terms.model_metadata_bytes(target),
@@ -98,7 +98,7 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
         "target_compute": terms.compute_buffer_bytes(target, s.n_ubatch, s.target_n_ctx, s.logits_rows * batch),
         "target_probs": batch * terms.target_probs_bytes(target, s.logits_rows - 1, workload.temperature),
     }
-    if s.drafter == "ngram":
+    if s.drafter != "none":  # a draft model's runtime drafts n-grams beside it (drafter auto)
         found["ngram_index"] = batch * terms.ngram_index_bytes(workload.max_context)
     if s.drafter == "model":
         draft_device = s.draft_device

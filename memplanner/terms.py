@@ -21,6 +21,10 @@ KV_TYPE_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
 # (pocketspec/budget/sequences_plan.py). Counting a float32 copy of the rows as well put the plans
 # of 32-row verifies 5.6-9 % over their measured peaks (memory grid, 2026-11-25).
 GENERATION_WORKING_SET_BYTES = 4 * 1024 * 1024
+# ... and per context token: the loop's token lists (the context, the backend's cached tokens, the
+# prompt's slices). tracemalloc measured 1533 B a token of Python memory in all while generating
+# after 8100 tokens (2026-11-25): 880 B of them the n-gram index, the flat term above about 520.
+CONTEXT_BYTES_PER_TOKEN = 160
 # The suffix drafter's index (n = 2..6, pocketspec/drafters/suffix_index.py) and the context's token
 # lists: tracemalloc measured 848-883 B a token over 2048-8192 tokens of Spec-Bench text (2026-11-25)
 NGRAM_INDEX_BYTES_PER_TOKEN = 900
@@ -130,6 +134,11 @@ def runtime_overhead_bytes(device_kind: str = "cpu") -> int:
     if device_kind == "cpu":
         return constants.RUNTIME_OVERHEAD_BYTES["cpu"]
     return constants.ESTIMATED_CUDA_OVERHEAD_BYTES
+
+
+def working_set_bytes(max_context: int) -> int:
+    """The Python side of a generation beside llama.cpp's buffers (see GENERATION_WORKING_SET_BYTES)."""
+    return GENERATION_WORKING_SET_BYTES + CONTEXT_BYTES_PER_TOKEN * max_context
 
 
 def ngram_index_bytes(max_context: int) -> int:

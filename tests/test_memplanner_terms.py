@@ -75,6 +75,7 @@ def test_compute_buffer_by_hand():
 def test_small_terms():
     assert terms.runtime_overhead_bytes("cpu") == constants.RUNTIME_OVERHEAD_BYTES["cpu"]
     assert terms.ngram_index_bytes(1000) == 1000 * terms.NGRAM_INDEX_BYTES_PER_TOKEN
+    assert terms.working_set_bytes(1000) == terms.GENERATION_WORKING_SET_BYTES + 1000 * terms.CONTEXT_BYTES_PER_TOKEN
     assert terms.draft_context_tokens(1019, 4) == 1024
 
 
