@@ -164,8 +164,9 @@ def plan(budget_bytes: int, target: ModelShape, draft: ModelShape | None, worklo
     if draft is not None and best.settings.drafter != "model":
         model_speed = max(c.tokens_per_second for c in candidates if c.settings.drafter == "model")
         where = "this machine's measured costs" if costs is not None else "this device's reference costs"
-        reason = (f"the draft model does not pay on {where}, so it is not loaded: at best {model_speed:.1f} tok/s against "
-                  f"{best.tokens_per_second:.1f} tok/s for {'plain' if best.settings.drafter == 'none' else 'n-gram'} decoding")
+        reason = (f"the draft model does not pay on {where}, so it is not loaded: with it at most {model_speed:.1f} tok/s, "
+                  f"without it {best.tokens_per_second:.1f} tok/s "
+                  f"({'plain' if best.settings.drafter == 'none' else 'n-gram'} decoding)")
     return Plan(True, budget_bytes, chosen.terms, chosen.settings, chosen.peak_bytes, chosen.tokens_per_second,
                 _degradations(chosen, best), minimum.peak_bytes, keep, reason)
 
