@@ -81,12 +81,13 @@ def assert_matches_plain(backend, prompt: list[int], got: list[int], expected: l
 
     The comparison is not loosened: everything before the difference is equal, and the
     difference itself must sit where plain decoding's own top-2 logit gap is within
-    kernel rounding (measured one token at a time, as plain decoding saw it).
+    kernel rounding (measured one token at a time, as plain decoding saw it). Where one output
+    is a prefix of the other, the shorter one chose end-of-generation there: that choice is
+    the difference, and it is checked the same way.
     """
     if got == expected:
         return
     position = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-    assert position < min(len(got), len(expected)), "one output is a strict prefix of the other"
     import numpy as np
 
     backend.rollback(0)
