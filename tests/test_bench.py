@@ -46,17 +46,18 @@ def two_category_suite(tmp_path):
 def test_smallest_run_writes_results_report_and_plots(smollm2_path, two_category_suite, tmp_path):
     out = tmp_path / "out"
     result = run_cli("bench", "--target", str(smollm2_path), "--suite", str(two_category_suite),
-                     "--max-tokens", "8", "--drafters", "ngram,self-sparse", "--peers", "prompt-lookup,llama.cpp", "--threads", "1",
+                     "--max-tokens", "8", "--drafters", "auto,ngram,self-sparse", "--peers", "prompt-lookup,llama.cpp", "--threads", "1",
                      "--out", str(out))
     assert result.returncode == 0, result.stderr
     results = json.loads((out / "results.json").read_text())
     status = {system["name"]: (system["status"], system["reason"]) for system in results["systems"]}
     assert status["plain"] == ("ok", None) and status["pocketspec-ngram"] == ("ok", None)
+    assert status["pocketspec-auto"] == ("ok", None)  # no draft model: auto drafts n-grams, as generate does
     assert status["prompt-lookup"] == ("ok", None)
     assert status["pocketspec-self-sparse"] == ("skipped", "self-drafts run on --backend torch")
     assert status["llama.cpp-speculative"][0] == "skipped"  # SmolLM2 has no draft model
     assert {(row["system"], row["category"]) for row in results["rows"]} == {
-        (system, category) for system in ("plain", "pocketspec-ngram", "prompt-lookup")
+        (system, category) for system in ("plain", "pocketspec-auto", "pocketspec-ngram", "prompt-lookup")
         for category in ("code", "chat", "chat (turn 2)")}  # a second turn follows plain decoding's first reply
     assert results["rounds"]["num_completed"] == 2 and not results["rounds"]["is_partial"]
     assert {(row["category"], row["round"]) for row in results["rows"]} == {

@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SUITE = REPO / "benchmarks" / "data" / "spec_bench.jsonl"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "bench"
 BENCH = BenchSettings()
-DRAFTERS = ("auto", "ngram", *SELF_DRAFTS)  # auto: the draft model (--pair/--draft) with n-grams
+DRAFTERS = ("auto", "ngram", *SELF_DRAFTS)  # auto: the draft model (--pair/--draft), if any, with n-grams
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
@@ -58,8 +58,8 @@ def _parse_drafters(text: str, backend: str, draft_path, draft_from_pair: bool =
     drafters = []
     for name in dict.fromkeys(names):
         if name == "auto":
-            drafters.append((name, str(draft_path) if draft_path and not draft_from_pair else None,
-                             None if draft_path else "needs a draft model: pass --pair or --draft NAME"))
+            # without a draft model auto drafts n-grams alone, as `generate` does
+            drafters.append((name, str(draft_path) if draft_path and not draft_from_pair else None, None))
         elif name.startswith("self-") and backend != "torch":
             drafters.append((name, name, "self-drafts run on --backend torch"))
         else:
