@@ -13,7 +13,7 @@ import click
 from pocketspec.errors import UserError
 from pocketspec.setting_ranges import parse_setting, setting_range
 from pocketspec.session_settings import SessionSettings
-from pocketspec.settings import (ATTENTION_SINK_TOKENS, AUTO, BACKENDS, LLAMA_KV_TYPES, RANDOM_SEED, SCHEDULERS,
+from pocketspec.settings import (ATTENTION_SINK_TOKENS, AUTO, BACKENDS, DECODE_STEPS, LLAMA_KV_TYPES, RANDOM_SEED, SCHEDULERS,
                                  SPLIT_MODES, TORCH_KV_TYPES, TORCH_WEIGHTS, BatchSettings, GenerationSettings, ModelSettings,
                                  SamplingSettings, SpeculationSettings, default_num_threads, resolve_weights_format)
 
@@ -141,7 +141,11 @@ def backend_options(function):
         click.option("--torch-kv-type", type=click.Choice(TORCH_KV_TYPES), default=MODEL.torch_kv_type,
                      show_default=True, help="torch KV cache dtype (auto: the weights' compute dtype)."),
         click.option("--compile/--no-compile", "compile", default=MODEL.compile, show_default=True,
-                     help="torch.compile the torch model's forward (for GPUs)."),
+                     help="torch.compile the torch model's forward (for GPUs); with the static decode step, "
+                          "CUDA graphs (mode reduce-overhead)."),
+        click.option("--decode-step", type=click.Choice(DECODE_STEPS), default=MODEL.decode_step, show_default=True,
+                     help="torch decode step: static (fixed shapes, tokens chosen and verified on the device, one "
+                          "read back per step), dynamic, or auto (static on a GPU)."),
         setting_option("--self-draft-window", SpeculationSettings, "self_draft_window", show_default=True,
                        help=f"--draft self-sparse: KV positions the draft keeps ({ATTENTION_SINK_TOKENS} sinks + recent)."),
         click.option("--self-draft-kv-type", type=click.Choice(TORCH_KV_TYPES), default=SPECULATION.self_draft_kv_type,

@@ -28,7 +28,8 @@ def _build_identity(settings) -> dict:
         import torch
 
         return {"backend": "torch", "torch": torch.__version__, "device": settings.device,
-                "devices": list(settings.devices), "weights": settings.weights, "compile": settings.compile}
+                "devices": list(settings.devices), "weights": settings.weights, "compile": settings.compile,
+                "decode_step": settings.decode_step}
     import llama_cpp
 
     return {"backend": "llama.cpp", "llama_cpp": llama_cpp.__version__,

@@ -25,7 +25,6 @@ from pocketspec.prefix import common_prefix_length
 from pocketspec.sampling import choose_token
 from pocketspec.settings import DRAFTERS, SamplingSettings, SpeculationSettings
 from pocketspec.stats import GenerationStats, peak_rss_bytes
-from pocketspec.verify import Verdict, verify_logits
 
 
 @dataclass
@@ -137,9 +136,6 @@ class SpeculativeEngine:
     def _pick(self, logits: np.ndarray) -> int:
         return choose_token(logits, self.sampling, self.rng)
 
-    def _verify(self, draft: Draft, logits: np.ndarray) -> Verdict:
-        return verify_logits(draft.tokens, draft.probs, logits, self.sampling, self.rng)
-
     def _prefill(self, prompt: Sequence[int], stats: GenerationStats, should_stop=None) -> int | None:
         room = self.target.max_context
         if len(prompt) >= room:
@@ -203,9 +199,7 @@ class SpeculativeEngine:
 
         rows = [context[-1], *draft.tokens]
         verify_started = self.clock()
-        logits = self.target.forward(rows, range(len(rows)))  # [γ + 1, vocab]
-        forward_seconds = self.clock() - verify_started
-        verdict = self._verify(draft, logits)
+        verdict = self.target.verify(rows, draft.probs, self.sampling, self.rng)
         verify_seconds = self.clock() - verify_started
         self.target.rollback(num_cached + 1 + verdict.num_accepted)
 
@@ -219,7 +213,7 @@ class SpeculativeEngine:
         step_seconds = self.clock() - step_started
         self.controller.observe_overhead(step_seconds - verify_seconds - draft.seconds)
         stats.record_step(choice.drafter, len(draft), verdict.num_accepted, step_seconds,
-                          forward_seconds + draft.seconds)
+                          verify_seconds + draft.seconds)
         return verdict.emitted(draft.tokens)
 
     def generate(

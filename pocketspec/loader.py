@@ -63,8 +63,11 @@ def draft_settings_for(target_settings: ModelSettings, draft_max_context: int | 
     devices, the draft runs whole on one: the plan's choice, else the first.
     """
     devices = (draft_device or target_settings.devices[0],) if target_settings.devices else ()
+    # a draft decodes the way its target does: a target that verifies on the host takes host distributions
+    decode_step = target_settings.decode_step if target_settings.uses_static_step else "dynamic"
     return replace(target_settings, max_context=draft_max_context or target_settings.max_context,
-                   kv_type=draft_kv_type, max_logits_rows=1, devices=devices, layers_per_device=())
+                   kv_type=draft_kv_type, max_logits_rows=1, devices=devices, layers_per_device=(),
+                   decode_step=decode_step)
 
 
 def load_engine(

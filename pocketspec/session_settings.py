@@ -19,7 +19,7 @@ MODEL = ModelSettings()
 SPECULATION = SpeculationSettings()
 GENERATION = GenerationSettings()
 _MODEL_FIELDS = {field_.name for field_ in fields(ModelSettings)}
-TORCH_ONLY_FIELDS = ("device", "weights", "torch_kv_type", "compile")
+TORCH_ONLY_FIELDS = ("device", "weights", "torch_kv_type", "compile", "decode_step")
 
 
 @dataclass(frozen=True)

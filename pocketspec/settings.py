@@ -27,6 +27,7 @@ SELF_DRAFTS = ("self-sparse", "self-skip")  # --draft values where the torch tar
 BATCH_DRAFTS = ("auto", "ngram", "none", "self-skip")
 TORCH_WEIGHTS = (AUTO, *WEIGHT_FORMATS)  # --weights
 TORCH_KV_TYPES = (AUTO, *KV_DTYPES)  # --torch-kv-type, --self-draft-kv-type
+DECODE_STEPS = (AUTO, "static", "dynamic")  # --decode-step (torch_model/static_step.py)
 SCHEDULERS = ("pad", "group")  # BatchSettings.scheduler
 BACKENDS = ("llama.cpp", "torch")  # ModelSettings.backend
 SPLIT_MODES = ("layer", "row")  # ModelSettings.split_mode
@@ -132,6 +133,7 @@ class ModelSettings:
     weights: str = AUTO  # torch: one of TORCH_WEIGHTS (auto: memplanner.torch_sizes.resolve_weights_format)
     torch_kv_type: str = AUTO  # torch: one of TORCH_KV_TYPES (auto: the weights' compute format)
     compile: bool = False  # torch: torch.compile the forward (GPU)
+    decode_step: str = AUTO  # torch: one of DECODE_STEPS; uses_static_step says what auto means
     # Several devices (cuda:N, rocm:N, or cpu:N: devices simulated on one CPU); empty: `device` alone
     devices: tuple[str, ...] = ()
     split_mode: str = "layer"  # layer: blocks spread over the devices | row: every matrix split (tensor parallel)
@@ -156,6 +158,16 @@ class ModelSettings:
     def is_on_gpu(self) -> bool:
         """Whether the target's first device (the one holding the embedding) is a GPU."""
         return is_gpu(self.all_devices[0])
+
+    @property
+    def uses_static_step(self) -> bool:
+        """Whether the torch backend decodes with the static step (torch_model/static_step.py). auto: on a
+        GPU, which otherwise waits for the host several times a step and cannot replay a CUDA graph; not
+        on a CPU, where the host is the device, so there is nothing to wait for, and attending over the
+        whole cache costs more than over the filled part. A split model always decodes dynamically."""
+        if self.backend != "torch" or len(self.devices) > 1:
+            return False
+        return self.decode_step == "static" or (self.decode_step == AUTO and self.is_on_gpu)
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,8 @@ class GenerationStats:
 
     def record_step(self, drafter: str, num_drafted: int, num_accepted: int, seconds: float,
                     forward_seconds: float | None = None) -> None:
-        """forward_seconds: the step's time inside model forwards (target and draft model), when known."""
+        """forward_seconds: the step's time inside model forwards (target and draft model, each with the choice or
+        verification of its tokens), when known."""
         if forward_seconds is not None:
             self.loop_seconds += max(seconds - forward_seconds, 0.0)
         self.num_steps += 1

@@ -58,7 +58,7 @@ def verify_greedy(draft_tokens: Sequence[int], target_choices: Sequence[int]) ->
 
 def verify_sampled(
     draft_tokens: Sequence[int],
-    draft_probs: np.ndarray,  # [num_draft, vocab]: q, the distribution each draft was drawn from
+    draft_probs,  # [num_draft, vocab]: q, the distribution each draft was drawn from (an array or a list of rows)
     target_probs,  # [num_draft + 1, vocab]: p, an array or RowDistributions
     rng: np.random.Generator,
 ) -> Verdict:
@@ -66,7 +66,7 @@ def verify_sampled(
     for index, drafted in enumerate(draft_tokens):
         target_row = target_probs[index]
         p = target_row[drafted]
-        q = draft_probs[index, drafted]
+        q = draft_probs[index][drafted]
         if q > 0 and rng.random() * q < p:
             continue
         residual = np.maximum(target_row - draft_probs[index], 0.0)
@@ -97,7 +97,7 @@ def verify_deterministic(
     return Verdict(num_draft, sample(target_probs[num_draft], rng))
 
 
-def verify_logits(draft_tokens: Sequence[int], draft_probs: np.ndarray | None, logits: np.ndarray,
+def verify_logits(draft_tokens: Sequence[int], draft_probs, logits: np.ndarray,
                   sampling: SamplingSettings, rng: np.random.Generator) -> Verdict:
     """One step's rule from the target's logits [num_draft + 1, vocab]: greedy, a point-mass draft
     (no probabilities, e.g. n-gram) or a sampled draft with its probabilities."""

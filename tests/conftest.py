@@ -43,13 +43,15 @@ def qwen_draft_path() -> Path:
 def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, temperature=0.0, seed=0,
                  max_context=1024, top_k=0, top_p=1.0, max_gamma=None, draft_max_context=None, exact_verify=False,
                  backend="llama.cpp", weights="auto", device="cpu", self_draft=None, self_draft_settings=None,
-                 devices=(), split_mode="layer", layers_per_device=(), num_threads=0):
+                 devices=(), split_mode="layer", layers_per_device=(), num_threads=0, decode_step="auto",
+                 compile=False):
     """An engine opened the way every front end opens one (pocketspec.session.open_session).
 
     drafter: SpeculationSettings.drafter; the draft is `draft_path`, else `self_draft` (`self-sparse`
     or `self-skip`, torch; self_draft_settings: SpeculationSettings fields for it), else n-grams (or
     nothing for drafter="none"). max_gamma: None is SpeculationSettings' default. devices, split_mode,
-    layers_per_device: ModelSettings' fields (a split over several devices); 0 threads: every core.
+    layers_per_device: ModelSettings' fields (a split over several devices); 0 threads: every core;
+    decode_step, compile: ModelSettings' (torch).
     """
     from pocketspec.session import open_session
     from pocketspec.session_settings import SessionSettings
@@ -57,6 +59,7 @@ def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, te
 
     draft = str(draft_path) if draft_path else self_draft or ("none" if drafter == "none" else "ngram")
     options = dict(drafter=drafter, backend=backend, weights=weights, device=device, devices=tuple(devices),
+                   decode_step=decode_step, compile=compile,
                    split_mode=split_mode, layers_per_device=tuple(layers_per_device), **(self_draft_settings or {}))
     max_gamma = SpeculationSettings().max_gamma if max_gamma is None else max_gamma
     # draftless drafts as long as the draft model's: the verify width (logits rows, and what --exact-verify

@@ -13,6 +13,9 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from pocketspec.errors import ContextFullError
+from pocketspec.sampling import choose_with_probs
+from pocketspec.settings import SamplingSettings
+from pocketspec.verify import Verdict, verify_logits
 
 
 class Backend(Protocol):
@@ -44,6 +47,16 @@ class Backend(Protocol):
 
         Returns None when should_stop(), asked between chunks, says to stop.
         """
+
+    def verify(self, tokens: Sequence[int], draft_probs, sampling: SamplingSettings,
+               rng: np.random.Generator) -> Verdict:
+        """Append tokens = [pending, *draft] and return the verdict on the draft (pocketspec/verify.py's
+        rule; a torch static step applies it on the device and reads back two integers)."""
+
+    def choose(self, tokens: Sequence[int], sampling: SamplingSettings,
+               rng: np.random.Generator) -> tuple[int, object | None]:
+        """Append tokens (any number); the token chosen after them, and the distribution it was drawn from
+        ([vocab], an array on the host or a tensor on the backend's device; None at temperature 0)."""
 
     def rollback(self, num_kept: int) -> None:
         """Drop every cached token at position >= num_kept."""
@@ -100,13 +113,30 @@ class CachedTokens:
 
     def prefill(self, tokens: Sequence[int], should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
         """Logits after the last token, or None when should_stop() said so between n_batch chunks."""
+        if not self.prefill_all_but_last(tokens, should_stop):
+            return None
+        return self.forward(tokens[-1:], [0])[0]
+
+    def prefill_all_but_last(self, tokens: Sequence[int], should_stop: Callable[[], bool] | None = None) -> bool:
+        """Append every token but the last in n_batch chunks, without logits; False when should_stop() said so."""
         if not tokens:
             raise ValueError("prefill needs at least one token")
         for chunk_start in range(0, len(tokens) - 1, self.n_batch):
             self.forward(tokens[chunk_start:min(chunk_start + self.n_batch, len(tokens) - 1)], [])
             if should_stop is not None and should_stop():
-                return None
-        return self.forward(tokens[-1:], [0])[0]
+                return False
+        return True
+
+    def verify(self, tokens: Sequence[int], draft_probs, sampling: SamplingSettings,
+               rng: np.random.Generator) -> Verdict:
+        """The verdict on tokens = [pending, *draft], from logits brought to the host."""
+        logits = self.forward(tokens, range(len(tokens)))  # [γ + 1, vocab]
+        return verify_logits(tokens[1:], draft_probs, logits, sampling, rng)
+
+    def choose(self, tokens: Sequence[int], sampling: SamplingSettings,
+               rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
+        """The token after `tokens`, chosen on the host from their last logits."""
+        return choose_with_probs(self.prefill(tokens), sampling, rng)
 
     def __enter__(self):
         return self

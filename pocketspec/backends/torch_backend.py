@@ -6,6 +6,9 @@ cache of its own: sinks plus a recent window (self-sparse), optionally int8, or 
 first layers only (self-skip). The tokenizer is llama.cpp's, read vocab-only from the GGUF.
 With several `devices` (split_mode layer) the blocks are spread over them
 (torch_model/layer_split.py) and every KV cache puts each layer's buffers with its layer.
+With the static decode step (torch_model/static_step.py; on GPUs by default), forwards up to the
+verify width run through it, and tokens are chosen and verified on the device; longer ones
+(prompt chunks) run the dynamic forward into the same cache.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ import torch
 from memplanner.torch_sizes import resolve_weights_format as resolve_format_for
 from pocketspec.backends.base import CachedTokens
 from pocketspec.errors import UserError
-from pocketspec.settings import ModelSettings
+from pocketspec.settings import ModelSettings, SamplingSettings
 from pocketspec.torch_model.device import gpu_float_format, resolve_device
 from pocketspec.torch_model.kv_cache import KV_DTYPES, StaticKVCache
 from pocketspec.torch_model.layer_split import LayerSplit, install_layer_split, tensor_bytes_by_device
 from pocketspec.torch_model.load import load_model
 from pocketspec.torch_model.model import Transformer
+from pocketspec.torch_model.static_step import StaticDecodeStep
+from pocketspec.verify import Verdict
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -99,6 +104,12 @@ class TorchBackend(CachedTokens):
         self._owns_model = owns_model
         self._vocab_model = vocab_model
         self._exact_widths: dict[int, int] = {}
+        self.static_step: StaticDecodeStep | None = None
+        if settings.uses_static_step:
+            self.static_step = StaticDecodeStep(model, self.cache, num_layers=self.num_layers,
+                                                max_width=settings.max_logits_rows, compile=settings.compile)
+            if settings.compile:
+                self.static_step.warm_up()  # compiles every bucket before anything is timed
 
     @classmethod
     def open(cls, model_path: Path | str, settings: ModelSettings = ModelSettings(), *, shard=None,
@@ -119,7 +130,7 @@ class TorchBackend(CachedTokens):
             raise
         if split is not None:
             install_layer_split(model, split)
-        if settings.compile:
+        if settings.compile and not settings.uses_static_step:
             model.forward = torch.compile(model.forward, dynamic=True)
         return cls(model, settings, tokenizer=tokenizer, model_path=model_path, vocab_model=vocab_model)
 
@@ -133,16 +144,44 @@ class TorchBackend(CachedTokens):
     def max_context(self) -> int:
         return self.cache.max_context
 
+    def _uses_static_step(self, num_tokens: int) -> bool:
+        return self.static_step is not None and num_tokens <= self.static_step.widths[-1]
+
     @torch.inference_mode()
     def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
         """Logits [len(logits_rows), vocab] as float32."""
         self.check_forward(tokens, logits_rows)
         start = len(self._cached)
-        token_tensor = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         rows = torch.tensor(list(logits_rows), dtype=torch.long, device=self.rows_device)
-        logits = self.model(token_tensor, start, self.cache, rows, num_layers=self.num_layers)
+        if self._uses_static_step(len(tokens)):
+            logits = self.static_step.logits(tokens, start)[rows]
+            logits = self.static_step.to_host(logits) if len(rows) else np.empty((0, self.vocab_size), np.float32)
+        else:
+            token_tensor = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+            logits = self.model(token_tensor, start, self.cache, rows, num_layers=self.num_layers)[0].cpu().numpy()
         self._cached.extend(tokens)
-        return logits[0].cpu().numpy()
+        return logits
+
+    def verify(self, tokens: Sequence[int], draft_probs, sampling: SamplingSettings,
+               rng: np.random.Generator) -> Verdict:
+        """On the device with the static step; else from logits brought to the host."""
+        if not self._uses_static_step(len(tokens)):
+            return super().verify(tokens, draft_probs, sampling, rng)
+        self.check_forward(tokens, range(len(tokens)))
+        verdict = self.static_step.verify(tokens, len(self._cached), draft_probs, sampling, rng)
+        self._cached.extend(tokens)
+        return verdict
+
+    def choose(self, tokens: Sequence[int], sampling: SamplingSettings, rng: np.random.Generator):
+        """With the static step, the last token runs through it and the choice is made on the device (its
+        distribution stays there); else on the host."""
+        if self.static_step is None:
+            return super().choose(tokens, sampling, rng)
+        self.prefill_all_but_last(tokens)
+        self.check_forward(tokens[-1:], [0])
+        choice = self.static_step.choose(tokens[-1:], len(self._cached), sampling, rng)
+        self._cached.append(tokens[-1])
+        return choice
 
     def rollback(self, num_kept: int) -> None:
         del self._cached[num_kept:]

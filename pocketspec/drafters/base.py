@@ -5,13 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-import numpy as np
-
 
 @dataclass
 class Draft:
     tokens: list[int]
-    probs: np.ndarray | None = None  # [len(tokens), vocab] when sampling with a model drafter
+    probs: Sequence | None = None  # len(tokens) rows [vocab] when sampling with a model drafter (arrays or device tensors)
     forward_timings: list[tuple[int, float]] = field(default_factory=list)  # (width, seconds) per draft pass
 
     @property

@@ -17,7 +17,6 @@ import numpy as np
 from memplanner.defaults import ATTENTION_SINK_TOKENS, SLIDE_SLACK_TOKENS
 from pocketspec.drafters.base import Draft
 from pocketspec.prefix import common_prefix_length
-from pocketspec.sampling import choose_with_probs
 from pocketspec.settings import SamplingSettings
 
 
@@ -72,21 +71,19 @@ class ModelDrafter:
         num_kept = self._num_kept(window)
         self.backend.rollback(num_kept)
         window, num_kept = self._slide(window, num_kept, max_tokens, context)
-        started = time.perf_counter()
-        logits = self.backend.prefill(window[num_kept:])
-        timings = [(len(window) - num_kept, time.perf_counter() - started)]
+        next_input = window[num_kept:]
         tokens: list[int] = []
-        probs: list[np.ndarray] = []
-        for index in range(max_tokens):
-            token, token_probs = choose_with_probs(logits, self.sampling, self.rng)
+        probs = []  # each [vocab], on the host or on the draft's device
+        timings = []
+        for _ in range(max_tokens):
+            started = time.perf_counter()
+            token, token_probs = self.backend.choose(next_input, self.sampling, self.rng)
+            timings.append((len(next_input), time.perf_counter() - started))
             tokens.append(token)
             if token_probs is not None:
                 probs.append(token_probs)
-            if index + 1 < max_tokens:
-                started = time.perf_counter()
-                logits = self.backend.forward([token], [0])[0]
-                timings.append((1, time.perf_counter() - started))
-        return Draft(tokens=tokens, probs=np.stack(probs) if probs else None, forward_timings=timings)
+            next_input = [token]
+        return Draft(tokens=tokens, probs=probs or None, forward_timings=timings)
 
     def reset(self) -> None:
         self._num_dropped = 0

@@ -71,7 +71,9 @@ class NgramDrafter:
             num_indexed = 0
         self._context.extend(context[num_indexed:])
 
-    def _next(self, walked: list[int]) -> tuple[int, MatchEvidence] | None:
+    def _ranked(self, walked: list[int]) -> tuple[list[int], dict[int, int], int, dict | None] | None:
+        """The continuations of the longest known suffix of `walked`, best first (most seen, then latest),
+        with their counts, the suffix's length and its entries in the context's own index."""
         for n in range(min(self.max_n, len(walked)), self.min_n - 1, -1):
             key = tuple(walked[-n:])
             in_context = self._context.continuations.get(key)
@@ -85,13 +87,39 @@ class NgramDrafter:
                 latest = in_context.get(token) if in_context else None
                 return counts[token], latest[1] if latest else -1
 
-            token = max(counts, key=rank)
-            latest = in_context.get(token) if in_context else None
-            length = n
-            if latest is not None and n == self.max_n:
-                length = self._context.backward_match(walked, latest[1], n)
-            return token, MatchEvidence(length, counts[token] / sum(counts.values()))
+            return sorted(counts, key=rank, reverse=True), counts, n, in_context
         return None
+
+    def _next(self, walked: list[int]) -> tuple[int, MatchEvidence] | None:
+        found = self._ranked(walked)
+        if found is None:
+            return None
+        ranked, counts, n, in_context = found
+        token = ranked[0]
+        latest = in_context.get(token) if in_context else None
+        length = n
+        if latest is not None and n == self.max_n:
+            length = self._context.backward_match(walked, latest[1], n)
+        return token, MatchEvidence(length, counts[token] / sum(counts.values()))
+
+    def branches(self, context: Sequence[int], max_branches: int, max_tokens: int) -> list[list[int]]:
+        """Up to max_branches proposals of up to max_tokens each, one per continuation of the context's
+        longest known suffix, best first: the branches of a token tree (benchmarks/replay_drafting.py
+        measures whether verifying them together would pay)."""
+        if max_tokens <= 0 or len(context) < self.min_n:
+            return []
+        self._index(context)
+        walked = list(context[-MAX_MATCH_LENGTH - 1:])
+        found = self._ranked(walked)
+        if found is None:
+            return []
+        branches = []
+        for first in found[0][:max_branches]:
+            branch = [first]
+            while len(branch) < max_tokens and (step := self._next(walked + branch)) is not None:
+                branch.append(step[0])
+            branches.append(branch)
+        return branches
 
     def propose_scored(self, context: Sequence[int], max_tokens: int,
                        probability: Callable[[MatchEvidence], float] | None = None, *,

@@ -68,6 +68,20 @@ class StaticKVCache:
             self.keys[layer][:batch, :, start:end] = k
             self.values[layer][:batch, :, start:end] = v
 
+    def write_at(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k and v [batch, kv_heads, T, head_dim] at positions [T], a tensor on the cache's device
+        (index_copy_: the host never reads where; the static decode step, torch_model/static_step.py)."""
+        batch = k.shape[0]
+        if self.is_int8:
+            (key_codes, key_scales), (value_codes, value_scales) = _quantize(k), _quantize(v)
+            self.keys[layer][:batch].index_copy_(2, positions, key_codes)
+            self.key_scales[layer][:batch].index_copy_(2, positions, key_scales)
+            self.values[layer][:batch].index_copy_(2, positions, value_codes)
+            self.value_scales[layer][:batch].index_copy_(2, positions, value_scales)
+        else:
+            self.keys[layer][:batch].index_copy_(2, positions, k.to(self.keys[layer].dtype))
+            self.values[layer][:batch].index_copy_(2, positions, v.to(self.values[layer].dtype))
+
     def read(self, layer: int, end: int, dtype: torch.dtype, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values at positions 0 .. end - 1, [batch, kv_heads, end, head_dim] in `dtype`."""
         return self.read_rows(layer, slice(0, batch), end, dtype)

@@ -1,0 +1,153 @@
+"""The static decode step (pocketspec/torch_model/static_step.py) on the CPU: the dynamic path's tokens
+(greedy, every drafter; the same distribution when sampling), one host read per step, and no
+recompilation once compiled."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from conftest import assert_matches_plain, built_engine, same_distribution_pvalue, sampled_token_counts
+from pocketspec.torch_model.static_step import bucket_widths
+from tiny_models import write_tiny_pair
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PROMPT_TEXT = "the cat is def return"
+TORCH = dict(backend="torch", weights="fp32")
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    return write_tiny_pair(tmp_path_factory.mktemp("tiny_static"), quant=None)
+
+
+def _prompt(engine) -> list[int]:
+    return engine.target.tokenizer.encode(PROMPT_TEXT, add_bos=True)
+
+
+def _generate(target, num_tokens: int, **options):
+    with built_engine(target, **TORCH, **options) as engine:
+        result = engine.generate(_prompt(engine), num_tokens)
+        assert (engine.target.static_step is not None) == (options.get("decode_step") == "static")
+        return result
+
+
+def test_buckets_are_powers_of_two_then_the_verify_width():
+    assert bucket_widths(1) == [1]
+    assert bucket_widths(8) == [1, 2, 4, 8]
+    assert bucket_widths(32) == [1, 2, 4, 8, 16, 32]
+    assert bucket_widths(12) == [1, 2, 4, 8, 12]
+
+
+def test_a_step_near_the_end_of_the_cache_is_not_padded_past_it(tiny_pair):
+    target, _ = tiny_pair
+    with built_engine(target, drafter="ngram", decode_step="static", max_context=64, **TORCH) as engine:
+        step = engine.target.static_step
+        assert step.bucket(3, 10) == 4 and step.bucket(1, 63) == 1
+        assert step.bucket(3, 61) == 3  # a bucket of 4 would write position 64
+
+
+@pytest.mark.parametrize("options", [dict(drafter="none"), dict(drafter="ngram", gamma=4),
+                                     dict(drafter="model", gamma=3, use_draft=True),
+                                     dict(drafter="model", gamma=4, self_draft="self-sparse", max_context=512,
+                                          self_draft_settings=dict(self_draft_window=96, self_draft_kv_type="int8"))])
+def test_greedy_tokens_equal_the_dynamic_path(tiny_pair, options):
+    target, draft = tiny_pair
+    options = dict(options)
+    if options.pop("use_draft", False):
+        options["draft_path"] = draft
+    dynamic = _generate(target, 120, decode_step="dynamic", **options)
+    static = _generate(target, 120, decode_step="static", **options)
+    assert static.tokens == dynamic.tokens
+    if options["drafter"] != "none":
+        assert static.stats.num_accepted > 0
+
+
+def test_padded_logits_equal_the_dynamic_forward(tiny_pair):
+    """Three tokens padded to a bucket of four, over the whole cache: the dynamic forward's logits."""
+    target, _ = tiny_pair
+    with built_engine(target, drafter="ngram", decode_step="static", **TORCH) as engine:
+        backend = engine.target
+        prompt = _prompt(engine)
+        backend.prefill(prompt)
+        static = backend.forward([5, 6, 7], range(3))
+        backend.static_step = None  # the same backend, now dynamic
+        backend.rollback(len(prompt))
+        dynamic = backend.forward([5, 6, 7], range(3))
+    np.testing.assert_allclose(static, dynamic, rtol=1e-5, atol=1e-5)
+
+
+def test_smollm2_greedy_equals_plain_dynamic_decoding(smollm2_path):
+    with built_engine(smollm2_path, drafter="none", decode_step="dynamic", **TORCH) as plain:
+        prompt = plain.tokenizer.encode("Write a Python function that returns the sum of a list.", add_bos=True)
+        expected = plain.generate(prompt, 64).tokens
+        with built_engine(smollm2_path, drafter="auto", decode_step="static", **TORCH) as engine:
+            got = engine.generate(prompt, 64).tokens
+        assert_matches_plain(plain.target, prompt, got, expected)
+
+
+@pytest.mark.parametrize("self_draft", [None, "self-sparse"])
+def test_static_speculative_sampling_keeps_the_target_distribution(tiny_pair, self_draft):
+    """Two-sample χ² at the third generated token: static speculative sampling vs dynamic plain sampling."""
+    target, draft = tiny_pair
+    num_runs, position = 1200, 2
+    with built_engine(target, drafter="none", temperature=1.0, decode_step="dynamic", **TORCH) as plain:
+        plain_counts = sampled_token_counts(plain, _prompt(plain), position, num_runs)
+    with built_engine(target, draft_path=None if self_draft else draft, drafter="model", gamma=3, temperature=1.0,
+                      self_draft=self_draft, decode_step="static", **TORCH) as engine:
+        spec_counts = sampled_token_counts(engine, _prompt(engine), position, num_runs)
+        assert engine.controller.acceptance["model"].num_tried > 0
+        assert engine.model.backend.static_step is not None
+    assert same_distribution_pvalue(plain_counts, spec_counts, num_runs) > 1e-3
+
+
+class ScalarReads(TorchDispatchMode):
+    """Counts the operators that read a device value into Python (.item(), int(), bool() of a tensor):
+    each one makes a GPU wait."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_step_reads_the_device_once(tiny_pair, temperature):
+    target, draft = tiny_pair
+    with built_engine(target, draft_path=draft, drafter="model", gamma=3, temperature=temperature,
+                      decode_step="static", **TORCH) as engine:
+        prompt = _prompt(engine)
+        engine.generate(prompt, 8)  # the caches warm
+        target_step, draft_step = engine.target.static_step, engine.model.backend.static_step
+        target_step.num_host_reads = target_step.num_host_bytes = draft_step.num_host_reads = 0
+        with ScalarReads() as scalar_reads:
+            result = engine.generate(prompt, 40)
+        assert scalar_reads.count == 0
+        # one read for the prompt's last logits, then one verdict (2 integers) per step
+        vocab_bytes = 4 * engine.target.vocab_size
+        assert target_step.num_host_reads == 1 + result.stats.num_steps
+        assert target_step.num_host_bytes == vocab_bytes + 16 * result.stats.num_steps
+        # the draft reads back each token it chooses, never its logits
+        assert draft_step.num_host_reads == result.stats.num_drafted
+
+
+def test_compiled_step_gives_the_same_tokens_without_recompiling(tiny_pair):
+    """Compiled (inductor on the CPU; CUDA graphs on a GPU) and warmed up for every bucket when it
+    opens: generating then compiles nothing more."""
+    import torch._dynamo
+
+    target, _ = tiny_pair
+    dynamic = _generate(target, 64, drafter="ngram", gamma=3, decode_step="dynamic", max_gamma=3)
+    torch._dynamo.reset()
+    with built_engine(target, drafter="ngram", gamma=3, decode_step="static", max_gamma=3, max_context=256,
+                      compile=True, **TORCH) as engine:
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            result = engine.generate(_prompt(engine), 64)
+    assert result.tokens == dynamic.tokens
