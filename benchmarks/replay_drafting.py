@@ -11,7 +11,9 @@ depth on a virtual clock instead of running the model. The speedup it reports is
 controller's decode time against plain decoding's (one-token forwards) on the same costs:
 what the mechanism gains, free of the machine's noise, on hundreds of prompts in seconds.
 Beside it, the oracle: a controller that knew how much of each proposal will be accepted,
-the bound on any choice of γ with these proposals and costs.
+the bound on any choice of γ with these proposals and costs. And the tree oracle: the same
+bound for a token tree of up to --tree-branches branches, one per continuation the suffix
+match has seen, verified together (their rows all paid for): whether trees could pay here.
 The real bench (`pocketspec bench`) remains the measurement; this is for designing.
 
 Prompts run in file order on one engine, so the drafter's cross-request corpus fills as in a
@@ -115,11 +117,13 @@ def plain_seconds(costs: MeasuredCosts, num_prompt_tokens: int, num_tokens: int)
     return sum(costs.forward_seconds(1, num_prompt_tokens + index) for index in range(num_tokens - 1))
 
 
-def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSettings, vocab_size: int) -> list[dict]:
+def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSettings, vocab_size: int,
+           max_branches: int = 1) -> list[dict]:
     clock = VirtualClock()
     target = ReplayTarget(costs, clock, vocab_size, max_logits_rows=speculation.verify_width())
     engine = SpeculativeEngine(target, speculation=speculation, target_costs=costs, clock=clock)
-    oracle_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
+    chain_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
+    tree_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
     rows = []
     for trace in traces:
         prompt, output = trace["prompt_tokens"], trace["output_tokens"]
@@ -135,32 +139,47 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
         rows.append({"prompt_id": trace["prompt_id"], "category": trace["category"], "turn": trace.get("turn", 1),
                      "num_tokens": len(output), "decode_seconds": stats.decode_seconds,
                      "plain_seconds": plain_seconds(costs, len(prompt), len(output)),
-                     "oracle_seconds": oracle_seconds(oracle_drafter, costs, prompt, output,
+                     "oracle_seconds": oracle_seconds(chain_drafter, costs, prompt, output,
                                                       speculation.verify_width() - 1),
+                     "tree_oracle_seconds": oracle_seconds(tree_drafter, costs, prompt, output,
+                                                           speculation.verify_width() - 1, max_branches),
                      "num_steps": stats.num_steps, "num_drafted": stats.num_drafted,
                      "num_accepted": stats.num_accepted, "widths": dict(target.widths)})
     return rows
 
 
+def _num_matched(tokens: list[int], truth: list[int]) -> int:
+    return next((index for index, (a, b) in enumerate(zip(tokens, truth)) if a != b), min(len(tokens), len(truth)))
+
+
 def oracle_seconds(drafter: NgramDrafter, costs: MeasuredCosts, prompt: list[int], output: list[int],
-                   max_gamma: int) -> float:
-    """Decode time of a controller that knew how much of each proposal the target accepts: the bound
-    on what any choice of γ can reach with this drafter's proposals on these costs. Each step takes
-    the γ with the most tokens per second for that step (the full proposal is walked every step)."""
+                   max_gamma: int, max_branches: int = 1) -> float:
+    """Decode time of a controller that knew how much of each proposal the target accepts: the bound on
+    what any choice of γ can reach with this drafter's proposals on these costs, choosing step by step
+    the γ with the most tokens per second. With max_branches > 1, a token tree: the best k
+    (<= max_branches) branches of the suffix match, each cut to the same γ, verified in one forward of
+    1 + (their tokens) rows, every row paid for, with the k and γ that give the most tokens per second."""
     sequence = prompt + output
     position, seconds = len(prompt) + 1, 0.0
     drafter.reset()
     while position < len(sequence):
         depth = position - 1
         room = min(max_gamma, len(sequence) - position - 1)
-        proposal = drafter.propose_scored(sequence[:position], room).tokens if room > 0 else []
-        num_matched = 0
-        while num_matched < len(proposal) and proposal[num_matched] == sequence[position + num_matched]:
-            num_matched += 1
-        gamma = max(range(len(proposal) + 1),
-                    key=lambda gamma: (min(gamma, num_matched) + 1) / costs.forward_seconds(gamma + 1, depth))
-        seconds += costs.forward_seconds(gamma + 1, depth)
-        position += min(gamma, num_matched) + 1
+        branches = drafter.branches(sequence[:position], max_branches, room) if room > 0 else []
+        truth = sequence[position:]
+        best = (1 / costs.forward_seconds(1, depth), 1, 1)  # (tokens per second, tokens, width): no draft
+        for num_branches in range(1, len(branches) + 1):
+            chosen = branches[:num_branches]
+            num_matched = max(_num_matched(branch, truth) for branch in chosen)
+            for gamma in range(1, max(map(len, chosen)) + 1):
+                width = 1 + sum(min(gamma, len(branch)) for branch in chosen)
+                if width > max_gamma + 1:
+                    break
+                num_tokens = min(gamma, num_matched) + 1
+                best = max(best, (num_tokens / costs.forward_seconds(width, depth), num_tokens, width))
+        _, num_tokens, width = best
+        seconds += costs.forward_seconds(width, depth)
+        position += num_tokens
     drafter.remember(output)
     return seconds
 
@@ -173,8 +192,10 @@ def summarize(rows: list[dict]) -> dict:
     for row in rows:
         widths.update(row["widths"])
     oracle = sum(row["oracle_seconds"] for row in rows)
+    tree_oracle = sum(row["tree_oracle_seconds"] for row in rows)
     return {"num_prompts": len(rows), "speedup": plain / spec if spec else 0.0,
             "oracle_speedup": plain / oracle if oracle else 0.0,
+            "tree_oracle_speedup": plain / tree_oracle if tree_oracle else 0.0,
             "tokens_per_step": sum(row["num_tokens"] for row in rows) / max(sum(row["num_steps"] for row in rows), 1),
             "acceptance": sum(row["num_accepted"] for row in rows) / drafted if drafted else None,
             "common_widths": [width for width, _ in widths.most_common(4)]}
@@ -188,12 +209,13 @@ def by_category(rows: list[dict]) -> dict[str, dict]:
     return {**{key: summarize(group) for key, group in groups.items()}, "all": summarize(rows)}
 
 
-COLUMNS = ["category", "prompts", "× plain", "oracle × plain", "tokens/step", "acceptance", "common widths"]
+COLUMNS = ["category", "prompts", "× plain", "oracle × plain", "tree oracle × plain", "tokens/step", "acceptance",
+           "common widths"]
 
 
 def table_rows(summary: dict[str, dict]) -> list[list]:
     return [[category, item["num_prompts"], f"{item['speedup']:.2f}×", f"{item['oracle_speedup']:.2f}×",
-             f"{item['tokens_per_step']:.2f}",
+             f"{item['tree_oracle_speedup']:.2f}×", f"{item['tokens_per_step']:.2f}",
              "–" if item["acceptance"] is None else f"{item['acceptance']:.2f}",
              ", ".join(map(str, item["common_widths"]))] for category, item in summary.items()]
 
@@ -204,6 +226,7 @@ def main(argv=None) -> None:
     parser.add_argument("--costs", type=Path, required=True, help="a cost table (POCKETSPEC_HOME/costs/*.json)")
     parser.add_argument("--gamma", default="auto", help="auto (the controller) or a fixed draft length")
     parser.add_argument("--max-gamma", type=int, default=None, help="the draftless γ ceiling (default: the runtime's)")
+    parser.add_argument("--tree-branches", type=int, default=3, help="most branches of the tree oracle's trees")
     parser.add_argument("--vocab-size", type=int, default=151936)
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = parser.parse_args(argv)
@@ -215,12 +238,13 @@ def main(argv=None) -> None:
     if args.max_gamma is not None:
         speculation = SpeculationSettings(drafter="ngram", gamma=speculation.gamma,
                                           max_draftless_gamma=args.max_gamma)
-    rows = replay(traces, costs, speculation, args.vocab_size)
+    rows = replay(traces, costs, speculation, args.vocab_size, args.tree_branches)
     summary = by_category(rows)
     title = f"Replay of {', '.join(path.name for path in args.traces)} (γ {args.gamma})"
     print(markdown_table(COLUMNS, table_rows(summary)))
     if args.out is not None:
-        notes = [f"cost table: {args.costs}", "speedups are predicted from the table, not timed"]
+        notes = [f"cost table: {args.costs}", "speedups are predicted from the table, not timed",
+                 f"tree oracle: up to {args.tree_branches} branches, every verified row paid for"]
         write_results(args.out.parent, args.out.name, {"summary": summary, "rows": rows}, title, COLUMNS,
                       table_rows(summary), notes)
 

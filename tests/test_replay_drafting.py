@@ -53,6 +53,20 @@ def test_rows_that_cost_a_forward_each_never_pay_and_nothing_is_drafted_for_new_
     assert summary["copy"]["oracle_speedup"] == pytest.approx(1.0)  # not even knowing the future helps
 
 
+def test_a_tree_pays_where_the_continuation_seen_most_is_the_wrong_one():
+    """After [10, 11] the prompt went on twice with xs and once with ys; the output takes ys. A chain
+    proposes xs and loses the step; a tree of two branches carries ys too."""
+    xs, ys = list(range(2000, 2008)), list(range(3000, 3008))
+    prompt = [1, 2, 10, 11, *xs, 3, 10, 11, *xs, 4, 10, 11, *ys, 5]
+    trace = {"prompt_id": "fork", "category": "fork", "prompt_tokens": prompt, "output_tokens": [10, 11, *ys, 6]}
+    costs = _costs(lambda width: 0.03 * (1 + width / 16))
+    speculation = SpeculationSettings(drafter="ngram")
+    one = by_category(replay([trace], costs, speculation, vocab_size=6000, max_branches=1))["fork"]
+    two = by_category(replay([trace], costs, speculation, vocab_size=6000, max_branches=2))["fork"]
+    assert one["tree_oracle_speedup"] == pytest.approx(one["oracle_speedup"])  # one branch: the chain's bound
+    assert two["tree_oracle_speedup"] > 1.1 * one["oracle_speedup"]
+
+
 def test_a_replay_that_leaves_the_recording_is_an_error(monkeypatch):
     import replay_drafting
 
