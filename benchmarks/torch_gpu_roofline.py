@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from memplanner.shapes import ModelShape  # noqa: E402
 from memplanner.torch_sizes import torch_kv_bytes, torch_weight_bytes  # noqa: E402
 from pocketspec.backends.torch_backend import TorchBackend  # noqa: E402
-from pocketspec.settings import ModelSettings  # noqa: E402
+from pocketspec.settings import AUTO, DECODE_STEPS, ModelSettings  # noqa: E402
 from pocketspec.torch_model.device import resolve_device  # noqa: E402
 from pocketspec.torch_model.model import ModelConfig, Transformer, rope_inv_freq  # noqa: E402
 from pocketspec.torch_model.quantize import Int4Linear, Int8Linear, swap_linears  # noqa: E402
@@ -108,7 +108,9 @@ def main() -> None:
     parser.add_argument("--weights", nargs="+", default=["bf16", "int8"])
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--num-tokens", type=int, default=64)
-    parser.add_argument("--compile", action="store_true", help="torch.compile the forward first")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the forward first (the static step: CUDA graphs, warmed up per bucket)")
+    parser.add_argument("--decode-step", choices=DECODE_STEPS, default=AUTO, help="auto: static on a GPU")
     args = parser.parse_args()
     device = resolve_device(args.device)
     bandwidth = measure_bandwidth(device, 2 ** 30 if device.type == "cuda" else 2 ** 28)
@@ -119,10 +121,11 @@ def main() -> None:
         for weights in args.weights:
             model = random_model(config, weights, device)
             settings = ModelSettings(backend="torch", device=args.device, weights=weights, compile=args.compile,
-                                     max_context=args.context + args.num_tokens + 8, max_logits_rows=1)
-            backend = TorchBackend(model, settings, tokenizer=None, model_path=None)
-            if args.compile:
+                                     max_context=args.context + args.num_tokens + 8, max_logits_rows=1,
+                                     decode_step=args.decode_step)
+            if args.compile and not settings.uses_static_step:  # the static step compiles itself
                 model.forward = torch.compile(model.forward, dynamic=True)
+            backend = TorchBackend(model, settings, tokenizer=None, model_path=None)
             kv_dtype = backend.kv_dtype
             shape = shape_of(name, config)
             weight_bytes = torch_weight_bytes(shape, weights, is_tied=config.is_tied,
@@ -140,13 +143,13 @@ def main() -> None:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     results = {"device": name_of_device, "torch": torch.__version__, "bandwidth_bytes_per_second": bandwidth,
-               "compile": args.compile, "rows": rows}
+               "compile": args.compile, "decode_step": args.decode_step, "rows": rows}
     suffix = "" if device.type == "cuda" else "_cpu_smoke"
     out = ROOT / "benchmarks" / "results"
     (out / f"torch_gpu_roofline{suffix}.json").write_text(json.dumps(results, indent=1))
     lines = [f"# Decode vs roofline on {name_of_device}", "",
              f"torch {torch.__version__}; measured copy bandwidth {bandwidth / 1e9:.1f} GB/s; context {args.context}; "
-             f"compile {args.compile}.", "",
+             f"compile {args.compile}; decode step {args.decode_step}.", "",
              "| model | weights | KV | weights MB | KV read MB | tok/s | roofline tok/s | efficiency |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['model']} | {row['weights']} | {row['kv_dtype']} | {row['weight_bytes'] / 1e6:.0f} | "

@@ -11,7 +11,8 @@ Here, instead:
 - the position is a device tensor: RoPE angles and the causal mask over the whole cache
   ([width, max_context]) are computed from it, and keys and values are written with
   index_copy_ (KV cache `write_at`), so the host never needs a device value to place them;
-- inputs go through reused buffers (pinned on a GPU) in one asynchronous copy;
+- inputs go through reused buffers (pinned on a GPU) in asynchronous copies: one of the tokens
+  and the position, and one of the uniform draws when sampling;
 - the token choice and the verification run on the device (device_sampling.py), and the host
   reads back two integers. Every read from the device goes through `to_host`, which counts the
   reads and their bytes: tests/test_static_step.py checks there is one read of 16 bytes per step.
@@ -74,6 +75,8 @@ class StaticDecodeStep:
         self._device_ints = torch.zeros_like(self._host_ints, device=self.device)
         self._device_uniforms = torch.zeros_like(self._host_uniforms, device=self.device)
         self._offsets = torch.arange(self.widths[-1], device=self.device)
+        # marks the end of the last copy out of the host buffers: refilling them earlier would race it
+        self._inputs_copied = torch.cuda.Event() if is_gpu else None
         self._logits = self._logits_eager
         if compile:
             if is_gpu:
@@ -102,6 +105,8 @@ class StaticDecodeStep:
     def logits(self, tokens: Sequence[int], start: int, uniforms: np.ndarray | None = None) -> torch.Tensor:
         """Write tokens at start .. start + len(tokens) - 1; logits [len(tokens), vocab] stay on the device."""
         width = self.bucket(len(tokens), start)
+        if self._inputs_copied is not None:
+            self._inputs_copied.synchronize()  # a step that read nothing back (a prompt chunk) may still be copying
         self._host_ints[:len(tokens)] = torch.as_tensor(tokens)
         self._host_ints[len(tokens):width] = 0
         self._host_ints[-1] = start
@@ -109,6 +114,8 @@ class StaticDecodeStep:
         if uniforms is not None:
             self._host_uniforms[:len(uniforms)] = torch.from_numpy(uniforms)
             self._device_uniforms.copy_(self._host_uniforms, non_blocking=True)
+        if self._inputs_copied is not None:
+            self._inputs_copied.record()
         logits = self._logits(self._device_ints[:width][None], self._device_ints[-1])
         return logits[:len(tokens)]
 
