@@ -38,6 +38,7 @@ from memplanner.measured_costs import MeasuredCosts, load_measured_costs  # noqa
 from pocketspec.backends.base import CachedTokens  # noqa: E402
 from pocketspec.drafters.ngram import NgramDrafter  # noqa: E402
 from pocketspec.engine import SpeculativeEngine  # noqa: E402
+from pocketspec.prefix import common_prefix_length  # noqa: E402
 from pocketspec.settings import SpeculationSettings  # noqa: E402
 
 
@@ -148,10 +149,6 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
     return rows
 
 
-def _num_matched(tokens: list[int], truth: list[int]) -> int:
-    return next((index for index, (a, b) in enumerate(zip(tokens, truth)) if a != b), min(len(tokens), len(truth)))
-
-
 def oracle_seconds(drafter: NgramDrafter, costs: MeasuredCosts, prompt: list[int], output: list[int],
                    max_gamma: int, max_branches: int = 1) -> float:
     """Decode time of a controller that knew how much of each proposal the target accepts: the bound on
@@ -170,7 +167,7 @@ def oracle_seconds(drafter: NgramDrafter, costs: MeasuredCosts, prompt: list[int
         best = (1 / costs.forward_seconds(1, depth), 1, 1)  # (tokens per second, tokens, width): no draft
         for num_branches in range(1, len(branches) + 1):
             chosen = branches[:num_branches]
-            num_matched = max(_num_matched(branch, truth) for branch in chosen)
+            num_matched = max(common_prefix_length(branch, truth) for branch in chosen)
             for gamma in range(1, max(map(len, chosen)) + 1):
                 width = 1 + sum(min(gamma, len(branch)) for branch in chosen)
                 if width > max_gamma + 1:

@@ -71,9 +71,9 @@ class NgramDrafter:
             num_indexed = 0
         self._context.extend(context[num_indexed:])
 
-    def _ranked(self, walked: list[int]) -> tuple[list[int], dict[int, int], int, dict | None] | None:
-        """The continuations of the longest known suffix of `walked`, best first (most seen, then latest),
-        with their counts, the suffix's length and its entries in the context's own index."""
+    def _continuations(self, walked: list[int]):
+        """The continuations of the longest known suffix of `walked`: their counts, a rank key (most seen,
+        then latest), the suffix's length and its entries in the context's own index; None when unknown."""
         for n in range(min(self.max_n, len(walked)), self.min_n - 1, -1):
             key = tuple(walked[-n:])
             in_context = self._context.continuations.get(key)
@@ -87,15 +87,15 @@ class NgramDrafter:
                 latest = in_context.get(token) if in_context else None
                 return counts[token], latest[1] if latest else -1
 
-            return sorted(counts, key=rank, reverse=True), counts, n, in_context
+            return counts, rank, n, in_context
         return None
 
     def _next(self, walked: list[int]) -> tuple[int, MatchEvidence] | None:
-        found = self._ranked(walked)
+        found = self._continuations(walked)
         if found is None:
             return None
-        ranked, counts, n, in_context = found
-        token = ranked[0]
+        counts, rank, n, in_context = found
+        token = max(counts, key=rank)
         latest = in_context.get(token) if in_context else None
         length = n
         if latest is not None and n == self.max_n:
@@ -110,11 +110,12 @@ class NgramDrafter:
             return []
         self._index(context)
         walked = list(context[-MAX_MATCH_LENGTH - 1:])
-        found = self._ranked(walked)
+        found = self._continuations(walked)
         if found is None:
             return []
+        counts, rank, _, _ = found
         branches = []
-        for first in found[0][:max_branches]:
+        for first in sorted(counts, key=rank, reverse=True)[:max_branches]:
             branch = [first]
             while len(branch) < max_tokens and (step := self._next(walked + branch)) is not None:
                 branch.append(step[0])
