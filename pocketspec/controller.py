@@ -44,6 +44,30 @@ def expected_tokens_by_gamma(probabilities: Sequence[float]) -> list[float]:
     return expected
 
 
+def pooled_acceptance(probability_lists: Sequence[Sequence[float]]) -> list[float]:
+    """Per-token acceptance of a group's proposals verified together with one γ: the chances whose
+    expected_tokens_by_gamma is the rows' mean. A row's tokens past its proposal survive with 0."""
+    num_rows = len(probability_lists)
+    if num_rows == 0:
+        return []
+    totals: list[float] = []  # totals[i]: over the rows, the chance that token i + 1 is accepted with all before it
+    for probabilities in probability_lists:
+        survival = 1.0
+        for index, probability in enumerate(probabilities):
+            survival *= probability
+            if index == len(totals):
+                totals.append(0.0)
+            totals[index] += survival
+    pooled, previous = [], 1.0
+    for total in totals:
+        survival = total / num_rows
+        if previous <= 0.0:
+            break
+        pooled.append(survival / previous)
+        previous = survival
+    return pooled
+
+
 class AcceptanceEstimate:
     """Per-token acceptance rate: decayed counts of accepted vs tried draft tokens, plus a prior."""
 
@@ -167,6 +191,12 @@ class GammaController:
         verify = self._verify_seconds(rows_beside)
         one = verify(1, depth)
         return min((verify(gamma + 1, depth) / one - 1.0) / gamma for gamma in range(1, self.max_draftless_gamma + 1))
+
+    @property
+    def min_proposal_survival(self) -> float:
+        """A proposal's walk stops at a token reached with a smaller chance (none with a fixed γ: the
+        user asked for that many tokens)."""
+        return 0.0 if self.fixed_gamma is not None else MIN_PROPOSAL_SURVIVAL
 
     def options(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
                 model_lag: int | None, max_gamma: int, depth: int = 0, rows_beside: int = 0) -> list[Choice]:

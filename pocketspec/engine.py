@@ -14,12 +14,13 @@ from typing import Callable, Sequence
 import numpy as np
 
 from memplanner.measured_costs import MeasuredCosts
-from pocketspec.controller import MIN_PROPOSAL_SURVIVAL, Choice, GammaController
+from pocketspec.controller import Choice, GammaController
 from pocketspec.costs import CostTable
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.drafters.model import ModelDrafter
 from pocketspec.drafters.ngram import NgramDrafter, Proposal
+from pocketspec.drafters.unused import UnusedProposal
 from pocketspec.errors import UserError
 from pocketspec.prefix import common_prefix_length
 from pocketspec.sampling import choose_token
@@ -72,7 +73,7 @@ class SpeculativeEngine:
         self.controller = GammaController(
             model_max_gamma, fixed_gamma=fixed_gamma, max_draftless_gamma=max_gamma,
             target_costs=CostTable(target_costs), draft_costs=CostTable(draft_costs))
-        self._shadow: tuple[int, Proposal] | None = None  # an unused n-gram proposal, scored later
+        self._unused = UnusedProposal()  # the last n-gram proposal a step did not draft, scored later
 
     @property
     def tokenizer(self):
@@ -153,7 +154,7 @@ class SpeculativeEngine:
             return None
         if self.ngram is not None:
             self.ngram.reset()
-        self._shadow = None
+        self._unused.clear()
         return self._pick(logits)
 
     def _draft(self, choice: Choice, context: list[int], proposal: Proposal) -> Draft:
@@ -166,16 +167,6 @@ class SpeculativeEngine:
             return draft
         return Draft(tokens=[])
 
-    def _score_shadow(self, context: list[int]) -> None:
-        """Check an n-gram proposal that was not used against the tokens that really came."""
-        start, proposal = self._shadow
-        num_seen = len(context) - start
-        num_matched = common_prefix_length(proposal.tokens, context[start:])
-        if num_matched < num_seen or num_matched == len(proposal):
-            self.controller.observe_step(drafter="ngram", num_drafted=len(proposal), num_accepted=num_matched,
-                                         evidence=proposal.evidence)
-            self._shadow = None
-
     def _step(self, context: list[int], max_gamma: int, stats: GenerationStats) -> list[int]:
         """One draft + verify step; returns the tokens it adds to the context."""
         step_started = self.clock()
@@ -187,14 +178,15 @@ class SpeculativeEngine:
         if self.ngram is not None:
             proposal = self.ngram.propose_scored(
                 context, min(max_gamma, controller.max_draftless_gamma), controller.match_acceptance.probability,
-                min_first=controller.min_first_acceptance(num_cached, rows_beside), min_survival=MIN_PROPOSAL_SURVIVAL)
+                min_first=controller.min_first_acceptance(num_cached, rows_beside),
+                min_survival=controller.min_proposal_survival)
         model_lag = None
         if self.model is not None and self.model.fits(context, max_gamma):
             model_lag = self.model.lag(context)
         choice = controller.choose(ngram_probs=proposal.probabilities, model_lag=model_lag, max_gamma=max_gamma,
                                    depth=num_cached, rows_beside=rows_beside)
-        if proposal.tokens and choice.drafter != "ngram" and self._shadow is None:
-            self._shadow = (len(context), proposal)
+        if choice.drafter != "ngram":
+            self._unused.hold(len(context), proposal)
         draft = self._draft(choice, context, proposal)
 
         rows = [context[-1], *draft.tokens]
@@ -237,8 +229,7 @@ class SpeculativeEngine:
         context = list(prompt)
         while new_tokens:
             context.extend(new_tokens)
-            if self._shadow is not None:
-                self._score_shadow(context)
+            self._unused.score(context, self.controller)
             num_before = len(emitted)
             for token in new_tokens:
                 if is_end(token):

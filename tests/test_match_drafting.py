@@ -3,7 +3,7 @@
 import random
 
 from memplanner.measured_costs import MeasuredCosts
-from pocketspec.controller import GammaController, MatchAcceptance, expected_tokens_by_gamma
+from pocketspec.controller import GammaController, MatchAcceptance, expected_tokens_by_gamma, pooled_acceptance
 from pocketspec.costs import CostTable
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.drafters.ngram import MatchEvidence, NgramDrafter
@@ -165,3 +165,19 @@ def test_a_first_token_below_the_bound_cannot_pay_at_any_width():
     just_over = [min(bound * 1.05, 1.0)] + [1.0] * 30
     assert controller.choose(ngram_probs=just_under, model_lag=None).drafter == "none"
     assert controller.choose(ngram_probs=just_over, model_lag=None).drafter == "ngram"
+
+
+def test_a_group_verified_together_expects_the_mean_of_its_rows():
+    rows = [[0.9, 0.9, 0.9], [0.5], [], [1.0, 0.2]]
+    pooled = expected_tokens_by_gamma(pooled_acceptance(rows))
+    each = [expected_tokens_by_gamma(row) for row in rows]
+    for gamma in range(4):
+        mean = sum(expected[min(gamma, len(expected) - 1)] for expected in each) / len(rows)
+        assert abs(pooled[gamma] - mean) < 1e-12
+    assert pooled_acceptance([[], []]) == [] and pooled_acceptance([]) == []
+
+
+def test_a_fixed_gamma_walks_as_far_as_it_asks():
+    assert _controller().min_proposal_survival > 0
+    fixed = GammaController(max_gamma=8, fixed_gamma=4)
+    assert fixed.min_proposal_survival == 0.0 and fixed.min_first_acceptance() == 0.0

@@ -19,10 +19,10 @@ from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.pool import BatchPool
 from pocketspec.batch.sequence import BatchResult, Request, SequenceState
-from pocketspec.controller import Choice, GammaController
+from pocketspec.controller import Choice, GammaController, pooled_acceptance
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.corpus import OutputCorpus
-from pocketspec.drafters.ngram import NgramDrafter
+from pocketspec.drafters.ngram import NgramDrafter, Proposal
 from pocketspec.errors import UserError
 from pocketspec.sampling import choose_token
 from pocketspec.settings import BatchSettings, SamplingSettings, SpeculationSettings
@@ -44,7 +44,8 @@ class BatchEngine:
         self.max_batch = min(batch.max_batch, target.num_rows)
         self.corpus = OutputCorpus(speculation.ngram_min, speculation.ngram_max)  # every finished output, for all rows
         self._controllers: dict[int, GammaController] = {}
-        self.acceptance = self._controller(1).acceptance
+        first = self._controller(1)
+        self.acceptance, self.match_acceptance = first.acceptance, first.match_acceptance
         self.seconds = dict.fromkeys(TIMED_PARTS, 0.0)
         self.num_steps = 0
         self.rows_per_step: list[int] = []
@@ -56,7 +57,7 @@ class BatchEngine:
             controller = GammaController(self.max_gamma, fixed_gamma=None if fixed_gamma is None
                                          else min(fixed_gamma, self.max_gamma))
             if self._controllers:
-                controller.acceptance = self.acceptance
+                controller.acceptance, controller.match_acceptance = self.acceptance, self.match_acceptance
             self._controllers[group_size] = controller
         return self._controllers[group_size]
 
@@ -86,10 +87,25 @@ class BatchEngine:
             sequence.accept([choose_token(logits, sequence.sampling, sequence.rng)], self.is_end)
         return sequence
 
-    def _drafts(self, choice: Choice, group: Sequence[SequenceState], ngram_tokens: list[list[int]],
+    def _proposals(self, controller: GammaController, group: Sequence[SequenceState],
+                   caps: list[int]) -> list[Proposal]:
+        """Each row's n-gram proposal, scored token by token from its match evidence; a walk stops where
+        its rest cannot pay (pocketspec/drafters/ngram.py), so a step that drafts nothing costs lookups."""
+        if not self.uses_ngram:
+            return [Proposal() for _ in group]
+        min_first = controller.min_first_acceptance()
+        proposals = []
+        for sequence, cap in zip(group, caps):
+            sequence.unused.score(sequence.context, controller)
+            proposals.append(sequence.ngram.propose_scored(
+                sequence.context, min(cap, controller.max_draftless_gamma), controller.match_acceptance.probability,
+                min_first=min_first, min_survival=controller.min_proposal_survival))
+        return proposals
+
+    def _drafts(self, choice: Choice, group: Sequence[SequenceState], proposals: list[Proposal],
                 caps: list[int]) -> list[Draft]:
         if choice.drafter == "ngram":
-            return [Draft(tokens=tokens[:min(choice.gamma, cap)]) for tokens, cap in zip(ngram_tokens, caps)]
+            return [Draft(tokens=proposal.tokens[:min(choice.gamma, cap)]) for proposal, cap in zip(proposals, caps)]
         if choice.drafter != "model":
             return [Draft(tokens=[]) for _ in group]
         drafts = self.draft.propose(group, choice.gamma)
@@ -103,15 +119,14 @@ class BatchEngine:
         caps = [max(0, sequence.max_gamma(self.target.max_context, self.target.num_cached(sequence.row)))
                 for sequence in group]
         max_gamma = min(max(caps), controller.max_gamma)
-        ngram_tokens = [sequence.ngram.lookup(sequence.context, cap) if sequence.ngram is not None else []
-                        for sequence, cap in zip(group, caps)]
+        proposals = self._proposals(controller, group, caps)
         model_lag = None
         if self.uses_model and all(self.draft.fits(sequence, max_gamma) for sequence in group):
             model_lag = max(self.draft.lag(sequence) for sequence in group)
-        choice = controller.choose(ngram_available=max(map(len, ngram_tokens)), model_lag=model_lag,
-                                   max_gamma=max_gamma)
+        choice = controller.choose(ngram_probs=pooled_acceptance([proposal.probabilities for proposal in proposals]),
+                                   model_lag=model_lag, max_gamma=max_gamma)
         draft_started = time.perf_counter()
-        drafts = self._drafts(choice, group, ngram_tokens, caps)
+        drafts = self._drafts(choice, group, proposals, caps)
         draft_seconds = time.perf_counter() - draft_started
         for width, seconds in (drafts[0].forward_timings if choice.drafter == "model" else []):
             controller.draft_costs.observe(width, seconds)
@@ -122,11 +137,14 @@ class BatchEngine:
         logits = self.target.forward([sequence.row for sequence in group], feeds, [len(feed) for feed in feeds])
         verify_started = time.perf_counter()
         num_accepted = []
-        for sequence, draft, row_logits, kept in zip(group, drafts, logits, num_cached):
+        for sequence, draft, proposal, row_logits, kept in zip(group, drafts, proposals, logits, num_cached):
             verdict = verify_logits(draft.tokens, draft.probs, row_logits, sequence.sampling, sequence.rng)
             self.target.rollback(sequence.row, kept + 1 + verdict.num_accepted)
+            if choice.drafter != "ngram":
+                sequence.unused.hold(len(sequence.context), proposal)
             sequence.accept(verdict.emitted(draft.tokens), self.is_end)
-            controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted)
+            controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted,
+                                    evidence=proposal.evidence if choice.drafter == "ngram" else None)
             num_accepted.append(verdict.num_accepted)
         verified = time.perf_counter()
         for sequence, draft, accepted in zip(group, drafts, num_accepted):

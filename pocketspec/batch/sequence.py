@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pocketspec.drafters.ngram import NgramDrafter
+from pocketspec.drafters.unused import UnusedProposal
 from pocketspec.settings import SamplingSettings
 from pocketspec.stats import GenerationStats
 
@@ -38,6 +39,7 @@ class SequenceState:
     def __init__(self, index: int, request: Request, row: int, *, ngram: NgramDrafter | None, submitted_at: float,
                  sampling: SamplingSettings = SamplingSettings()):
         self.index, self.request, self.row, self.ngram = index, request, row, ngram
+        self.unused = UnusedProposal()  # the last n-gram proposal a step did not draft, scored later
         self.sampling = request.sampling or sampling
         self.context = list(request.prompt)  # once decoding, it ends with the pending token (not yet in the cache)
         self.tokens: list[int] = []
