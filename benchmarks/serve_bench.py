@@ -4,13 +4,15 @@ the same `-np`), all on the same model files, threads and context per slot.
 
     .venv/bin/python benchmarks/serve_bench.py [--clients 1,2,4,8] [--prompts 16] [--max-tokens 128]
         [--pair qwen-coder | --target smollm2-135m-instruct] [--threads 2] [--memory-budget 3GiB] [--backend torch] [--device cuda]
-        [--systems pocketspec,pocketspec-none,llama-server,llama-server-md]
+        [--systems pocketspec,pocketspec-none,llama-server,llama-server-md] [--rounds 2]
 
 For each system and N it starts a fresh server with N slots, warms it with one short request,
 then N clients send the first `--prompts` prompts (each client takes the next prompt when its
-last one ends; chat completions, streamed, temperature 0, `--max-tokens`). It records output
-throughput over the whole replay, time to first token and inter-token latency (p50, p99 over
-requests), and the server's peak resident memory (VmHWM) against --memory-budget.
+last one ends; chat completions, streamed, temperature 0, `--max-tokens`). The systems take turns
+at each N, `--rounds` times over (this machine's speed drifts by 15 % over minutes: a system run
+alone later would carry that drift into its ratios), and each is reported over all its rounds.
+It records output throughput over the whole replay, time to first token and inter-token latency
+(p50, p99 over requests), and the server's peak resident memory (VmHWM) against --memory-budget.
 Results: benchmarks/results/serve_bench.{json,md,png}. `make peers` builds llama-server.
 
 Data: Spec-Bench (benchmarks/data/spec_bench.jsonl, Apache-2.0, see SPEC_BENCH_LICENSE); the
@@ -190,6 +192,11 @@ def replay(url: str, prompts: list[str], num_clients: int, max_tokens: int, toke
     for thread in threads:
         thread.join()
     seconds = time.perf_counter() - started
+    return summarize_requests(done, errors, seconds)
+
+
+def summarize_requests(done: list[dict], errors: list[str], seconds: float) -> dict:
+    """Throughput, latency percentiles and acceptance over the requests of one or more replays."""
     tokens = sum(request["tokens"] for request in done)
     ttfts = [request["ttft"] for request in done if request["ttft"] is not None]
     itls = [request["itl"] for request in done if request["itl"] is not None]
@@ -197,7 +204,18 @@ def replay(url: str, prompts: list[str], num_clients: int, max_tokens: int, toke
     return {"requests": len(done), "errors": errors, "tokens": tokens, "seconds": seconds,
             "drafted": drafted, "accepted": accepted,
             "tok_per_s": tokens / seconds, "ttft_p50": _percentile(ttfts, 50), "ttft_p99": _percentile(ttfts, 99),
-            "itl_p50": _percentile(itls, 50), "itl_p99": _percentile(itls, 99)}
+            "itl_p50": _percentile(itls, 50), "itl_p99": _percentile(itls, 99), "done": done}
+
+
+def merge_rounds(runs: list[dict]) -> dict:
+    """One system's runs at one N over every round, as one replay of all their requests."""
+    merged = summarize_requests([request for run in runs for request in run["done"]],
+                                [error for run in runs for error in run["errors"]], sum(run["seconds"] for run in runs))
+    merged["rounds"] = len(runs)
+    merged["tok_per_s_by_round"] = [run["tok_per_s"] for run in runs]
+    peaks = [run["peak_memory_bytes"] for run in runs if run.get("peak_memory_bytes")]
+    merged["peak_memory_bytes"] = max(peaks) if peaks else None
+    return merged
 
 
 def _percentile(values: list[float], percent: int) -> float | None:
@@ -280,6 +298,7 @@ def main() -> None:
     parser.add_argument("--backend", default="llama.cpp", choices=["llama.cpp", "torch"])
     parser.add_argument("--device", default=None)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--rounds", type=int, default=1, help="Replays of every system at every N, interleaved.")
     parser.add_argument("--llama-tools", type=Path, default=None)
     parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
@@ -291,6 +310,8 @@ def main() -> None:
     if any(system.startswith("llama-server") for system in systems) and not (args.llama_tools / "llama-server").exists():
         parser.error(f"llama-server not found in {args.llama_tools}: run `make peers`")
     clients = [int(n) for n in args.clients.split(",")]
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: run at least one round")
     if args.target:
         target, draft = resolve_model(args.target), None
         if "llama-server-md" in systems:
@@ -319,25 +340,31 @@ def main() -> None:
     with LlamaCppBackend(target, ModelSettings(max_context=64)) as backend:
         tokenizer = backend.tokenizer
         prompts = pick_prompts(args.prompts)
-        for system in systems:
+        runs: dict[tuple[str, int], list[dict]] = {}
+        # Each round runs every system at one N back to back, so the machine's drift over a long bench
+        # falls on all of them alike; more rounds average it out.
+        for round_index in range(args.rounds):
             for num_clients in clients:
-                print(f"{system}, {num_clients} clients ...", file=sys.stderr, flush=True)
-                try:
-                    server = start(system, num_clients, args, target, draft)
-                except RuntimeError as error:
-                    failures.append(f"{system}, N={num_clients}: {error}")
-                    print(f"  failed: {error}", file=sys.stderr, flush=True)
-                    continue
-                try:
-                    stream_one(server.url, model_id(server.url), "Say hi.", 4, tokenizer)  # warm up
-                    run = replay(server.url, prompts, num_clients, args.max_tokens, tokenizer)
-                    run["peak_memory_bytes"] = server.peak_memory_bytes()
-                finally:
-                    server.stop()
-                results.setdefault(system, {})[str(num_clients)] = run
-                print(f"  {run['tok_per_s']:.2f} tok/s, {run['requests']} requests, {len(run['errors'])} errors",
-                      file=sys.stderr, flush=True)
-                json_path, markdown_path = save()
+                for system in systems:
+                    print(f"round {round_index + 1}/{args.rounds}: {system}, {num_clients} clients ...",
+                          file=sys.stderr, flush=True)
+                    try:
+                        server = start(system, num_clients, args, target, draft)
+                    except RuntimeError as error:
+                        failures.append(f"{system}, N={num_clients}: {error}")
+                        print(f"  failed: {error}", file=sys.stderr, flush=True)
+                        continue
+                    try:
+                        stream_one(server.url, model_id(server.url), "Say hi.", 4, tokenizer)  # warm up
+                        run = replay(server.url, prompts, num_clients, args.max_tokens, tokenizer)
+                        run["peak_memory_bytes"] = server.peak_memory_bytes()
+                    finally:
+                        server.stop()
+                    runs.setdefault((system, num_clients), []).append(run)
+                    results.setdefault(system, {})[str(num_clients)] = merge_rounds(runs[(system, num_clients)])
+                    print(f"  {run['tok_per_s']:.2f} tok/s, {run['requests']} requests, {len(run['errors'])} errors",
+                          file=sys.stderr, flush=True)
+                    json_path, markdown_path = save()
     json_path, markdown_path = save()
     plot(results, args.out_dir / "serve_bench.png")
     print(f"wrote {json_path}, {markdown_path} and serve_bench.png", file=sys.stderr)

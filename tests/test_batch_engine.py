@@ -146,6 +146,24 @@ def test_drafts_are_accepted_and_rejected_while_rows_join_and_leave(tiny, drafte
     assert len(set(engine.rows_per_step)) > 1  # the batch shrank as sequences finished
 
 
+def test_with_an_adaptive_gamma_each_row_drafts_by_its_match_evidence(tiny):
+    """γ auto: each row's proposal is scored from its match evidence (a walk stops where the rest cannot
+    pay) and the group drafts by the rows' mean survival; what groups of any size learn is shared. Asked
+    again, the prompts are drafted from their first answers (the shared corpus), and mostly accepted."""
+    rng = np.random.default_rng(11)
+    prompts = [list(rng.integers(3, MAX_TOKEN, int(rng.integers(4, 20)))) for _ in range(8)]
+    requests = _requests(prompts, [48] * len(prompts))
+    engine = tiny.engine("ngram", max_batch=4, num_rows=4)
+    engine.run(requests)
+    again = engine.run(requests)
+    _assert_each_equals_alone(tiny, requests, again)
+    num_drafted = sum(result.stats.num_drafted for result in again)
+    num_accepted = sum(result.stats.num_accepted for result in again)
+    assert num_accepted > 0.8 * num_drafted > 0
+    assert len(engine._controllers) > 1
+    assert all(controller.match_acceptance is engine.match_acceptance for controller in engine._controllers.values())
+
+
 def test_a_request_drafts_from_the_outputs_of_requests_that_finished_before_it(tiny):
     """The n-gram drafter of every row reads one corpus of finished outputs: a prompt asked again
     (its context holding none of the answer) is drafted from the first answer."""
