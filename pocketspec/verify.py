@@ -82,17 +82,15 @@ def verify_deterministic(
 ) -> Verdict:
     """A drafter without probabilities (n-gram) proposes a point mass q = 1 at its token.
 
-    Then min(1, p/q) = p(x), and norm(max(0, p - q)) is p with x removed.
+    Then min(1, p/q) = p(x), and norm(max(0, p - q)) is p with x removed: both are what a draw y
+    from p gives when x is accepted iff y = x, and y is the recovered token otherwise. So each
+    emitted token costs one draw, as in plain sampling, and a seeded run emits the same tokens
+    whatever γ each step drafted (given the same logits).
     """
     for index, drafted in enumerate(draft_tokens):
-        p = target_probs[index]
-        if rng.random() < p[drafted]:
-            continue
-        residual = p.copy()
-        residual[drafted] = 0.0
-        if residual.sum() <= 0:
-            residual = p
-        return Verdict(index, sample(residual, rng))
+        chosen = sample(target_probs[index], rng)
+        if chosen != drafted:
+            return Verdict(index, chosen)
     num_draft = len(draft_tokens)
     return Verdict(num_draft, sample(target_probs[num_draft], rng))
 

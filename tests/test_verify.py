@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from pocketspec.sampling import sample
 from pocketspec.settings import SamplingSettings
 from pocketspec.verify import Verdict, verify_deterministic, verify_greedy, verify_logits, verify_sampled
 
@@ -80,6 +81,23 @@ def test_deterministic_draft_rule_keeps_target_distribution():
 
     counts = _first_token_histogram(first_emitted_token, vocab_size)
     assert chisquare(counts, target * NUM_DRAWS).pvalue > 1e-3
+
+
+def test_a_point_mass_draft_emits_what_plain_sampling_with_the_same_seed_emits():
+    """One draw per emitted token, as plain sampling: whatever γ each step drafts and whether its
+    drafts are right, the seeded stream of tokens is the same."""
+    rng = np.random.default_rng(8)
+    rows = rng.dirichlet(np.ones(5) * 0.3, size=60)  # the target's distribution at each position
+    plain_rng = np.random.default_rng(42)
+    plain = [sample(row, plain_rng) for row in rows]
+    spec_rng, emitted = np.random.default_rng(42), []
+    while len(emitted) < 40:
+        gamma = int(rng.integers(0, 6))
+        position = len(emitted)
+        # drafts that copy plain's tokens (as a good n-gram match would) or guess
+        drafts = [plain[position + i] if rng.random() < 0.7 else int(rng.integers(0, 5)) for i in range(gamma)]
+        emitted += verify_deterministic(drafts, rows[position:], spec_rng).emitted(drafts)
+    assert emitted[:40] == plain[:40]
 
 
 def test_sampling_chi_square_detects_a_wrong_rule():
