@@ -151,3 +151,17 @@ def test_compiled_step_gives_the_same_tokens_without_recompiling(tiny_pair):
         with torch._dynamo.config.patch(error_on_recompile=True):
             result = engine.generate(_prompt(engine), 64)
     assert result.tokens == dynamic.tokens
+
+
+def test_a_seeded_run_with_ngram_drafts_samples_what_plain_sampling_samples(tiny_pair):
+    """A point-mass verdict emits row draws and the seeded stream moves by the tokens emitted only, so
+    n-gram drafting changes no sampled token (verify.verify_deterministic's rule, on the device)."""
+    target, _ = tiny_pair
+    runs = {}
+    for drafter, gamma in (("none", None), ("ngram", 4)):
+        with built_engine(target, drafter=drafter, gamma=gamma, temperature=0.7, seed=11, decode_step="static",
+                          **TORCH) as engine:
+            assert engine.target.static_step is not None
+            runs[drafter] = engine.generate(_prompt(engine), 120)
+    assert runs["ngram"].stats.num_drafted > 0
+    assert runs["ngram"].tokens == runs["none"].tokens

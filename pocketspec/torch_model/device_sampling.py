@@ -36,9 +36,15 @@ def distributions(logits: torch.Tensor, sampling: SamplingSettings) -> torch.Ten
 
 def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """A token id (0-dim) from unnormalised weights [vocab] by inverse CDF with one uniform in [0, 1)."""
+    return draw_rows(weights[None], uniform.reshape(1))[0]
+
+
+def draw_rows(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token id per row of unnormalised weights [rows, vocab], each by inverse CDF with its own
+    uniform of uniforms [rows]."""
     cumulative = torch.cumsum(weights.double(), dim=-1)
-    index = torch.searchsorted(cumulative, (uniform * cumulative[-1]).reshape(1), right=True)[0]
-    return index.clamp(max=weights.shape[-1] - 1)
+    targets = (uniforms.double() * cumulative[:, -1])[:, None]
+    return torch.searchsorted(cumulative, targets, right=True)[:, 0].clamp(max=weights.shape[-1] - 1)
 
 
 def choose(logits: torch.Tensor, sampling: SamplingSettings,
@@ -79,16 +85,16 @@ def _finish(num_accepted: torch.Tensor, residuals: torch.Tensor, target_probs: t
 
 
 def verify_point_mass(draft_tokens: torch.Tensor, target_probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """A drafter without probabilities (n-gram): q is a point mass at each draft token, so x is accepted
-    with probability p(x), and the residual is p with x removed (verify.verify_deterministic).
+    """A drafter without probabilities (n-gram): q is a point mass at each draft token. Every row draws
+    its own token y from p with its own uniform; x is accepted while y = x, and the first other y (or
+    the last row's, the bonus) is emitted: verify.verify_deterministic's rule, so the tokens are the
+    draws plain sampling makes with the same uniforms, whatever γ was drafted.
 
-    draft_tokens [γ], target_probs [γ + 1, vocab], uniforms [γ + 1] (γ accept tests, one draw)."""
-    num_draft = draft_tokens.shape[0]
-    rows = torch.arange(num_draft, device=draft_tokens.device)
-    is_accepted = uniforms[:num_draft] < target_probs[rows, draft_tokens]
-    residuals = target_probs.clone()
-    residuals[rows, draft_tokens] = 0.0  # the last row (the bonus) keeps every token
-    return _finish(_num_accepted(is_accepted), residuals, target_probs, uniforms[num_draft])
+    draft_tokens [γ], target_probs [γ + 1, vocab], uniforms [γ + 1] (one per row; a caller that keeps a
+    seeded stream consumes only the first num_accepted + 1, as plain sampling would)."""
+    draws = draw_rows(target_probs, uniforms)  # [γ + 1]
+    num_accepted = _num_accepted(draws[:draft_tokens.shape[0]] == draft_tokens)
+    return _verdict(num_accepted, draws.gather(0, num_accepted.reshape(1))[0])
 
 
 def verify_sampled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,

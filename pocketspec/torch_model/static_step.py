@@ -139,6 +139,9 @@ class StaticDecodeStep:
                rng: np.random.Generator) -> Verdict:
         """Append tokens = [pending, *draft] and verify the draft against them on the device."""
         num_draft = len(tokens) - 1
+        # a point-mass (n-gram) verdict emits row draws, one per token: the stream moves by those only
+        rewinds = draft_probs is None and not sampling.is_greedy
+        stream_state = rng.bit_generator.state if rewinds else None
         uniforms = None if sampling.is_greedy else rng.random(num_draft + 1)
         logits = self.logits(tokens, start, uniforms)
         draft_tokens = self._device_ints[1:len(tokens)]
@@ -147,4 +150,7 @@ class StaticDecodeStep:
         verdict = device_sampling.verify(draft_tokens, draft_probs, logits, sampling,
                                          self._device_uniforms[:num_draft + 1])
         num_accepted, next_token = self.to_host(verdict).tolist()
+        if rewinds:
+            rng.bit_generator.state = stream_state
+            rng.random(num_accepted + 1)
         return Verdict(num_accepted, next_token)
