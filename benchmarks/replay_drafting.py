@@ -17,7 +17,11 @@ match has seen, verified together (their rows all paid for): whether trees could
 The real bench (`pocketspec bench`) remains the measurement; this is for designing.
 
 Prompts run in file order on one engine, so the drafter's cross-request corpus fills as in a
-bench. Results: per category, speedup, tokens per step, acceptance and the verify widths used.
+bench. Results: per category, speedup, tokens per step, acceptance, the verify widths used, and
+the share of decode time spent on rows past the match: what each verify cost beyond the cheapest
+verify that still holds its pending token and the drafts the target accepted (drafts that failed
+at their first token included), time a controller that knew where each proposal breaks would not
+have spent.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class ReplayTarget(CachedTokens):
         self._max_logits_rows = max_logits_rows
         self.truth: list[int] = []
         self.widths: Counter = Counter()
+        self.past_match_seconds = 0.0
 
     @property
     def max_context(self) -> int:
@@ -94,7 +99,12 @@ class ReplayTarget(CachedTokens):
 
     def forward(self, tokens, logits_rows) -> np.ndarray:
         start = len(self._cached)
-        self.clock.now += self.costs.forward_seconds(len(tokens), start)
+        seconds = self.costs.forward_seconds(len(tokens), start)
+        num_matched = common_prefix_length(list(tokens[1:]), self.truth[start + 1:])
+        # the cheapest verify that still holds the accepted drafts (a wider one may cost less)
+        needed = min(self.costs.forward_seconds(width, start) for width in range(num_matched + 1, len(tokens) + 1))
+        self.past_match_seconds += seconds - needed
+        self.clock.now += seconds
         self.widths[len(tokens)] += 1
         self._cached.extend(tokens)
         return self._logits([start + row for row in logits_rows])
@@ -132,6 +142,7 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
             continue
         target.follow(prompt + output)
         target.widths.clear()
+        target.past_match_seconds = 0.0
         engine.reset()
         result = engine.generate(prompt, len(output))
         if result.tokens != output:
@@ -145,7 +156,8 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
                      "tree_oracle_seconds": oracle_seconds(tree_drafter, costs, prompt, output,
                                                            speculation.verify_width() - 1, max_branches),
                      "num_steps": stats.num_steps, "num_drafted": stats.num_drafted,
-                     "num_accepted": stats.num_accepted, "widths": dict(target.widths)})
+                     "num_accepted": stats.num_accepted, "widths": dict(target.widths),
+                     "past_match_seconds": target.past_match_seconds})
     return rows
 
 
@@ -195,6 +207,7 @@ def summarize(rows: list[dict]) -> dict:
             "tree_oracle_speedup": plain / tree_oracle if tree_oracle else 0.0,
             "tokens_per_step": sum(row["num_tokens"] for row in rows) / max(sum(row["num_steps"] for row in rows), 1),
             "acceptance": sum(row["num_accepted"] for row in rows) / drafted if drafted else None,
+            "past_match_share": sum(row["past_match_seconds"] for row in rows) / spec if spec else 0.0,
             "common_widths": [width for width, _ in widths.most_common(4)]}
 
 
@@ -207,13 +220,13 @@ def by_category(rows: list[dict]) -> dict[str, dict]:
 
 
 COLUMNS = ["category", "prompts", "× plain", "oracle × plain", "tree oracle × plain", "tokens/step", "acceptance",
-           "common widths"]
+           "past the match", "common widths"]
 
 
 def table_rows(summary: dict[str, dict]) -> list[list]:
     return [[category, item["num_prompts"], f"{item['speedup']:.2f}×", f"{item['oracle_speedup']:.2f}×",
              f"{item['tree_oracle_speedup']:.2f}×", f"{item['tokens_per_step']:.2f}",
-             "–" if item["acceptance"] is None else f"{item['acceptance']:.2f}",
+             "–" if item["acceptance"] is None else f"{item['acceptance']:.2f}", f"{item['past_match_share']:.1%}",
              ", ".join(map(str, item["common_widths"]))] for category, item in summary.items()]
 
 

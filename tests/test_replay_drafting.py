@@ -67,6 +67,20 @@ def test_a_tree_pays_where_the_continuation_seen_most_is_the_wrong_one():
     assert two["tree_oracle_speedup"] > 1.1 * one["oracle_speedup"]
 
 
+def test_rows_past_the_match_are_counted_where_proposals_break():
+    """A copy accepted to its end wastes no verify row; a proposal that took the wrong fork pays for
+    rows the target rejected."""
+    xs, ys = list(range(2000, 2008)), list(range(3000, 3008))
+    prompt = [1, 2, 10, 11, *xs, 3, 10, 11, *xs, 4, 10, 11, *ys, 5]
+    fork = {"prompt_id": "fork", "category": "fork", "prompt_tokens": prompt, "output_tokens": [10, 11, *ys, 6]}
+    costs = _costs(lambda width: 0.03 * (1 + width / 16))
+    adaptive = by_category(replay([_copy_trace()], costs, SpeculationSettings(drafter="ngram"), vocab_size=6000))
+    assert adaptive["copy"]["past_match_share"] < 0.02
+    # γ 4 drafts xs where ys came: four rows past the match at the fork, 4/16 of one token's cost more
+    rows = replay([fork], costs, SpeculationSettings(drafter="ngram", gamma=4), vocab_size=6000)
+    assert rows[0]["past_match_seconds"] >= 0.03 * 4 / 16 - 1e-12
+
+
 def test_a_replay_that_leaves_the_recording_is_an_error(monkeypatch):
     import replay_drafting
 
