@@ -34,8 +34,18 @@ def _settings(smollm2_path, drafter: str) -> SessionSettings:
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "none", "model"])
-def test_requests_decoded_together_equal_each_alone(smollm2_path, drafter):
+def test_requests_decoded_together_equal_each_alone(smollm2_path, drafter, monkeypatch):
+    import llama_cpp
+
+    decoding_threads = set()  # every llama_decode runs on the rounds' one thread (one OpenMP team)
+    real_decode = llama_cpp.llama_decode
+
+    def recorded_decode(*args):
+        decoding_threads.add(threading.get_ident())
+        return real_decode(*args)
+
     with open_session(_settings(smollm2_path, drafter), num_sequences=NUM_SEQUENCES) as shared:
+        monkeypatch.setattr(llama_cpp, "llama_decode", recorded_decode)
         prompts = [shared.encode(question, chat=True) for question in QUESTIONS]
         rounds = shared.shared_contexts.rounds
         together: dict[int, list[int]] = {}
@@ -57,6 +67,8 @@ def test_requests_decoded_together_equal_each_alone(smollm2_path, drafter):
             thread.join(600)
         assert len(together) == len(prompts)
         assert rounds.num_forwards > 2 * rounds.num_rounds  # most rounds carried several sequences
+        assert len(decoding_threads) == 1 and not decoding_threads & {thread.ident for thread in threads}
+        monkeypatch.undo()
         if drafter == "ngram":  # one corpus of finished outputs for every sequence's drafter
             assert len({id(engine.ngram.corpus) for engine in shared.engines}) == 1
             assert shared.engines[0].ngram.corpus.counts(tuple(together[1][:2]))  # engine 1's answer, seen by 0
