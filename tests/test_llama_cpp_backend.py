@@ -48,3 +48,22 @@ def test_the_draft_kv_type_reaches_the_draft_context(smollm2_path):
     # llama.cpp logs the sizes in MiB with two decimals
     assert abs(target_kv - terms.kv_cache_bytes(shape, 512, "f16")) < 0.01 * MIB
     assert abs(draft_kv - terms.kv_cache_bytes(shape, 512, "q8_0")) < 0.01 * MIB
+
+
+@pytest.mark.parametrize("num_tokens", [1, 40, 64, 65])
+def test_a_prompt_is_prefilled_in_its_chunks_with_the_last_token_among_them(smollm2_path, num_tokens):
+    """No forward of its own for the prompt's last token: one llama_decode per n_batch chunk, the last one
+    returning that token's logits, which are the logits of the same chunks decoded by hand."""
+    prompt = [(1000 + 7 * index) % 4000 for index in range(num_tokens)]
+    with LlamaCppBackend(smollm2_path, ModelSettings(max_context=256, n_batch=32, n_ubatch=32)) as backend:
+        widths = []
+        forward = backend.forward
+        backend.forward = lambda tokens, rows: widths.append(len(tokens)) or forward(tokens, rows)
+        logits = backend.prefill(prompt).copy()
+        assert widths == [32] * ((num_tokens - 1) // 32) + [num_tokens - (num_tokens - 1) // 32 * 32]
+        assert backend.num_cached == num_tokens
+        backend.rollback(0)
+        for start in range(0, num_tokens, 32):
+            chunk = prompt[start:start + 32]
+            expected = forward(chunk, [len(chunk) - 1])[0]
+        assert (logits == expected).all()
