@@ -113,8 +113,8 @@ class CachedTokens:
 
     def prefill(self, tokens: Sequence[int], should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
         """Logits after the last token, or None when should_stop() said so between n_batch chunks. The last
-        token rides in the last chunk, which returns its logits row: a forward of its own would cost one
-        more pass per prompt (a one-token pass, 32 ms of a 0.5 s time to first token on the 1.5B CPU target)."""
+        token rides in the last chunk, which returns its logits row: a one-token forward of its own cost
+        18 ms more per prompt than its row in the chunk (qwen 1.5B, 2 CPU threads, 83-token prompts)."""
         if not tokens:
             raise ValueError("prefill needs at least one token")
         last_start = (len(tokens) - 1) // self.n_batch * self.n_batch
