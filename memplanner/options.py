@@ -100,6 +100,7 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
     }
     if s.drafter != "none":  # a draft model's runtime drafts n-grams beside it (drafter auto)
         found["ngram_index"] = batch * terms.ngram_index_bytes(workload.max_context)
+        found["ngram_corpus"] = terms.ngram_corpus_bytes()
     if s.drafter == "model":
         draft_device = s.draft_device
         found.update({

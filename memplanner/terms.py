@@ -25,9 +25,13 @@ GENERATION_WORKING_SET_BYTES = 4 * 1024 * 1024
 # prompt's slices). tracemalloc measured 1533 B a token of Python memory in all while generating
 # after 8100 tokens (2026-11-25): 880 B of them the n-gram index, the flat term above about 520.
 CONTEXT_BYTES_PER_TOKEN = 160
-# The suffix drafter's index (n = 2..6, pocketspec/drafters/suffix_index.py) and the context's token
-# lists: tracemalloc measured 848-883 B a token over 2048-8192 tokens of Spec-Bench text (2026-11-25)
-NGRAM_INDEX_BYTES_PER_TOKEN = 900
+# The suffix drafter's index (n = 2..8, pocketspec/drafters/suffix_index.py) and its token list:
+# tracemalloc measured 1332-1556 B a token over 8192-32768 tokens of the recorded Spec-Bench and
+# code-edit traces (2026-11-26; n = 2..6 took 919-1015 B)
+NGRAM_INDEX_BYTES_PER_TOKEN = 1600
+# The cross-request corpus of earlier outputs (pocketspec/drafters/corpus.py), one per process: past
+# this many tokens its oldest outputs are dropped
+NGRAM_CORPUS_MAX_TOKENS = 1 << 14
 
 
 def padded_context(n_ctx: int, pad: int = constants.LLAMA_CPP_N_CTX_PAD) -> int:
@@ -144,6 +148,11 @@ def working_set_bytes(max_context: int) -> int:
 def ngram_index_bytes(max_context: int) -> int:
     """The n-gram drafter's lookup table over the context (Python dicts, measured)."""
     return NGRAM_INDEX_BYTES_PER_TOKEN * max_context
+
+
+def ngram_corpus_bytes() -> int:
+    """The same table over the corpus of earlier outputs, full: one a process, shared by its engines."""
+    return NGRAM_INDEX_BYTES_PER_TOKEN * NGRAM_CORPUS_MAX_TOKENS
 
 
 def draft_context_tokens(window: int, gamma: int) -> int:

@@ -43,7 +43,7 @@ def test_earlier_outputs_are_proposed_for_a_new_request():
 def test_the_corpus_forgets_its_oldest_outputs_past_its_bound(monkeypatch):
     import pocketspec.drafters.corpus as corpus
 
-    monkeypatch.setattr(corpus, "CORPUS_MAX_TOKENS", 20)
+    monkeypatch.setattr(corpus, "NGRAM_CORPUS_MAX_TOKENS", 20)
     drafter = NgramDrafter(min_n=2, max_n=2)
     drafter.remember([70, 71, 72])
     for start in range(0, 30, 5):

@@ -141,6 +141,16 @@ def test_an_ngram_plan_verifies_up_to_the_draftless_ceiling_when_it_fits():
     assert tight.settings.drafter == "ngram" and tight.settings.max_gamma == 15
 
 
+def test_an_ngram_plan_counts_the_corpus_of_earlier_outputs_once_whatever_the_batch():
+    for batch_size in (1, 4):
+        workload = replace(WORKLOAD, batch_size=batch_size)
+        by_drafter = {s.drafter: settings_terms(s, TARGET, None, workload)
+                      for s in candidate_settings(TARGET, None, workload)}
+        assert by_drafter["ngram"]["ngram_corpus"] == terms.ngram_corpus_bytes()
+        assert by_drafter["ngram"]["ngram_index"] == batch_size * terms.ngram_index_bytes(WORKLOAD.max_context)
+        assert "ngram_corpus" not in by_drafter["none"]
+
+
 def test_on_this_cpu_the_default_draft_does_not_pay():
     # CPU_REFERENCES: a width-2 target pass costs 1.5x a single token, the draft 0.5x; at alpha 0.8 plain wins
     best = plan(64 * GIB, TARGET, DRAFT, WORKLOAD)

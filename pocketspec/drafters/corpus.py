@@ -4,7 +4,8 @@ A server's requests and `generate --batch` prompts often repeat one another (the
 rewritten, the same boilerplate). Every finished output is indexed here; each engine's
 drafter (pocketspec/drafters/ngram.py) consults it beside its own context. A server runs its
 engines on threads of their own, so lookups and additions take a lock; a lookup returns a
-copy. Past CORPUS_MAX_TOKENS the oldest outputs are dropped, down to half the bound.
+copy. Past NGRAM_CORPUS_MAX_TOKENS (the memory planner counts the full corpus) the oldest outputs
+are dropped, down to half the bound.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import threading
 from collections import deque
 from typing import Sequence
 
+from memplanner.terms import NGRAM_CORPUS_MAX_TOKENS
 from pocketspec.drafters.suffix_index import SuffixIndex
-
-CORPUS_MAX_TOKENS = 1 << 16
 
 
 class OutputCorpus:
@@ -38,10 +38,10 @@ class OutputCorpus:
         with self._lock:
             self._documents.append(list(tokens))
             self._num_tokens += len(tokens)
-            if self._num_tokens <= CORPUS_MAX_TOKENS:
+            if self._num_tokens <= NGRAM_CORPUS_MAX_TOKENS:
                 self._add(tokens)
                 return
-            while self._num_tokens > CORPUS_MAX_TOKENS // 2:
+            while self._num_tokens > NGRAM_CORPUS_MAX_TOKENS // 2:
                 self._num_tokens -= len(self._documents.popleft())
             self._index = SuffixIndex(self.min_n, self.max_n)
             for document in self._documents:
