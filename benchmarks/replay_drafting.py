@@ -13,7 +13,11 @@ what the mechanism gains, free of the machine's noise, on hundreds of prompts in
 Beside it, the oracle: a controller that knew how much of each proposal will be accepted,
 the bound on any choice of γ with these proposals and costs. And the tree oracle: the same
 bound for a token tree of up to --tree-branches branches, one per continuation the suffix
-match has seen, verified together (their rows all paid for): whether trees could pay here.
+match has seen, verified together (their rows all paid for): whether trees could pay here. And
+the copy bound, for any drafter that copies from what it has read (n-gram, suffix, prompt lookup):
+it knows the recorded output and drafts all of it up to the first token that never followed the
+token before it in the prompt, the output so far or an earlier output, at the best width each
+step. No such drafter proposes that token, so none can beat this bound on these costs.
 The real bench (`pocketspec bench`) remains the measurement; this is for designing.
 
 Prompts run in file order on one engine, so the drafter's cross-request corpus fills as in a
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -135,6 +140,7 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
     engine = SpeculativeEngine(target, speculation=speculation, target_costs=costs, clock=clock)
     chain_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
     tree_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
+    earlier_pairs: set[tuple[int, int]] = set()
     rows = []
     for trace in traces:
         prompt, output = trace["prompt_tokens"], trace["output_tokens"]
@@ -155,6 +161,8 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
                                                       speculation.verify_width() - 1),
                      "tree_oracle_seconds": oracle_seconds(tree_drafter, costs, prompt, output,
                                                            speculation.verify_width() - 1, max_branches),
+                     "copy_bound_seconds": copy_bound_seconds(costs, prompt, output, speculation.verify_width() - 1,
+                                                              earlier_pairs),
                      "num_steps": stats.num_steps, "num_drafted": stats.num_drafted,
                      "num_accepted": stats.num_accepted, "widths": dict(target.widths),
                      "past_match_seconds": target.past_match_seconds})
@@ -193,6 +201,35 @@ def oracle_seconds(drafter: NgramDrafter, costs: MeasuredCosts, prompt: list[int
     return seconds
 
 
+def copy_bound_seconds(costs: MeasuredCosts, prompt: list[int], output: list[int], max_gamma: int,
+                       earlier_pairs: set[tuple[int, int]]) -> float:
+    """The least decode time of a drafter that drafts the recorded output itself, but only the tokens
+    that a copy can propose: a token is copyable where (token before it, it) occurred earlier in the
+    prompt, in the output before it or in earlier_pairs (earlier outputs; this output's pairs are
+    added). The widths of all the steps are chosen together, so it is a bound, not a policy."""
+    sequence = prompt + output
+    seen = set(earlier_pairs) | set(zip(prompt, prompt[1:]))
+    is_copyable = [False] * len(sequence)
+    for index in range(len(prompt), len(sequence)):
+        pair = (sequence[index - 1], sequence[index])
+        is_copyable[index] = pair in seen
+        seen.add(pair)
+    earlier_pairs.update(zip(output, output[1:]))
+    # seconds_from[position]: the least time to decode sequence[position:], the token before it pending
+    seconds_from = [0.0] * (len(sequence) + 1)
+    for position in range(len(sequence) - 1, len(prompt), -1):
+        best, num_drafted = math.inf, 0
+        while True:  # a step drafts num_drafted copyable tokens and adds the target's own next token
+            step = costs.forward_seconds(num_drafted + 1, position - 1) + seconds_from[position + num_drafted + 1]
+            best = min(best, step)
+            if (num_drafted >= max_gamma or position + num_drafted + 1 >= len(sequence)
+                    or not is_copyable[position + num_drafted]):
+                break
+            num_drafted += 1
+        seconds_from[position] = best
+    return seconds_from[len(prompt) + 1]
+
+
 def summarize(rows: list[dict]) -> dict:
     spec = sum(row["decode_seconds"] for row in rows)
     plain = sum(row["plain_seconds"] for row in rows)
@@ -202,9 +239,11 @@ def summarize(rows: list[dict]) -> dict:
         widths.update(row["widths"])
     oracle = sum(row["oracle_seconds"] for row in rows)
     tree_oracle = sum(row["tree_oracle_seconds"] for row in rows)
+    copy_bound = sum(row["copy_bound_seconds"] for row in rows)
     return {"num_prompts": len(rows), "speedup": plain / spec if spec else 0.0,
             "oracle_speedup": plain / oracle if oracle else 0.0,
             "tree_oracle_speedup": plain / tree_oracle if tree_oracle else 0.0,
+            "copy_bound_speedup": plain / copy_bound if copy_bound else 0.0,
             "tokens_per_step": sum(row["num_tokens"] for row in rows) / max(sum(row["num_steps"] for row in rows), 1),
             "acceptance": sum(row["num_accepted"] for row in rows) / drafted if drafted else None,
             "past_match_share": sum(row["past_match_seconds"] for row in rows) / spec if spec else 0.0,
@@ -219,13 +258,14 @@ def by_category(rows: list[dict]) -> dict[str, dict]:
     return {**{key: summarize(group) for key, group in groups.items()}, "all": summarize(rows)}
 
 
-COLUMNS = ["category", "prompts", "× plain", "oracle × plain", "tree oracle × plain", "tokens/step", "acceptance",
+COLUMNS = ["category", "prompts", "× plain", "oracle × plain", "tree oracle × plain", "copy bound × plain",
+           "tokens/step", "acceptance",
            "past the match", "common widths"]
 
 
 def table_rows(summary: dict[str, dict]) -> list[list]:
     return [[category, item["num_prompts"], f"{item['speedup']:.2f}×", f"{item['oracle_speedup']:.2f}×",
-             f"{item['tree_oracle_speedup']:.2f}×", f"{item['tokens_per_step']:.2f}",
+             f"{item['tree_oracle_speedup']:.2f}×", f"{item['copy_bound_speedup']:.2f}×", f"{item['tokens_per_step']:.2f}",
              "–" if item["acceptance"] is None else f"{item['acceptance']:.2f}", f"{item['past_match_share']:.1%}",
              ", ".join(map(str, item["common_widths"]))] for category, item in summary.items()]
 
@@ -254,7 +294,8 @@ def main(argv=None) -> None:
     print(markdown_table(COLUMNS, table_rows(summary)))
     if args.out is not None:
         notes = [f"cost table: {args.costs}", "speedups are predicted from the table, not timed",
-                 f"tree oracle: up to {args.tree_branches} branches, every verified row paid for"]
+                 f"tree oracle: up to {args.tree_branches} branches, every verified row paid for",
+                 "copy bound: the recorded output drafted up to its first pair of tokens not seen before"]
         write_results(args.out.parent, args.out.name, {"summary": summary, "rows": rows}, title, COLUMNS,
                       table_rows(summary), notes)
 

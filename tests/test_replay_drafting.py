@@ -16,7 +16,7 @@ from pocketspec.settings import SpeculationSettings
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from replay_drafting import by_category, replay  # noqa: E402
+from replay_drafting import by_category, copy_bound_seconds, replay  # noqa: E402
 
 
 def _costs(seconds_by_width) -> MeasuredCosts:
@@ -65,6 +65,30 @@ def test_a_tree_pays_where_the_continuation_seen_most_is_the_wrong_one():
     two = by_category(replay([trace], costs, speculation, vocab_size=6000, max_branches=2))["fork"]
     assert one["tree_oracle_speedup"] == pytest.approx(one["oracle_speedup"])  # one branch: the chain's bound
     assert two["tree_oracle_speedup"] > 1.1 * one["oracle_speedup"]
+
+
+def test_the_copy_bound_drafts_every_seen_pair_and_no_new_one():
+    flat = _costs(lambda width: 0.03)
+    prompt = [1, 2, 3, 4, 0]
+    # the pending 1 drafts 2, 3 (both pairs seen in the prompt) and the target adds 4: one forward
+    assert copy_bound_seconds(flat, prompt, [1, 2, 3, 4], 31, set()) == pytest.approx(0.03)
+    assert copy_bound_seconds(flat, prompt, [1, 2, 3, 4], 1, set()) == pytest.approx(0.06)
+    # (2, 7) was never seen: 7 comes from the target, and 4 after it from a forward of its own
+    assert copy_bound_seconds(flat, prompt, [1, 2, 7, 4], 31, set()) == pytest.approx(0.06)
+    earlier = set()
+    copy_bound_seconds(flat, [0], [5, 6, 7, 8], 31, earlier)
+    assert copy_bound_seconds(flat, [0], [5, 6, 7, 8], 31, earlier) == pytest.approx(0.03)  # an earlier output
+
+
+def test_the_copy_bound_is_at_least_the_oracle_and_plain_where_nothing_was_seen():
+    costs = _costs(lambda width: 0.03 * (1 + width / 16))
+    novel = _novel_trace()
+    rows = replay([_copy_trace(), novel, {**novel, "prompt_id": "novel again"}], costs,
+                  SpeculationSettings(drafter="ngram"), vocab_size=6000)
+    copy = by_category(rows[:1])["all"]
+    assert copy["copy_bound_speedup"] >= copy["oracle_speedup"] - 1e-9 and copy["copy_bound_speedup"] > 5
+    assert rows[1]["copy_bound_seconds"] == pytest.approx(rows[1]["plain_seconds"])
+    assert rows[2]["copy_bound_seconds"] < 0.5 * rows[2]["plain_seconds"]  # it copies the first output
 
 
 def test_rows_past_the_match_are_counted_where_proposals_break():
