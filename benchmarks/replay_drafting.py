@@ -16,8 +16,9 @@ bound for a token tree of up to --tree-branches branches, one per continuation t
 match has seen, verified together (their rows all paid for): whether trees could pay here. And
 the copy bound, for any drafter that copies from what it has read (n-gram, suffix, prompt lookup):
 it knows the recorded output and drafts all of it up to the first token that never followed the
-token before it in the prompt, the output so far or an earlier output, at the best width each
-step. No such drafter proposes that token, so none can beat this bound on these costs.
+token before it in the prompt, the output so far or an earlier output, with the widths of all
+its steps chosen together. No such drafter proposes that token, so none can beat this bound on
+these costs.
 The real bench (`pocketspec bench`) remains the measurement; this is for designing.
 
 Prompts run in file order on one engine, so the drafter's cross-request corpus fills as in a
@@ -259,8 +260,7 @@ def by_category(rows: list[dict]) -> dict[str, dict]:
 
 
 COLUMNS = ["category", "prompts", "× plain", "oracle × plain", "tree oracle × plain", "copy bound × plain",
-           "tokens/step", "acceptance",
-           "past the match", "common widths"]
+           "tokens/step", "acceptance", "past the match", "common widths"]
 
 
 def table_rows(summary: dict[str, dict]) -> list[list]:
