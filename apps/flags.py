@@ -105,6 +105,13 @@ def repack_option(function):
                              "memory [default: repack, unless --memory-budget needs that memory].")(function)
 
 
+def kv_type_option(function):
+    return click.option("--kv-type", type=click.Choice(LLAMA_KV_TYPES), default=None,
+                        help="The target's KV cache type [default: f16]; a memory plan never changes it, "
+                             "only the draft's. bf16, as big as f16, keeps llama.cpp's CPU batches rounding like "
+                             "one-token decoding past 256 cached tokens, so --exact-verify drafts there.")(function)
+
+
 def runtime_options(function):
     function = click.option("--exact-verify/--fast-verify", default=SPECULATION.exact_verify, show_default=True,
                             help="Only verify batches proven to round bit for bit like one-token decoding "
@@ -112,9 +119,7 @@ def runtime_options(function):
                                  "differ where the target's two best logits are within kernel rounding.")(function)
     function = repack_option(function)
     function = threads_option(function)
-    function = click.option("--kv-type", type=click.Choice(LLAMA_KV_TYPES), default=None,
-                            help="The target's KV cache type [default: f16]; a memory plan never changes it, "
-                                 "only the draft's.")(function)
+    function = kv_type_option(function)
     function = click.option("--max-context", type=SettingValue(ModelSettings, "max_context"), default=None,
                             help=f"Target context in tokens [default: {MODEL.max_context}].")(function)
     function = click.option("--memory-budget", default=None, help="Memory budget for everything, e.g. 512MiB, 3GiB, 3.5G.")(function)

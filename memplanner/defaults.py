@@ -17,4 +17,7 @@ SLIDE_SLACK_TOKENS = 64
 # Per-token acceptance before any is measured, from the qwen-coder pair: the planner
 # predicts speed with it and the runtime's γ controller starts from it.
 ACCEPTANCE_PRIORS = {"model": 0.8, "ngram": 0.3, "none": 0.0}
-LLAMA_KV_TYPES = ("f16", "q8_0", "q4_0")  # llama.cpp KV cache types, best first: quantized KV changes outputs slightly
+# llama.cpp KV cache types. Quantized KV changes outputs slightly. bf16, as big as f16, rounds
+# attention alike at every batch width on llama.cpp's CPU backend, where one token with an f16
+# cache past 256 cached tokens takes a path of its own: that keeps --exact-verify drafting there.
+LLAMA_KV_TYPES = ("f16", "bf16", "q8_0", "q4_0")

@@ -20,12 +20,12 @@ from dataclasses import dataclass, replace
 
 from memplanner import terms
 from memplanner.costs import CPU_REFERENCES, tokens_per_second
-from memplanner.defaults import ATTENTION_SINK_TOKENS, LLAMA_KV_TYPES, MAX_DRAFTLESS_GAMMA, MAX_GAMMA, MAX_NEW_TOKENS
+from memplanner.defaults import ATTENTION_SINK_TOKENS, MAX_DRAFTLESS_GAMMA, MAX_GAMMA, MAX_NEW_TOKENS
 from memplanner.shapes import ModelShape
 
 UBATCH_CHOICES = (512, 256, 128, 64)
 DRAFT_CONTEXT_CHOICES = (2048, 1024, 512, 256)  # besides the full context
-DRAFT_KV_PREFERENCE = LLAMA_KV_TYPES  # the draft's KV precision moves only its acceptance, best first
+DRAFT_KV_PREFERENCE = ("f16", "q8_0", "q4_0")  # the draft's KV precision moves only its acceptance, best first
 DRAFTER_UPSIDE = {"ngram": 2, "none": 1, "model": 0}  # at equal speed: see Candidate.preference
 
 

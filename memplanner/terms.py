@@ -14,7 +14,7 @@ from memplanner.shapes import ModelShape
 FLOAT32_BYTES = 4
 FLOAT64_BYTES = 8
 # Each of defaults.LLAMA_KV_TYPES: (elements per block, bytes per block)
-KV_TYPE_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
+KV_TYPE_BLOCKS = {"f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
 # Python objects of a generation beside llama.cpp's buffers: token lists, glibc arenas of the
 # decode threads, the argmax of each verified row. A single sequence reads its logits rows in
 # place (a view of llama.cpp's output buffer); a server's copies are counted with its sequences

@@ -131,7 +131,8 @@ class SpeculativeEngine:
         exact_width = self.target.exact_verify_width(max_width)
         if exact_width == 1:
             self.notes.append("--exact-verify: no verify batch rounds exactly like one-token decoding on this "
-                              "backend, so decoding is plain; --fast-verify drafts")
+                              "backend, so decoding is plain; --fast-verify drafts, and on llama.cpp's CPU backend "
+                              "a bf16 KV cache (--kv-type bf16) keeps batches exact past 256 cached tokens")
         return exact_width - 1
 
     def _pick(self, logits: np.ndarray) -> int:

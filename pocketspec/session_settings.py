@@ -93,5 +93,8 @@ def settings_for(settings: SessionSettings) -> tuple[ModelChoice, ModelSettings,
     )
     speculation = replace(SPECULATION, gamma=settings.gamma, exact_verify=settings.exact_verify)
     target_settings, speculation = apply_backend_options(target_settings, speculation, settings.options)
+    if target_settings.backend != "llama.cpp" and settings.kv_type is not None:
+        raise UserError(f"--kv-type {settings.kv_type} sets llama.cpp's KV cache; with --backend "
+                        f"{target_settings.backend} use --torch-kv-type")
     target_settings = replace(target_settings, max_logits_rows=speculation.verify_width(choice.drafter != "none"))
     return choice, target_settings, speculation

@@ -73,7 +73,7 @@ class SpeculationSettings:
     # 2-core CPU a verify of 16 rows costs what one of 8 does, so long accepted copies need room.
     max_draftless_gamma: int = field(default=MAX_DRAFTLESS_GAMMA, metadata=in_range(
         "max_draftless_gamma", 0, LARGEST_GAMMA - 1, is_integer=True))
-    # The draft model's KV cache (llama.cpp): one of LLAMA_KV_TYPES. Its precision moves only the
+    # The draft model's KV cache (llama.cpp): one of DRAFT_KV_PREFERENCE. Its precision moves only the
     # acceptance rate, never the output, so a memory plan may quantize it (the target's never).
     draft_kv_type: str = "f16"
     ngram_min: int = 2

@@ -85,6 +85,18 @@ def _worker_tokens(smollm2_path, *, temperature: float, top_k: int, top_p: float
     return row["tokens"]
 
 
+def test_the_worker_opens_the_jobs_kv_type_and_verify_mode():
+    """--kv-type and --exact-verify reach each PocketSpec worker's session, not its backend options."""
+    from apps.bench.worker import session_settings
+
+    job = {"target": "t.gguf", "draft": "none", "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0,
+           "max_context": 512, "num_threads": 1, "max_tokens": 8,
+           "options": {"kv_type": "bf16", "exact_verify": True, "repack": None, "backend": "llama.cpp"}}
+    settings = session_settings(job)
+    assert settings.kv_type == "bf16" and settings.exact_verify
+    assert "kv_type" not in settings.options and "exact_verify" not in settings.options
+
+
 @pytest.mark.real_model
 def test_pocketspec_workers_sample_with_the_jobs_top_k_and_top_p(smollm2_path):
     """The peers get --top-k/--top-p; PocketSpec's worker must too, or sampled runs compare different settings.

@@ -78,6 +78,7 @@ def test_prompt_longer_than_the_context(smollm2_path):
     (["--memory-budget", "lots"], "--memory-budget"),
     (["--memory-budget", "100MiB"], "below the minimum"),
     (["--kv-type", "q3"], "--kv-type"),
+    (["--backend", "torch", "--kv-type", "bf16"], "--torch-kv-type"),
 ])
 def test_nonsense_flag_values(smollm2_path, flags, fragment):
     result = run_cli("generate", "--target", str(smollm2_path), "--draft", "ngram", "--prompt", "hi", *flags)

@@ -100,6 +100,22 @@ def test_exact_verify_is_bit_identical_at_long_context(qwen_target_path):
         assert np.array_equal(batched, singles)
 
 
+def test_a_bf16_kv_cache_keeps_exact_verify_drafting_past_256_cached_tokens(qwen_target_path):
+    """llama.cpp's CPU attention takes a path of its own for one token over an f16 cache past 256
+    cached tokens, but rounds a bf16 cache alike at every batch width: the probe then finds batches
+    exact deep into the context, and --exact-verify drafts there, bit for bit like plain decoding."""
+    document = _long_document_prompt()
+    expected = _plain_tokens(qwen_target_path, document, 48, max_context=2048, kv_type="bf16")
+    with built_engine(qwen_target_path, drafter="ngram", max_context=2048, exact_verify=True, kv_type="bf16") as engine:
+        assert engine.target.settings.kv_type == "bf16"
+        prompt = _chat_tokens(engine, document)
+        assert len(prompt) > 256
+        result = engine.generate(prompt, 48)
+        assert engine.controller.max_gamma >= 1 and not engine.notes
+    assert result.stats.num_drafted > 0
+    assert result.tokens == expected
+
+
 def test_sampling_is_reproducible_with_a_seed(smollm2_path):
     # a fixed γ: the adaptive controller's choices follow measured timings (a loaded machine
     # diverged at token 38), and each choice changes how many random draws a step takes

@@ -61,3 +61,12 @@ def test_command_is_greedy_with_a_draft_model_and_leaves_draft_length_to_llama_c
     assert argv[argv.index("-n") + 1] == "127" and argv[argv.index("-td") + 1] == "2"
     assert "--spec-draft-n-max" not in argv
     assert missing_binary(tmp_path).startswith("llama-speculative-simple not found")
+
+
+def test_the_peers_run_at_the_benchs_kv_type():
+    """--kv-type bf16 changes the target's numerics, so the peers must decode with the same cache."""
+    common = dict(max_tokens=16, num_threads=2, max_context=512, temperature=0.0, top_k=0, top_p=1.0, seed=0,
+                  draft_max=None, spec_type="ngram-mod")
+    argv = command(Path("/bin/tool"), Path("t.gguf"), None, "prompt", kv_type="bf16", **common)
+    assert argv[argv.index("--cache-type-k") + 1] == argv[argv.index("--cache-type-v") + 1] == "bf16"
+    assert "--cache-type-k" not in command(Path("/bin/tool"), Path("t.gguf"), None, "prompt", **common)

@@ -22,8 +22,8 @@ from apps.bench.report import build_report
 from apps.bench.rounds import BenchProgress, plan_rounds, run_rounds
 from apps.bench.run import BenchJob, System, add_closing_notes
 from apps.bench.suite import read_suite, select_prompts, with_later_turns
-from apps.flags import (MODEL, SPECULATION, backend_options, model_choice_options, repack_option, sampling_options,
-                        setting_option, threads_option)
+from apps.flags import (MODEL, SPECULATION, backend_options, kv_type_option, model_choice_options, repack_option,
+                        sampling_options, setting_option, threads_option)
 from apps.bench.peers import PEERS, parse_peers
 from apps.bench.peers.llama_speculative import default_tools_dir, missing_binary
 from apps.bench.peers.transformers_assisted import missing_requirement as transformers_missing
@@ -121,13 +121,14 @@ def _command_line() -> str:
 @functools.partial(threads_option, help_text="CPU threads for every system (0: all this process may use).")
 @setting_option("--max-context", BenchSettings, "max_context", show_default=True, help="Context of every system, in tokens.")
 @repack_option
+@kv_type_option
 @click.option("--exact-verify/--fast-verify", default=SPECULATION.exact_verify, show_default=True,
               help="PocketSpec's verify width: proven bit-exact, or free (see `pocketspec generate --help`).")
 @click.option("--out", "--out-dir", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_OUT,
               help="Folder for results.json, report.md and the plots [default: benchmarks/results/bench].")
 def bench(target, draft, pair, suite, categories, per_category, max_tokens, turns, temperature, top_p, top_k, seed,
           memory_budget, drafters, peers_text, peer_draft_max, llama_tools, threads, max_context, repack,
-          exact_verify, out_dir, **backend_args):
+          kv_type, exact_verify, out_dir, **backend_args):
     """Benchmark plain decoding, PocketSpec's drafters and the peers on a prompt suite."""
     prompts = with_later_turns(select_prompts(read_suite(suite), tuple(_split(categories)), per_category), turns)
     settings, _ = apply_backend_options(MODEL, SPECULATION, backend_args)  # refuse what every worker would refuse
@@ -144,7 +145,7 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, turn
     num_threads = threads or default_num_threads()
     job = BenchJob(choice.target_path, choice.draft_path, prompts, max_tokens, temperature, top_k, top_p, seed,
                    num_threads, max_context, BENCH.num_warmup_tokens,
-                   {"exact_verify": exact_verify, "repack": repack, **backend_args},
+                   {"exact_verify": exact_verify, "repack": repack, "kv_type": kv_type, **backend_args},
                    llama_tools or default_tools_dir(), peer_draft_max, pair_name)
     systems = [System("plain", "plain", "pocketspec", "plain", draft="none")]
     for drafter, draft_value, reason in drafter_specs:

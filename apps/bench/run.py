@@ -59,7 +59,7 @@ class BenchJob:
     num_threads: int
     max_context: int
     num_warmup_tokens: int
-    pocketspec_options: dict  # SessionSettings fields (exact_verify, repack) and the backend flags
+    pocketspec_options: dict  # SessionSettings fields (exact_verify, repack, kv_type) and the backend flags
     llama_tools_dir: Path
     peer_draft_max: int | None
     pair: str | None = None  # the pair a PocketSpec system without a --draft value takes its draft from
@@ -112,7 +112,7 @@ def _run_llama_speculative(system: System, job: BenchJob, prompts: list[SuitePro
             reference[prompt.prompt_id]["prompt_text"], spec_type=system.spec_type,
             max_tokens=job.max_tokens, num_threads=job.num_threads, max_context=job.max_context,
             temperature=job.temperature, top_k=job.top_k, top_p=job.top_p, seed=job.seed,
-            draft_max=job.peer_draft_max)
+            draft_max=job.peer_draft_max, kv_type=job.pocketspec_options.get("kv_type"))
         run = run_child(argv)
         if run.returncode != 0:
             system.status, system.reason = "failed", describe_failure(run, llama_speculative.TOOL)

@@ -48,7 +48,7 @@ def measured_row(prompt: dict, *, tokens: list[int], num_decode_tokens: int, dec
 
 def session_settings(job: dict):
     """The job's PocketSpec system as the SessionSettings every front end opens (options: the bench's
-    backend flags, its --memory-budget, --gamma, --exact-verify and --repack)."""
+    backend flags, its --memory-budget, --gamma, --exact-verify, --repack and --kv-type)."""
     from apps.flags import parse_gamma
     from pocketspec.session_settings import SessionSettings
     from pocketspec.settings import SamplingSettings
@@ -60,7 +60,8 @@ def session_settings(job: dict):
                                   seed=job["seed"]),
         gamma=parse_gamma(options.pop("gamma", "auto")), memory_budget=options.pop("memory_budget", None),
         max_context=job["max_context"], threads=job["num_threads"], max_new_tokens=job["max_tokens"],
-        repack=options.pop("repack", None), exact_verify=options.pop("exact_verify", False), options=options)
+        repack=options.pop("repack", None), kv_type=options.pop("kv_type", None),
+        exact_verify=options.pop("exact_verify", False), options=options)
 
 
 def run_pocketspec(job: dict) -> None:

@@ -3,7 +3,8 @@
 llama.cpp's CPU kernels switch algorithms with the batch width (llama-cpp-python
 0.3.36 here: repacked Q4_K weights use a gemm path from 4 rows on; without
 repacking, another path from 8 rows on) and, past 256 cached tokens, one-token
-attention rounds differently from any batch. With --exact-verify the engine caps
+attention over an f16 cache splits the cache over the threads, rounding differently from any
+batch (a bf16 cache is read in one pass at every width). With --exact-verify the engine caps
 γ + 1 at the width probed exact at the start and deep into the context. The probe
 runs once per model and settings and is cached on disk.
 """
@@ -20,8 +21,8 @@ import numpy as np
 from pocketspec.catalog import pocketspec_home
 
 PROBE_FIRST_TOKEN = 1000
-# llama.cpp's CPU attention for one token changes algorithm past 256 cached tokens
-# (observed with 0.3.36); probing past that catches it.
+# llama.cpp's CPU attention for one token over an f16 cache changes algorithm past 256 cached
+# tokens (0.3.36: from 512 cache cells, padded by 256); probing past that catches it.
 LONG_CONTEXT_PROBE = 320
 # They renumber the GPUs: cuda:0 may be another card from one run to the next
 VISIBLE_DEVICES_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")

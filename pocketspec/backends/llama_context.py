@@ -30,7 +30,9 @@ from pocketspec.errors import ContextFullError, UserError
 from pocketspec.settings import ModelSettings
 from pocketspec.tokenizer import Tokenizer
 
-KV_TYPES = {name: getattr(llama_cpp, f"GGML_TYPE_{name.upper()}") for name in LLAMA_KV_TYPES}  # f16 -> GGML_TYPE_F16
+GGML_TYPE_BF16 = 30  # ggml.h's enum ggml_type: llama-cpp-python 0.3.36 exports the other KV types' numbers, not this
+KV_TYPES = {name: GGML_TYPE_BF16 if name == "bf16" else getattr(llama_cpp, f"GGML_TYPE_{name.upper()}")
+            for name in LLAMA_KV_TYPES}  # f16 -> GGML_TYPE_F16
 
 _backend_ready = False
 

@@ -51,8 +51,9 @@ def missing_binary(tools_dir: Path) -> str | None:
 
 def command(binary: Path, target: Path, draft: Path | None, prompt_text: str, *, max_tokens: int, num_threads: int,
             max_context: int, temperature: float, top_k: int, top_p: float, seed: int,
-            draft_max: int | None, spec_type: str = "draft-simple") -> list[str]:
-    """draft: the draft GGUF for draft-simple; None for the draftless ngram-* types."""
+            draft_max: int | None, spec_type: str = "draft-simple", kv_type: str | None = None) -> list[str]:
+    """draft: the draft GGUF for draft-simple; None for the draftless ngram-* types. kv_type: the
+    target's KV cache type, as PocketSpec's --kv-type (None: llama.cpp's, f16)."""
     # It stops once it has more than -n tokens, so -n max_tokens - 1 gives at least max_tokens
     # (a last accepted draft can add a few more).
     argv = [str(binary), "-m", str(target), "--spec-type", spec_type, "-p", prompt_text,
@@ -63,6 +64,8 @@ def command(binary: Path, target: Path, draft: Path | None, prompt_text: str, *,
         argv += ["-md", str(draft), "-td", str(num_threads)]
     if draft_max is not None and draft is not None:
         argv += ["--spec-draft-n-max", str(draft_max)]
+    if kv_type is not None:
+        argv += ["--cache-type-k", kv_type, "--cache-type-v", kv_type]
     return argv
 
 
