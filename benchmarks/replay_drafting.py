@@ -21,6 +21,14 @@ its steps chosen together. No such drafter proposes that token, so none can beat
 these costs.
 The real bench (`pocketspec bench`) remains the measurement; this is for designing.
 
+Equality with plain decoding: with --exact-width N (and --exact-until DEPTH) the recorded
+target's batches round like its one-token forwards only up to N rows (and, past DEPTH cached
+tokens, not at all: llama.cpp's CPU attention over an f16 cache, 256). One batch past that
+changes every later logit (the cache rows it wrote differ), so the replay counts the answers
+whose every forward stayed exact: those certainly equal plain decoding; the others equal it
+only where no near-tie fell after their first inexact batch. --exact-verify caps the engine's
+verifies at that width, as `pocketspec generate --exact-verify` does.
+
 Prompts run in file order on one engine, so the drafter's cross-request corpus fills as in a
 bench. Results: per category, speedup, tokens per step, acceptance, the verify widths used, and
 the share of decode time spent on rows past the match: what each verify cost beyond the cheapest
@@ -36,6 +44,7 @@ import json
 import math
 import sys
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -71,8 +80,10 @@ class ReplayTarget(CachedTokens):
     n_batch = 512
 
     def __init__(self, costs: MeasuredCosts, clock: VirtualClock, vocab_size: int, max_context: int = 1 << 16,
-                 max_logits_rows: int = 32):
+                 max_logits_rows: int = 32, exact_width: int | None = None, exact_until: int | None = None):
         super().__init__()
+        self.exact_width, self.exact_until = exact_width, exact_until
+        self.stayed_exact = True
         self.costs, self.clock = costs, clock
         self.vocab_size = vocab_size
         self.tokenizer = ReplayTokenizer()
@@ -103,8 +114,14 @@ class ReplayTarget(CachedTokens):
             logits[row, self._next_after(position)] = 1.0
         return logits
 
+    def rounds_like_one_token(self, start: int, width: int) -> bool:
+        if width == 1 or self.exact_width is None:
+            return True
+        return width <= self.exact_width and (self.exact_until is None or start + width <= self.exact_until)
+
     def forward(self, tokens, logits_rows) -> np.ndarray:
         start = len(self._cached)
+        self.stayed_exact = self.stayed_exact and self.rounds_like_one_token(start, len(tokens))
         seconds = self.costs.forward_seconds(len(tokens), start)
         num_matched = common_prefix_length(list(tokens[1:]), self.truth[start + 1:])
         # the cheapest verify that still holds the accepted drafts (a wider one may cost less)
@@ -123,7 +140,10 @@ class ReplayTarget(CachedTokens):
         del self._cached[num_kept:]
 
     def exact_verify_width(self, max_width: int) -> int:
-        return max_width
+        """As pocketspec/backends/exact_width.py probes it: the width exact both early and deep."""
+        if self.exact_width is None:
+            return max_width
+        return min(max_width, 1 if self.exact_until is not None else self.exact_width)
 
     def close(self) -> None:
         pass
@@ -135,9 +155,10 @@ def plain_seconds(costs: MeasuredCosts, num_prompt_tokens: int, num_tokens: int)
 
 
 def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSettings, vocab_size: int,
-           max_branches: int = 1) -> list[dict]:
+           max_branches: int = 1, exact_width: int | None = None, exact_until: int | None = None) -> list[dict]:
     clock = VirtualClock()
-    target = ReplayTarget(costs, clock, vocab_size, max_logits_rows=speculation.verify_width())
+    target = ReplayTarget(costs, clock, vocab_size, max_logits_rows=speculation.verify_width(),
+                          exact_width=exact_width, exact_until=exact_until)
     engine = SpeculativeEngine(target, speculation=speculation, target_costs=costs, clock=clock)
     chain_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
     tree_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
@@ -150,6 +171,7 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
         target.follow(prompt + output)
         target.widths.clear()
         target.past_match_seconds = 0.0
+        target.stayed_exact = True
         engine.reset()
         result = engine.generate(prompt, len(output))
         if result.tokens != output:
@@ -166,7 +188,7 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
                                                               earlier_pairs),
                      "num_steps": stats.num_steps, "num_drafted": stats.num_drafted,
                      "num_accepted": stats.num_accepted, "widths": dict(target.widths),
-                     "past_match_seconds": target.past_match_seconds})
+                     "past_match_seconds": target.past_match_seconds, "stayed_exact": target.stayed_exact})
     return rows
 
 
@@ -248,6 +270,7 @@ def summarize(rows: list[dict]) -> dict:
             "tokens_per_step": sum(row["num_tokens"] for row in rows) / max(sum(row["num_steps"] for row in rows), 1),
             "acceptance": sum(row["num_accepted"] for row in rows) / drafted if drafted else None,
             "past_match_share": sum(row["past_match_seconds"] for row in rows) / spec if spec else 0.0,
+            "stayed_exact_share": sum(row["stayed_exact"] for row in rows) / len(rows) if rows else 0.0,
             "common_widths": [width for width, _ in widths.most_common(4)]}
 
 
@@ -260,14 +283,15 @@ def by_category(rows: list[dict]) -> dict[str, dict]:
 
 
 COLUMNS = ["category", "prompts", "× plain", "oracle × plain", "tree oracle × plain", "copy bound × plain",
-           "tokens/step", "acceptance", "past the match", "common widths"]
+           "tokens/step", "acceptance", "past the match", "common widths", "answers that stayed exact"]
 
 
 def table_rows(summary: dict[str, dict]) -> list[list]:
     return [[category, item["num_prompts"], f"{item['speedup']:.2f}×", f"{item['oracle_speedup']:.2f}×",
              f"{item['tree_oracle_speedup']:.2f}×", f"{item['copy_bound_speedup']:.2f}×", f"{item['tokens_per_step']:.2f}",
              "–" if item["acceptance"] is None else f"{item['acceptance']:.2f}", f"{item['past_match_share']:.1%}",
-             ", ".join(map(str, item["common_widths"]))] for category, item in summary.items()]
+             ", ".join(map(str, item["common_widths"])), f"{item['stayed_exact_share']:.0%}"]
+            for category, item in summary.items()]
 
 
 def main(argv=None) -> None:
@@ -277,6 +301,11 @@ def main(argv=None) -> None:
     parser.add_argument("--gamma", default="auto", help="auto (the controller) or a fixed draft length")
     parser.add_argument("--max-gamma", type=int, default=None, help="the draftless γ ceiling (default: the runtime's)")
     parser.add_argument("--tree-branches", type=int, default=3, help="most branches of the tree oracle's trees")
+    parser.add_argument("--exact-width", type=int, default=None,
+                        help="widest batch that rounds like one-token forwards (default: every width)")
+    parser.add_argument("--exact-until", type=int, default=None,
+                        help="cached tokens past which only one-token forwards round alike (f16 cache on CPU: 256)")
+    parser.add_argument("--exact-verify", action="store_true", help="cap verifies at the exact width")
     parser.add_argument("--vocab-size", type=int, default=151936)
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = parser.parse_args(argv)
@@ -284,11 +313,11 @@ def main(argv=None) -> None:
     if costs is None:
         parser.error(f"--costs {args.costs}: not a cost table")
     traces = [json.loads(line) for path in args.traces for line in path.read_text().splitlines() if line.strip()]
-    speculation = SpeculationSettings(drafter="ngram", gamma=None if args.gamma == "auto" else int(args.gamma))
+    speculation = SpeculationSettings(drafter="ngram", gamma=None if args.gamma == "auto" else int(args.gamma),
+                                      exact_verify=args.exact_verify)
     if args.max_gamma is not None:
-        speculation = SpeculationSettings(drafter="ngram", gamma=speculation.gamma,
-                                          max_draftless_gamma=args.max_gamma)
-    rows = replay(traces, costs, speculation, args.vocab_size, args.tree_branches)
+        speculation = replace(speculation, max_draftless_gamma=args.max_gamma)
+    rows = replay(traces, costs, speculation, args.vocab_size, args.tree_branches, args.exact_width, args.exact_until)
     summary = by_category(rows)
     title = f"Replay of {', '.join(path.name for path in args.traces)} (γ {args.gamma})"
     print(markdown_table(COLUMNS, table_rows(summary)))
@@ -296,6 +325,10 @@ def main(argv=None) -> None:
         notes = [f"cost table: {args.costs}", "speedups are predicted from the table, not timed",
                  f"tree oracle: up to {args.tree_branches} branches, every verified row paid for",
                  "copy bound: the recorded output drafted up to its first pair of tokens not seen before"]
+        if args.exact_width is not None:
+            notes.append(f"batches round like one-token forwards up to {args.exact_width} rows"
+                         + (f" and {args.exact_until} cached tokens" if args.exact_until is not None else "")
+                         + ("; verifies capped there (--exact-verify)" if args.exact_verify else ""))
         write_results(args.out.parent, args.out.name, {"summary": summary, "rows": rows}, title, COLUMNS,
                       table_rows(summary), notes)
 

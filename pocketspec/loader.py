@@ -133,7 +133,7 @@ def _draft_cannot_pay(choice: ModelChoice, target_costs, draft_settings: ModelSe
     """Why a pair's draft model is not worth loading on this machine; None when it may pay or was asked for."""
     if target_costs is None or choice.draft_is_explicit or speculation.drafter == "model":
         return None
-    from memplanner.defaults import ACCEPTANCE_PRIORS
+    from memplanner.defaults import ACCEPTANCE_PRIORS, DRAFT_MODEL_MIN_SPEEDUP
     from memplanner.measured_costs import MachineCosts, best_draft_model_speedup
     from memplanner.shapes import shape_from_gguf
     from pocketspec.calibrate import cached_costs
@@ -143,7 +143,8 @@ def _draft_cannot_pay(choice: ModelChoice, target_costs, draft_settings: ModelSe
         target_only = MachineCosts(((shape_from_gguf(choice.target_path), target_costs),))
         draft_costs = target_only.table_for(shape_from_gguf(choice.draft_path))
     speedup, _ = best_draft_model_speedup(target_costs, draft_costs, ACCEPTANCE_PRIORS["model"], speculation.max_gamma)
-    if speedup > 1.0:
+    if speedup >= DRAFT_MODEL_MIN_SPEEDUP:
         return None
-    return (f"draft model {choice.draft_path.name} not loaded: on this machine's measured costs it cannot beat "
-            f"plain decoding even at {ACCEPTANCE_PRIORS['model']:.0%} acceptance; pass --draft NAME to load it anyway")
+    return (f"draft model {choice.draft_path.name} not loaded: on this machine's measured costs it would decode at "
+            f"{speedup:.2f}x plain decoding at {ACCEPTANCE_PRIORS['model']:.0%} acceptance, under the "
+            f"{DRAFT_MODEL_MIN_SPEEDUP:.2f}x that pays for loading it; pass --draft NAME to load it anyway")

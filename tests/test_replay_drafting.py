@@ -105,6 +105,23 @@ def test_rows_past_the_match_are_counted_where_proposals_break():
     assert rows[0]["past_match_seconds"] >= 0.03 * 4 / 16 - 1e-12
 
 
+def test_an_answer_stays_exact_only_while_every_batch_is_within_the_exact_width():
+    """Batches of up to 3 rows round like one-token forwards here. The free-running controller copies
+    through wide verifies and leaves that; capped at the exact width it stays exact, and slower;
+    where no batch is exact deep in the context, the cap leaves plain decoding."""
+    costs = _costs(lambda width: 0.03 * (1 if width == 1 else 1.5 + width / 16))
+    fast = replay([_copy_trace()], costs, SpeculationSettings(drafter="ngram"), vocab_size=6000, exact_width=3)
+    capped = replay([_copy_trace()], costs, SpeculationSettings(drafter="ngram", exact_verify=True), vocab_size=6000,
+                    exact_width=3)
+    assert not fast[0]["stayed_exact"] and max(fast[0]["widths"]) > 3
+    assert capped[0]["stayed_exact"] and max(capped[0]["widths"]) == 3
+    assert 1.0 < by_category(capped)["copy"]["speedup"] < by_category(fast)["copy"]["speedup"]
+    shallow = replay([_copy_trace()], costs, SpeculationSettings(drafter="ngram", exact_verify=True), vocab_size=6000,
+                     exact_width=3, exact_until=256)
+    assert shallow[0]["stayed_exact"] and set(shallow[0]["widths"]) == {1}
+    assert by_category(shallow)["copy"]["stayed_exact_share"] == 1.0
+
+
 def test_a_replay_that_leaves_the_recording_is_an_error(monkeypatch):
     import replay_drafting
 
