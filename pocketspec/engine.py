@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from memplanner.measured_costs import MeasuredCosts
+from pocketspec.backends.exact_width import wider_exact_advice
 from pocketspec.controller import Choice, GammaController
 from pocketspec.costs import CostTable
 from pocketspec.drafters.base import Draft
@@ -129,10 +130,14 @@ class SpeculativeEngine:
         if not speculation.exact_verify:
             return max_width - 1
         exact_width = self.target.exact_verify_width(max_width)
+        settings = getattr(self.target, "settings", None)
+        advice = None if settings is None else wider_exact_advice(settings, exact_width)
         if exact_width == 1:
             self.notes.append("--exact-verify: no verify batch rounds exactly like one-token decoding on this "
-                              "backend, so decoding is plain; --fast-verify drafts, and on llama.cpp's CPU backend "
-                              "a bf16 KV cache (--kv-type bf16) keeps batches exact past 256 cached tokens")
+                              "backend, so decoding is plain; --fast-verify drafts" + (f"; {advice}" if advice else ""))
+        elif advice is not None:
+            self.notes.append(f"--exact-verify: verify batches of up to {exact_width} rows round like one-token "
+                              f"decoding here; {advice}")
         return exact_width - 1
 
     def _pick(self, logits: np.ndarray) -> int:

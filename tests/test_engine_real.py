@@ -100,18 +100,22 @@ def test_exact_verify_is_bit_identical_at_long_context(qwen_target_path):
         assert np.array_equal(batched, singles)
 
 
-def test_a_bf16_kv_cache_keeps_exact_verify_drafting_past_256_cached_tokens(qwen_target_path):
+def test_a_bf16_kv_cache_and_unrepacked_weights_keep_exact_verify_drafting_wide_past_256_cached_tokens(
+        qwen_target_path):
     """llama.cpp's CPU attention takes a path of its own for one token over an f16 cache past 256
-    cached tokens, but rounds a bf16 cache alike at every batch width: the probe then finds batches
-    exact deep into the context, and --exact-verify drafts there, bit for bit like plain decoding."""
+    cached tokens, but rounds a bf16 cache alike at every batch width; its kernel for unrepacked
+    weights is the one-token kernel up to 7 rows (repacked weights switch at 4). The probe then finds
+    batches of at least 4 rows exact deep into the context, --exact-verify drafts there with nothing
+    left to advise, and the output is plain decoding's, bit for bit."""
     document = _long_document_prompt()
-    expected = _plain_tokens(qwen_target_path, document, 48, max_context=2048, kv_type="bf16")
-    with built_engine(qwen_target_path, drafter="ngram", max_context=2048, exact_verify=True, kv_type="bf16") as engine:
-        assert engine.target.settings.kv_type == "bf16"
+    layout = dict(max_context=2048, kv_type="bf16", repack=False)
+    expected = _plain_tokens(qwen_target_path, document, 48, **layout)
+    with built_engine(qwen_target_path, drafter="ngram", exact_verify=True, **layout) as engine:
+        assert engine.target.settings.kv_type == "bf16" and not engine.target.settings.repack_weights
         prompt = _chat_tokens(engine, document)
         assert len(prompt) > 256
         result = engine.generate(prompt, 48)
-        assert engine.controller.max_gamma >= 1 and not engine.notes
+        assert engine.controller.max_gamma >= 3 and not engine.notes
     assert result.stats.num_drafted > 0
     assert result.tokens == expected
 

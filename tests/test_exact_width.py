@@ -1,10 +1,13 @@
-"""pocketspec.backends.exact_width: the on-disk cache key of the --exact-verify width probe."""
+"""pocketspec.backends.exact_width: the on-disk cache key of the --exact-verify width probe, and what it
+advises when the probed width is narrow."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pocketspec.backends.exact_width import _cache_key
+import pytest
+
+from pocketspec.backends.exact_width import _cache_key, wider_exact_advice
 from pocketspec.settings import ModelSettings
 
 
@@ -29,3 +32,21 @@ def test_the_width_cache_key_tells_devices_and_splits_apart(smollm2_path, monkey
     assert _cache_key(Loaded(smollm2_path, ModelSettings(devices=("cuda:0",))), 8) == keys[1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert _cache_key(Loaded(smollm2_path, ModelSettings(devices=("cuda:0",))), 8) != keys[1]
+
+
+@pytest.mark.parametrize("settings, width, advised", [
+    (ModelSettings(), 1, ("--kv-type bf16", "--no-repack")),  # the defaults past 256 cached tokens
+    (ModelSettings(kv_type="bf16"), 3, ("--no-repack",)),  # bf16 with repacked weights
+    (ModelSettings(kv_type="bf16", repack_weights=False), 7, ()),
+    (ModelSettings(repack_weights=False), 1, ("--kv-type bf16",)),
+    (ModelSettings(gpu_layers=-1), 1, ()),  # the CPU kernels' advice is not a GPU's
+    (ModelSettings(backend="torch"), 1, ()),
+])
+def test_a_narrow_exact_width_names_the_cpu_settings_that_widen_it(settings, width, advised):
+    advice = wider_exact_advice(settings, width)
+    if not advised:
+        assert advice is None
+    else:
+        assert all(flag in advice for flag in advised)
+        assert ("--kv-type" in advice) == ("--kv-type bf16" in advised)
+        assert ("--no-repack" in advice) == ("--no-repack" in advised)

@@ -93,3 +93,23 @@ def exact_width(backend, max_width: int) -> int:
     except OSError:
         pass  # a read-only home only costs a probe next time
     return width
+
+
+# llama.cpp 0.3.36 computes repacked Q4_K CPU weights with another kernel from this many rows;
+# unrepacked ones with the one-token kernel up to 7 rows (measured: docs/bench.md)
+REPACKED_KERNEL_SWITCH_ROWS = 4
+
+
+def wider_exact_advice(settings, exact_width: int) -> str | None:
+    """What would widen --exact-verify's batches on llama.cpp's CPU backend, or None: a bf16 KV cache
+    where one-token attention parts from batches (past 256 cached tokens with f16), unrepacked weights
+    where the repacked kernel caps the width."""
+    if settings.backend != "llama.cpp" or settings.gpu_layers != 0 or settings.devices:
+        return None
+    changes = []
+    if exact_width == 1 and settings.kv_type == "f16":
+        changes.append("--kv-type bf16 keeps batches exact past 256 cached tokens")
+    if settings.repack_weights and exact_width < REPACKED_KERNEL_SWITCH_ROWS:
+        changes.append(f"--no-repack lets batches of more than {REPACKED_KERNEL_SWITCH_ROWS - 1} rows stay exact (the "
+                       f"kernel for repacked weights changes at {REPACKED_KERNEL_SWITCH_ROWS})")
+    return "on llama.cpp's CPU backend " + " and ".join(changes) if changes else None
