@@ -7,7 +7,8 @@ import json
 
 import click
 
-from apps.flags import SPECULATION, backend_options, model_choice_options, threads_option
+from apps.flags import backend_options, kv_type_option, model_choice_options, repack_option, threads_option
+from pocketspec.errors import UserError
 from pocketspec.machine_report import collect_report
 
 def _gib(num_bytes: int) -> str:
@@ -52,14 +53,11 @@ def _print_human(report: dict) -> None:
         click.echo(f"  {name:32} {'present' if model['downloaded'] else 'not downloaded'}")
 
 
-def _calibrate(target, draft, pair, threads, backend_options) -> None:
+def _calibrate(session_settings) -> None:
     from pocketspec.calibrate import calibrate_models, describe_costs
-    from pocketspec.loader import choose_models
-    from pocketspec.session_settings import apply_backend_options
-    from pocketspec.settings import ModelSettings
+    from pocketspec.session_settings import settings_for
 
-    choice = choose_models(target=target, draft=draft, pair=pair)
-    settings, _ = apply_backend_options(ModelSettings(num_threads=threads), SPECULATION, backend_options)
+    choice, settings, _ = settings_for(session_settings)
     for costs in calibrate_models(choice.target_path, choice.draft_path, settings,
                                   on_measure=lambda line: click.echo(line, err=True)):
         click.echo(f"{json.loads(costs.key)['model']}:")
@@ -74,12 +72,20 @@ def _calibrate(target, draft, pair, threads, backend_options) -> None:
                    "the adaptive γ and the planner use; otherwise measured once at first use).")
 @model_choice_options
 @threads_option
+@kv_type_option
+@repack_option
 @backend_options
-def doctor(as_json: bool, calibrate: bool, target, draft, pair, threads, **backend_args) -> None:
+def doctor(as_json: bool, calibrate: bool, target, draft, pair, threads, kv_type, repack, **backend_args) -> None:
     """Report the llama.cpp build, CPU, GPUs, memory and downloaded models."""
+    from pocketspec.session_settings import SessionSettings
+
     if calibrate:
-        _calibrate(target, draft, pair, threads, backend_args)
+        _calibrate(SessionSettings(target=target, draft=draft, pair=pair, threads=threads, kv_type=kv_type,
+                                   repack=repack, options=backend_args))
         return
+    if kv_type is not None or repack is not None:
+        raise UserError("--kv-type and --repack/--no-repack choose which cost table --calibrate measures; "
+                        "add --calibrate")
     report = collect_report()
     if as_json:
         click.echo(json.dumps(report, indent=2))

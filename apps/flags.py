@@ -109,7 +109,8 @@ def kv_type_option(function):
     return click.option("--kv-type", type=click.Choice(LLAMA_KV_TYPES), default=None,
                         help="The target's KV cache type [default: f16]; a memory plan never changes it, "
                              "only the draft's. bf16, as big as f16, keeps llama.cpp's CPU batches rounding like "
-                             "one-token decoding past 256 cached tokens, so --exact-verify drafts there.")(function)
+                             "one-token decoding past 256 cached tokens, so --exact-verify drafts there (wider with "
+                             "--no-repack).")(function)
 
 
 def runtime_options(function):

@@ -84,3 +84,19 @@ def test_a_named_draft_model_is_always_loaded(home, qwen_target_path, qwen_draft
     target_costs = MeasuredCosts("measured", {0: dict(STEPPED_CPU)}, weight_bytes=1_111_370_240)
     choice = ModelChoice(qwen_target_path, qwen_draft_path, "auto", draft_is_explicit=True)
     assert _draft_cannot_pay(choice, target_costs, ModelSettings(), SpeculationSettings()) is None
+
+
+@pytest.mark.real_model
+def test_doctor_calibrate_measures_the_table_of_the_cache_type_and_layout_asked_for(home, smollm2_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "apps.cli", "doctor", "--calibrate", "--target", str(smollm2_path),
+                             "--draft", "none", "--threads", "2", "--kv-type", "bf16", "--no-repack"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert smollm2_path.name in result.stdout and "depth" in result.stdout
+    settings = ModelSettings(num_threads=2, kv_type="bf16", repack_weights=False)
+    assert cached_costs(smollm2_path, settings) is not None
+    assert cached_costs(smollm2_path, replace(settings, kv_type="f16")) is None
+    assert cached_costs(smollm2_path, replace(settings, repack_weights=True)) is None

@@ -85,6 +85,16 @@ def test_nonsense_flag_values(smollm2_path, flags, fragment):
     assert_one_line_error(result, fragment)
 
 
+@pytest.mark.parametrize("flags, fragments", [
+    (["--kv-type", "bf16"], ("--kv-type", "--calibrate")),  # a report has no cost table to choose
+    (["--no-repack"], ("--repack", "--calibrate")),
+    (["--calibrate", "--backend", "torch", "--kv-type", "bf16"], ("--torch-kv-type",)),
+])
+def test_doctor_refuses_a_cost_table_choice_it_cannot_use(smollm2_path, flags, fragments):
+    result = run_cli("doctor", "--target", str(smollm2_path), "--draft", "ngram", *flags)
+    assert_one_line_error(result, *fragments)
+
+
 def test_missing_prompt_file(smollm2_path, tmp_path):
     result = run_cli("generate", "--target", str(smollm2_path), "--prompt-file", str(tmp_path / "nope.txt"))
     assert_one_line_error(result, "nope.txt")
