@@ -104,7 +104,11 @@ def wider_exact_advice(settings, exact_width: int) -> str | None:
     """What would widen --exact-verify's batches on llama.cpp's CPU backend, or None: a bf16 KV cache
     where one-token attention parts from batches (past 256 cached tokens with f16), unrepacked weights
     where the repacked kernel caps the width."""
-    if settings.backend != "llama.cpp" or settings.gpu_layers != 0 or settings.devices:
+    if settings.backend != "llama.cpp":
+        return None
+    from pocketspec.backends.llama_split import is_cpu_planned
+
+    if not is_cpu_planned(settings):
         return None
     changes = []
     if exact_width == 1 and settings.kv_type == "f16":
