@@ -16,8 +16,11 @@ chat: setup models-default
 serve: setup models-default
 	$(BIN)/pocketspec serve
 
+# Two test workers (fewer on a 1-core machine), each test file on one of them; the 20 slowest tests are listed.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(2, len(os.sched_getaffinity(0))))")
+
 test: setup models-test
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 setup: $(VENV)/.pocketspec-installed
 

@@ -154,12 +154,37 @@ def plain_seconds(costs: MeasuredCosts, num_prompt_tokens: int, num_tokens: int)
     return sum(costs.forward_seconds(1, num_prompt_tokens + index) for index in range(num_tokens - 1))
 
 
-def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSettings, vocab_size: int,
-           max_branches: int = 1, exact_width: int | None = None, exact_until: int | None = None) -> list[dict]:
+def open_replay(costs: MeasuredCosts, speculation: SpeculationSettings, vocab_size: int,
+                exact_width: int | None = None, exact_until: int | None = None,
+                calibrated: MeasuredCosts | None = None) -> tuple[SpeculativeEngine, ReplayTarget]:
+    """The real engine on a stand-in target whose forwards take `costs` on a virtual clock; the
+    engine's controller is given `calibrated` as its table (default: the same costs), so a table
+    that is off can be replayed against the machine it was measured on."""
     clock = VirtualClock()
     target = ReplayTarget(costs, clock, vocab_size, max_logits_rows=speculation.verify_width(),
                           exact_width=exact_width, exact_until=exact_until)
-    engine = SpeculativeEngine(target, speculation=speculation, target_costs=costs, clock=clock)
+    engine = SpeculativeEngine(target, speculation=speculation, target_costs=calibrated or costs, clock=clock)
+    return engine, target
+
+
+def replay_trace(engine: SpeculativeEngine, target: ReplayTarget, trace: dict):
+    """Generates one recorded output again (the engine's corpus and learned costs carry on)."""
+    prompt, output = trace["prompt_tokens"], trace["output_tokens"]
+    target.follow(prompt + output)
+    target.widths.clear()
+    target.past_match_seconds = 0.0
+    target.stayed_exact = True
+    engine.reset()
+    result = engine.generate(prompt, len(output))
+    if result.tokens != output:
+        raise AssertionError(f"{trace['prompt_id']}: the replay left the recorded output")
+    return result
+
+
+def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSettings, vocab_size: int,
+           max_branches: int = 1, exact_width: int | None = None, exact_until: int | None = None,
+           calibrated: MeasuredCosts | None = None) -> list[dict]:
+    engine, target = open_replay(costs, speculation, vocab_size, exact_width, exact_until, calibrated)
     chain_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
     tree_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
     earlier_pairs: set[tuple[int, int]] = set()
@@ -168,15 +193,7 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
         prompt, output = trace["prompt_tokens"], trace["output_tokens"]
         if len(output) < 2:
             continue
-        target.follow(prompt + output)
-        target.widths.clear()
-        target.past_match_seconds = 0.0
-        target.stayed_exact = True
-        engine.reset()
-        result = engine.generate(prompt, len(output))
-        if result.tokens != output:
-            raise AssertionError(f"{trace['prompt_id']}: the replay left the recorded output")
-        stats = result.stats
+        stats = replay_trace(engine, target, trace).stats
         rows.append({"prompt_id": trace["prompt_id"], "category": trace["category"], "turn": trace.get("turn", 1),
                      "num_tokens": len(output), "decode_seconds": stats.decode_seconds,
                      "plain_seconds": plain_seconds(costs, len(prompt), len(output)),
@@ -298,6 +315,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("traces", type=Path, nargs="+")
     parser.add_argument("--costs", type=Path, required=True, help="a cost table (POCKETSPEC_HOME/costs/*.json)")
+    parser.add_argument("--calibrated-costs", type=Path, default=None,
+                        help="the table the controller is given, when it is not --costs (one measured on a busy machine)")
     parser.add_argument("--gamma", default="auto", help="auto (the controller) or a fixed draft length")
     parser.add_argument("--max-gamma", type=int, default=None, help="the draftless γ ceiling (default: the runtime's)")
     parser.add_argument("--tree-branches", type=int, default=3, help="most branches of the tree oracle's trees")
@@ -312,17 +331,22 @@ def main(argv=None) -> None:
     costs = load_measured_costs(args.costs)
     if costs is None:
         parser.error(f"--costs {args.costs}: not a cost table")
+    calibrated = None if args.calibrated_costs is None else load_measured_costs(args.calibrated_costs)
+    if args.calibrated_costs is not None and calibrated is None:
+        parser.error(f"--calibrated-costs {args.calibrated_costs}: not a cost table")
     traces = [json.loads(line) for path in args.traces for line in path.read_text().splitlines() if line.strip()]
     speculation = SpeculationSettings(drafter="ngram", gamma=None if args.gamma == "auto" else int(args.gamma),
                                       exact_verify=args.exact_verify)
     if args.max_gamma is not None:
         speculation = replace(speculation, max_draftless_gamma=args.max_gamma)
-    rows = replay(traces, costs, speculation, args.vocab_size, args.tree_branches, args.exact_width, args.exact_until)
+    rows = replay(traces, costs, speculation, args.vocab_size, args.tree_branches, args.exact_width, args.exact_until,
+                  calibrated)
     summary = by_category(rows)
     title = f"Replay of {', '.join(path.name for path in args.traces)} (γ {args.gamma})"
     print(markdown_table(COLUMNS, table_rows(summary)))
     if args.out is not None:
         notes = [f"cost table: {args.costs}", "speedups are predicted from the table, not timed",
+                 *([f"the controller's table: {args.calibrated_costs}"] if calibrated is not None else []),
                  f"tree oracle: up to {args.tree_branches} branches, every verified row paid for",
                  "copy bound: the recorded output drafted up to its first pair of tokens not seen before"]
         if args.exact_width is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -23,6 +23,8 @@ class MeasuredCosts:
     key: str  # what the table is valid for: model file, backend build, threads, weight layout
     seconds: dict[int, dict[int, float]]  # depth -> width -> seconds
     weight_bytes: int = 0
+    # depth -> width -> how far the timed repeats spread, as a share of the cost (pocketspec/cost_samples.py)
+    spread: dict[int, dict[int, float]] = field(default_factory=dict)
 
     @property
     def depths(self) -> list[int]:
@@ -69,22 +71,28 @@ class MeasuredCosts:
         return sorted(efficient)
 
     def to_json(self) -> dict:
-        return {"key": self.key, "weight_bytes": self.weight_bytes,
-                "seconds": {str(depth): {str(width): seconds for width, seconds in sorted(row.items())}
-                            for depth, row in sorted(self.seconds.items())}}
+        def by_depth(table: dict[int, dict[int, float]]) -> dict:
+            return {str(depth): {str(width): value for width, value in sorted(row.items())}
+                    for depth, row in sorted(table.items())}
+        return {"key": self.key, "weight_bytes": self.weight_bytes, "seconds": by_depth(self.seconds),
+                "spread": by_depth(self.spread)}
 
     @classmethod
     def from_json(cls, data: dict) -> "MeasuredCosts":
-        seconds = {int(depth): {int(width): float(value) for width, value in row.items()}
-                   for depth, row in data["seconds"].items()}
+        def by_depth(table: dict) -> dict[int, dict[int, float]]:
+            return {int(depth): {int(width): float(value) for width, value in row.items()}
+                    for depth, row in table.items()}
+        seconds = by_depth(data["seconds"])
         if not seconds or any(not row for row in seconds.values()):
             raise ValueError("a cost table needs at least one depth with one width")
-        return cls(key=str(data["key"]), seconds=seconds, weight_bytes=int(data.get("weight_bytes", 0)))
+        return cls(key=str(data["key"]), seconds=seconds, weight_bytes=int(data.get("weight_bytes", 0)),
+                   spread=by_depth(data.get("spread", {})))
 
     def scaled(self, factor: float, key: str | None = None, weight_bytes: int | None = None) -> "MeasuredCosts":
         """The same curve, every cost times `factor` (a model of other size on the same kernels)."""
         seconds = {depth: {width: value * factor for width, value in row.items()} for depth, row in self.seconds.items()}
-        return MeasuredCosts(key or self.key, seconds, self.weight_bytes if weight_bytes is None else weight_bytes)
+        return MeasuredCosts(key or self.key, seconds, self.weight_bytes if weight_bytes is None else weight_bytes,
+                             self.spread)
 
 
 def load_measured_costs(path: Path) -> MeasuredCosts | None:
@@ -93,13 +101,6 @@ def load_measured_costs(path: Path) -> MeasuredCosts | None:
         return MeasuredCosts.from_json(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-
-
-def save_measured_costs(costs: MeasuredCosts, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(costs.to_json(), indent=1), encoding="utf-8")
-    temporary.replace(path)
 
 
 def best_draft_model_speedup(target: MeasuredCosts, draft: MeasuredCosts, alpha: float, max_gamma: int,

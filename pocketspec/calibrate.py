@@ -2,7 +2,9 @@
 
 The table (memplanner/measured_costs.py) is keyed by what decides the cost: the model file,
 the backend and its build, the thread count, the weight layout and the device. It lives in
-POCKETSPEC_HOME/costs/; `pocketspec doctor --calibrate` measures it again on request.
+POCKETSPEC_HOME/costs/; `pocketspec doctor --calibrate` measures it again on request. Widths are
+timed in interleaved rounds and kept as medians, with their spread (pocketspec/cost_samples.py);
+a table whose repeats disagree is used once and not cached.
 """
 
 from __future__ import annotations
@@ -10,17 +12,20 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from memplanner.measured_costs import MeasuredCosts, load_measured_costs, save_measured_costs
-from pocketspec.catalog import pocketspec_home
+from memplanner.measured_costs import MeasuredCosts, load_measured_costs
+from pocketspec.cost_samples import (MAX_EXTRA_ROUNDS, MAX_SPREAD, NUM_ROUNDS, disagreeing_share, is_trusted,
+                                     summarize_depth, widths_to_measure_again)
+from pocketspec.measured_cache import costs_dir, measuring_alone, write_json
 
 CALIBRATION_DEPTHS = (0, 1024)  # cached tokens before the measured forward; clipped to the context
 MAX_CALIBRATED_WIDTH = 32
 # Every width up to 16 (llama.cpp's kernel steps sit there), then every fourth: a width between
 # two measured ones is costed as the wider (memplanner/measured_costs.py), never underestimated.
 CALIBRATED_WIDTHS = (*range(1, 17), 20, 24, 28, 32)
-NUM_REPEATS = 2  # the fastest of these is kept: a busy neighbour only ever makes a pass slower
 
 
 def _build_identity(settings) -> dict:
@@ -48,7 +53,7 @@ def cost_key(model_path: Path, settings) -> str:
 
 
 def cost_table_path(key: str) -> Path:
-    return pocketspec_home() / "costs" / f"{hashlib.sha1(key.encode()).hexdigest()[:20]}.json"
+    return costs_dir() / f"{hashlib.sha1(key.encode()).hexdigest()[:20]}.json"
 
 
 def _filler_tokens(count: int, vocab_size: int) -> list[int]:
@@ -57,41 +62,66 @@ def _filler_tokens(count: int, vocab_size: int) -> list[int]:
     return [256 + (index * 7919) % span for index in range(count)]
 
 
-def _time_forward(backend, depth: int, width: int, all_rows: bool, filler: list[int]) -> float:
-    best = float("inf")
-    rows = range(width) if all_rows else [width - 1]
-    for _ in range(NUM_REPEATS):
-        backend.rollback(depth)
-        started = time.perf_counter()
-        backend.forward(filler[depth:depth + width], rows)
-        best = min(best, time.perf_counter() - started)
-    return best
+@dataclass(frozen=True)
+class _Timing:
+    """What every timed forward of one measurement shares."""
+
+    backend: object
+    all_rows: bool  # a verify asks for every row's logits; a draft model (one logits row) for the last only
+    filler: list[int]
+    clock: Callable[[], float]
+
+    def once(self, depth: int, width: int) -> float:
+        self.backend.rollback(depth)
+        rows = range(width) if self.all_rows else [width - 1]
+        started = self.clock()
+        self.backend.forward(self.filler[depth:depth + width], rows)
+        return self.clock() - started
+
+    def rounds(self, depth: int, widths: list[int], num_rounds: int, samples: dict[int, list[float]]) -> None:
+        """num_rounds passes over `widths`, one forward each, alternately narrow to wide and back: a
+        drift of the machine's speed during a round falls on every width alike."""
+        for _ in range(num_rounds):
+            for width in widths:
+                samples[width].append(self.once(depth, width))
+            widths = widths[::-1]
+
+    def depth_costs(self, depth: int, widths: list[int]):
+        self.once(depth, 1)  # warm the kernels at this depth
+        samples: dict[int, list[float]] = {width: [] for width in widths}
+        self.rounds(depth, widths, NUM_ROUNDS, samples)
+        for _ in range(MAX_EXTRA_ROUNDS):
+            again = widths_to_measure_again(samples)
+            if not again:
+                break
+            self.rounds(depth, again, 1, samples)
+        return summarize_depth(samples)
 
 
-def measure_costs(backend, *, max_width: int | None = None, depths=CALIBRATION_DEPTHS) -> MeasuredCosts:
-    """Time one forward of every width up to max_width at each depth. Leaves the cache empty.
-
-    all_rows: a verify asks for every row's logits; a draft model (one logits row) for the last only.
-    """
+def measure_costs(backend, *, max_width: int | None = None, depths=CALIBRATION_DEPTHS,
+                  clock: Callable[[], float] = time.perf_counter) -> MeasuredCosts:
+    """Time every width up to max_width at each depth, in interleaved rounds. Leaves the cache empty."""
     all_rows = backend.max_logits_rows > 1
     widest = min(max_width or MAX_CALIBRATED_WIDTH, backend.max_logits_rows if all_rows else MAX_CALIBRATED_WIDTH,
                  getattr(backend, "n_batch", MAX_CALIBRATED_WIDTH), MAX_CALIBRATED_WIDTH)
+    widths = sorted({*(width for width in CALIBRATED_WIDTHS if width < widest), widest})
     usable_depths = sorted({min(depth, backend.max_context - widest - 1) for depth in depths if depth >= 0})
-    filler = _filler_tokens(usable_depths[-1] + widest, backend.vocab_size)
+    timing = _Timing(backend, all_rows, _filler_tokens(usable_depths[-1] + widest, backend.vocab_size), clock)
     backend.rollback(0)
-    seconds: dict[int, dict[int, float]] = {}
+    by_depth = {}
     try:
         for depth in usable_depths:
             if depth > backend.num_cached:
                 backend.rollback(backend.num_cached)
-                backend.prefill(filler[backend.num_cached:depth + 1])
+                backend.prefill(timing.filler[backend.num_cached:depth + 1])
                 backend.rollback(depth)
-            _time_forward(backend, depth, 1, all_rows, filler)  # warm the kernels at this depth
-            seconds[depth] = {width: _time_forward(backend, depth, width, all_rows, filler)
-                              for width in sorted({*(w for w in CALIBRATED_WIDTHS if w < widest), widest})}
+            by_depth[depth] = timing.depth_costs(depth, widths)
     finally:
         backend.rollback(0)
-    return MeasuredCosts(cost_key(backend.model_path, backend.settings), seconds, weight_bytes=_weight_bytes(backend))
+    return MeasuredCosts(cost_key(backend.model_path, backend.settings),
+                         {depth: costs.seconds for depth, costs in by_depth.items()},
+                         weight_bytes=_weight_bytes(backend),
+                         spread={depth: costs.spread for depth, costs in by_depth.items()})
 
 
 def _weight_bytes(backend) -> int:
@@ -110,22 +140,32 @@ def cached_costs(model_path: Path, settings, min_width: int = 1) -> MeasuredCost
     return costs
 
 
-def calibrated_costs(backend, *, min_width: int = 1, on_measure=None, force: bool = False) -> MeasuredCosts:
-    """The cached table, or a new measurement (then cached; a home that cannot be written only loses the cache).
+def calibrated_costs(backend, *, min_width: int = 1, on_measure=None, force: bool = False,
+                     clock: Callable[[], float] = time.perf_counter) -> MeasuredCosts:
+    """The cached table, or a new measurement: cached when its repeats agree (a home that cannot be
+    written only loses the cache), else used for this run only and measured again next time.
 
-    on_measure(message): called before a measurement starts, so a front end can say why it waits.
+    Measured under the home's measuring lock: a process that waited for another one's measurement
+    of the same table reads it instead. on_measure(message): told before a measurement starts, so
+    a front end can say why it waits, and after one that is not cached.
     """
     costs = None if force else cached_costs(backend.model_path, backend.settings, min_width)
     if costs is not None:
         return costs
-    if on_measure is not None:
-        on_measure(f"measuring {Path(backend.model_path).name}'s forward costs on this machine "
-                   "(once; cached in POCKETSPEC_HOME/costs)")
-    costs = measure_costs(backend, max_width=max(min_width, MAX_CALIBRATED_WIDTH))
-    try:
-        save_measured_costs(costs, cost_table_path(costs.key))
-    except OSError:
-        pass
+    with measuring_alone():
+        costs = None if force else cached_costs(backend.model_path, backend.settings, min_width)
+        if costs is not None:
+            return costs
+        if on_measure is not None:
+            on_measure(f"measuring {Path(backend.model_path).name}'s forward costs on this machine "
+                       "(once; cached in POCKETSPEC_HOME/costs)")
+        costs = measure_costs(backend, max_width=max(min_width, MAX_CALIBRATED_WIDTH), clock=clock)
+        if is_trusted(costs.spread):
+            write_json(cost_table_path(costs.key), costs.to_json())
+        elif on_measure is not None:
+            on_measure(f"{Path(backend.model_path).name}'s forward costs varied by more than {MAX_SPREAD:.0%} "
+                       f"between repeats at {disagreeing_share(costs.spread):.0%} of the widths (is the machine "
+                       "busy?); this run uses them, the next one measures them again")
     return costs
 
 
@@ -148,10 +188,12 @@ def calibrate_models(target_path: Path, draft_path: Path | None, target_settings
 
 
 def describe_costs(costs: MeasuredCosts) -> list[str]:
-    """One line per depth: the cost of a few widths and the widths worth verifying."""
+    """One line per depth: the cost of a few widths with their spread, and the widths worth verifying."""
     lines = []
     for depth in costs.depths:
+        spread = costs.spread.get(depth, {})
         shown = ", ".join(f"{width}: {1000 * costs.forward_seconds(width, depth):.0f}"
+                          + (f" ±{spread[width]:.0%}" if width in spread else "")
                           for width in (1, 2, 4, 8, 16, 32) if width <= costs.max_width)
         efficient = ",".join(map(str, costs.efficient_widths(depth)))
         lines.append(f"  depth {depth:5}: ms by width {{{shown}}}; efficient widths {efficient}")

@@ -168,12 +168,14 @@ class GammaController:
         return range(1, cap + 1)
 
     def _verify_seconds(self, rows_beside: int):
-        """Seconds a verify of w rows adds: alone, its forward; in a decode shared with rows_beside
-        other sequences' tokens, what its rows add to that decode (never under 1 % of one token's
-        forward), so that a draft is worth its rows to every sequence, not only to its own."""
-        seconds = self.target_costs.seconds
+        """Seconds a verify of w rows adds: alone, its forward, as optimistic as the width is little
+        timed (pocketspec/costs.py: so a width the table makes look bad is still tried where it comes
+        near the best); in a decode shared with rows_beside other sequences' tokens, what its rows add
+        to that decode (never under 1 % of one token's forward), so that a draft is worth its rows to
+        every sequence, not only to its own."""
         if rows_beside <= 0:
-            return seconds
+            return self.target_costs.optimistic_seconds
+        seconds = self.target_costs.seconds
 
         def marginal(width: int, depth: int = 0) -> float:
             added = seconds(rows_beside + width, depth) - seconds(rows_beside, depth)

@@ -201,6 +201,8 @@ class BenchSettings:
     # A round runs every system over one category's prompts (at most this many; a suite without
     # categories is cut into groups of this size), so the systems interleave in time.
     max_prompts_per_round: int = 5
+    # passes over the rounds: each ratio is also measured per pass, and reported with its spread
+    num_repeats: int = field(default=1, metadata=in_range("--repeats", 1, 100, is_integer=True))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pocketspec.catalog import model_path
+from pocketspec.catalog import model_path, pocketspec_home
+
+# The home `make test` pulled the models into; the cost tables and exact widths measured in it
+# are this test session's, shared by the fresh homes tests make (home_with_measurements).
+SESSION_HOME = pocketspec_home()
 
 # A shell without job control starts background commands (`make test &`, some CI runners)
 # with SIGINT ignored, and children inherit that: then no Ctrl-C test could interrupt
@@ -22,6 +26,44 @@ def require_model(name: str) -> Path:
     if not path.exists():
         pytest.fail(f"{name} is not downloaded: run `make models-test` (or `pocketspec models pull {name}`)")
     return path
+
+
+def home_with_measurements(home: Path) -> Path:
+    """A fresh POCKETSPEC_HOME at `home` whose models, cost tables and exact verify widths are the
+    session home's: nothing is downloaded, and nothing an earlier test measured is measured again
+    (pocketspec/measured_cache.py: measured once, under a lock, by whichever process needs it first)."""
+    home.mkdir(parents=True, exist_ok=True)
+    for name in ("models", "costs", "exact_widths"):
+        shared = SESSION_HOME / name
+        shared.mkdir(parents=True, exist_ok=True)
+        (home / name).symlink_to(shared, target_is_directory=True)
+    return home
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cost_tables_measured_first():
+    """The cost tables the adaptive engines of most tests read (SmolLM2 at 1 and 2 threads, the qwen
+    pair), measured before any test under one hold of the measuring lock. With `make test`'s two
+    workers, the other worker waits for them instead of loading the CPU while they are timed: a table
+    timed beside another test's work is likely untrusted, and then measured again by every engine
+    that needs it. Cached in the session's home, so a later session measures nothing."""
+    from dataclasses import replace
+
+    from pocketspec.backends.torch_open import open_backend
+    from pocketspec.calibrate import MAX_CALIBRATED_WIDTH, calibrated_costs
+    from pocketspec.loader import draft_settings_for
+    from pocketspec.measured_cache import measuring_alone
+    from pocketspec.settings import ModelSettings
+
+    widest = ModelSettings(max_logits_rows=MAX_CALIBRATED_WIDTH)
+    qwen_draft = draft_settings_for(widest)
+    jobs = [("smollm2-135m-instruct", widest), ("smollm2-135m-instruct", replace(widest, num_threads=1)),
+            ("qwen2.5-coder-1.5b-instruct", widest), ("qwen2.5-coder-0.5b-instruct", qwen_draft)]
+    with measuring_alone():
+        for name, settings in jobs:
+            if model_path(name).exists():  # else the tests that need it fail with their own message
+                with open_backend(model_path(name), settings) as backend:
+                    calibrated_costs(backend, min_width=MAX_CALIBRATED_WIDTH)
 
 
 @pytest.fixture(scope="session")

@@ -119,3 +119,32 @@ def test_report_of_a_run_stopped_before_its_first_round_ended(results):
     report = build_report(results)
     assert "stopped after 0 of 2 rounds" in report and "No round completed: nothing was measured." in report
     assert "## Overall" not in report
+
+
+def _row(system: str, repeat: int, tokens: int, seconds: float, **extra) -> dict:
+    return {"system": system, "category": "coding", "round": repeat, "repeat": repeat, "num_decode_tokens": tokens,
+            "decode_seconds": seconds, **extra}
+
+
+def test_a_ratio_over_repeats_comes_with_its_lowest_and_highest_repeat():
+    from apps.bench.report import ratio_cell, ratio_spread
+
+    plain = [_row("plain", 0, 100, 10.0), _row("plain", 1, 100, 10.0), _row("plain", 2, 100, 10.0)]
+    spec = [_row("spec", 0, 100, 8.0), _row("spec", 1, 100, 5.0), _row("spec", 2, 100, 4.0)]
+    assert ratio_spread(spec, plain) == pytest.approx((1.25, 2.5))
+    assert ratio_cell(spec, plain) == f"{300 / 17 / 10:.2f}× (1.25–2.50)"
+    assert ratio_cell(spec[:1], plain[:1]) == "1.25×"  # one repeat: no spread to show
+    assert ratio_spread(spec, plain[:1]) is None  # only the repeats both systems ran count
+
+
+def test_the_report_shows_the_calibrated_curve_beside_the_learned_one(results):
+    from apps.bench.report import learned_curve_table
+
+    curve = {"depth": 512, "widths": [1, 2, 16], "calibrated_seconds": [0.03, 0.06, 0.3],
+             "learned_seconds": [0.036, 0.06, 0.24], "num_timed": [40, 9, 5]}
+    table = learned_curve_table([_row("spec", 0, 10, 1.0), _row("spec", 0, 10, 1.0, verify_costs=curve)])
+    assert "| 16 | 10.00 | 6.67 | 240 | 5 |" in table
+    results["rows"] = [{**row, "verify_costs": curve} if row["system"] == "pocketspec-auto" else row
+                       for row in results["rows"]]
+    report = build_report(results)
+    assert "### pocketspec-auto: verify cost by width at 512 cached tokens" in report

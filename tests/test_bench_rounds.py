@@ -53,3 +53,11 @@ def test_every_prompt_meets_every_runnable_system_exactly_once():
                 for prompt in round_.prompts]
     assert sorted(measured) == sorted((prompt.prompt_id, name) for prompt in suite
                                       for name in ("plain", "pocketspec-ngram", "prompt-lookup"))
+
+
+def test_repeats_run_the_whole_pass_again_with_rounds_of_their_own():
+    rounds = plan_rounds(prompts("coding", "writing", "coding"), max_prompts_per_round=5, num_repeats=2)
+    assert [(round_.index, round_.label, round_.repeat) for round_ in rounds] == [
+        (0, "coding, repeat 1/2", 0), (1, "writing, repeat 1/2", 0),
+        (2, "coding, repeat 2/2", 1), (3, "writing, repeat 2/2", 1)]
+    assert rounds[0].prompts == rounds[2].prompts

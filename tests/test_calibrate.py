@@ -6,6 +6,7 @@ import pytest
 
 from memplanner.measured_costs import MeasuredCosts
 from pocketspec.calibrate import cached_costs, calibrated_costs, cost_key
+from pocketspec.cost_samples import disagreeing_share, is_trusted
 from pocketspec.loader import ModelChoice, _draft_cannot_pay
 from pocketspec.settings import ModelSettings, SpeculationSettings
 
@@ -24,11 +25,16 @@ def test_a_real_model_is_measured_once_then_read_from_the_cache(home, smollm2_pa
     messages = []
     with LlamaCppBackend(smollm2_path, settings) as backend:
         costs = calibrated_costs(backend, min_width=12, on_measure=messages.append)
-        assert len(messages) == 1
         assert costs.depths == [0, backend.max_context - 12 - 1]
         assert costs.max_width == 12
         assert all(seconds > 0 for row in costs.seconds.values() for seconds in row.values())
         assert backend.num_cached == 0  # the measurement leaves the cache empty
+        if not is_trusted(costs.spread):  # a busy machine: used once, said so, not cached
+            assert len(messages) == 2 and "varied by more than" in messages[1]
+            assert cached_costs(smollm2_path, settings) is None
+            pytest.skip(f"this machine was too busy to cache a table ({disagreeing_share(costs.spread):.0%} of "
+                        "its widths disagreed)")
+        assert len(messages) == 1
         assert calibrated_costs(backend, min_width=12, on_measure=messages.append) == costs
         assert len(messages) == 1  # the second call read the cache
     assert cached_costs(smollm2_path, settings) == costs
@@ -95,8 +101,87 @@ def test_doctor_calibrate_measures_the_table_of_the_cache_type_and_layout_asked_
                              "--draft", "none", "--threads", "2", "--kv-type", "bf16", "--no-repack"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    assert smollm2_path.name in result.stdout and "depth" in result.stdout
+    assert smollm2_path.name in result.stdout and "depth" in result.stdout and "±" in result.stdout
     settings = ModelSettings(num_threads=2, kv_type="bf16", repack_weights=False)
-    assert cached_costs(smollm2_path, settings) is not None
+    if cached_costs(smollm2_path, settings) is None:  # a busy machine: shown, said so, and not cached
+        assert "between repeats" in result.stderr and "measures them again" in result.stderr
+    else:
+        assert "between repeats" not in result.stderr
     assert cached_costs(smollm2_path, replace(settings, kv_type="f16")) is None
     assert cached_costs(smollm2_path, replace(settings, repack_weights=True)) is None
+
+
+class StandInBackend:
+    """A backend whose forward of w rows takes seconds_by_width(w, n) on a virtual clock, n counting the
+    timed forwards of that width: a machine whose speed is known exactly, busy spells included."""
+
+    def __init__(self, model_path, seconds_by_width, max_context: int = 600):
+        from pocketspec.settings import ModelSettings
+
+        self.model_path, self.settings = model_path, ModelSettings(num_threads=2)
+        self.seconds_by_width = seconds_by_width
+        self.max_context, self.max_logits_rows, self.vocab_size, self.n_batch = max_context, 32, 49152, 512
+        self.now, self.num_cached = 0.0, 0
+        self.num_forwards: dict[int, int] = {}
+
+    def clock(self) -> float:
+        return self.now
+
+    def rollback(self, num_kept: int) -> None:
+        self.num_cached = min(self.num_cached, num_kept)
+
+    def prefill(self, tokens):
+        self.num_cached += len(tokens)
+
+    def forward(self, tokens, rows):
+        width = len(tokens)
+        count = self.num_forwards[width] = self.num_forwards.get(width, 0) + 1
+        self.now += self.seconds_by_width(width, count)
+        self.num_cached += width
+
+    def memory_report(self) -> dict:
+        return {"weights": 1000}
+
+
+def _curve(width: int) -> float:
+    return 0.03 * (1 + 0.5 * (width - 1)) if width < 8 else 0.03 * (4 + 0.1 * width)
+
+
+def test_a_quiet_machines_table_is_its_curve_and_is_cached(home, smollm2_path):
+    backend = StandInBackend(smollm2_path, lambda width, count: _curve(width))
+    costs = calibrated_costs(backend, min_width=32, clock=backend.clock)
+    assert costs.seconds[0] == {width: pytest.approx(_curve(width)) for width in costs.seconds[0]}
+    assert disagreeing_share(costs.spread) == 0.0 and cached_costs(smollm2_path, backend.settings, 32) == costs
+    assert set(backend.num_forwards.values()) == {3 * len(costs.depths)} | {3 * len(costs.depths) + 2}  # + warm-ups
+
+
+def test_a_stray_slow_pass_is_outvoted_by_the_median(home, smollm2_path):
+    backend = StandInBackend(smollm2_path, lambda width, count: _curve(width) * (3.0 if count == 2 else 1.0))
+    costs = calibrated_costs(backend, min_width=32, clock=backend.clock)
+    assert costs.seconds[0][16] == pytest.approx(_curve(16)) and cached_costs(smollm2_path, backend.settings, 32)
+
+
+def test_repeats_that_keep_disagreeing_are_measured_again_then_used_once_and_not_cached(home, smollm2_path):
+    """Widths 9-16 take 1.15x, 1.15²x, 1.15³x ... of their cost, pass after pass: a neighbour ever busier. They
+    get the extra rounds, the table is still used for the run that measured it, and the next run measures
+    again. One such width alone would not condemn the table."""
+    def busy_from_9_to_16(width: int, count: int) -> float:
+        return _curve(width) * 1.15 ** count if 9 <= width <= 16 else _curve(width)
+
+    backend = StandInBackend(smollm2_path, busy_from_9_to_16)
+    messages = []
+    costs = calibrated_costs(backend, min_width=32, on_measure=messages.append, clock=backend.clock)
+    assert disagreeing_share(costs.spread) == pytest.approx(8 / 20) and costs.spread[0][12] == pytest.approx(0.15)
+    assert backend.num_forwards[12] > backend.num_forwards[20]  # the extra rounds went to the busy widths
+    assert cached_costs(smollm2_path, backend.settings, 32) is None
+    assert len(messages) == 2 and "at 40% of the widths" in messages[1] and "measures them again" in messages[1]
+    one_noisy = StandInBackend(smollm2_path, lambda width, count: busy_from_9_to_16(width, count) if width == 12
+                               else _curve(width))
+    assert is_trusted(calibrated_costs(one_noisy, min_width=32, force=True, clock=one_noisy.clock).spread)
+
+
+def test_a_cost_per_row_that_rises_is_measured_again_and_kept_when_its_repeats_agree(home, smollm2_path):
+    backend = StandInBackend(smollm2_path, lambda width, count: _curve(width) * (2.0 if width == 20 else 1.0))
+    costs = calibrated_costs(backend, min_width=32, clock=backend.clock)
+    assert backend.num_forwards[20] > backend.num_forwards[16]
+    assert costs.seconds[0][20] == pytest.approx(2 * _curve(20)) and cached_costs(smollm2_path, backend.settings, 32)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import home_with_measurements
 from pocketspec.transcript import load_transcript, read_records
 
 pexpect = pytest.importorskip("pexpect")
@@ -23,11 +24,8 @@ TIMEOUT_SECONDS = 120
 
 @pytest.fixture
 def chat_home(tmp_path, smollm2_path) -> Path:
-    """A fresh POCKETSPEC_HOME whose models/ is the real model cache, so nothing is downloaded."""
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "models").symlink_to(smollm2_path.parent, target_is_directory=True)
-    return home
+    """A fresh POCKETSPEC_HOME (chats, history) with the session's models and measured costs."""
+    return home_with_measurements(tmp_path / "home")
 
 
 def _env(home: Path) -> dict:

@@ -3,7 +3,7 @@
 import pytest
 
 from pocketspec.controller import AcceptanceEstimate, GammaController, expected_tokens_per_step
-from pocketspec.costs import CostTable
+from pocketspec.costs import EXPLORATION, CostTable
 from pocketspec.settings import SpeculationSettings
 
 
@@ -14,9 +14,11 @@ def test_expected_tokens_per_step_formula():
 
 
 def _controller(verify_seconds: dict[int, float], draft_seconds: float, alpha_ngram: float, alpha_model: float):
+    """A controller that knows these costs: every width timed often enough that no optimism is left to explore."""
     controller = GammaController(max_gamma=8)
-    for width, seconds in verify_seconds.items():
-        controller.target_costs.observe(width, seconds)
+    for _ in range(200):
+        for width, seconds in verify_seconds.items():
+            controller.target_costs.observe(width, seconds)
     controller.draft_costs.observe(1, draft_seconds)
     controller.draft_costs.observe(2, draft_seconds * 1.1)
     for name, alpha in (("ngram", alpha_ngram), ("model", alpha_model)):
@@ -121,3 +123,32 @@ def test_cost_table_predicts_unseen_widths_from_measured_scale():
     table.observe(1, 0.05)
     assert table.seconds(5) == pytest.approx(0.10)
     assert table.seconds(3) == pytest.approx(0.075)
+
+
+def _table(first_inflated: int, factor: float) -> CostTable:
+    from memplanner.measured_costs import MeasuredCosts
+
+    seconds = {width: 0.03 * (1 + 0.4 * (width - 1)) * (factor if width >= first_inflated else 1.0)
+               for width in range(1, 33)}
+    return CostTable(MeasuredCosts("test", {0: seconds}))
+
+
+def test_a_width_never_timed_looks_cheaper_than_predicted_until_its_group_is_timed():
+    table = _table(first_inflated=9, factor=1.0)
+    assert table.optimistic_seconds(12) == pytest.approx(table.seconds(12) * (1 - EXPLORATION))
+    for width in (9, 10, 16):
+        table.observe(width, table.seconds(width))
+    assert table.optimistic_seconds(12) == pytest.approx(table.seconds(12) * (1 - EXPLORATION / 4))
+    assert table.optimistic_seconds(4) == pytest.approx(table.seconds(4) * (1 - EXPLORATION))  # another group
+
+
+def test_a_width_not_timed_takes_its_timed_neighbours_correction():
+    table = _table(first_inflated=5, factor=1.5)  # every width from 5 on measured 1.5x too dear
+    truth = _table(first_inflated=5, factor=1.0)
+    for _ in range(10):
+        for width in (1, 4, 8, 20):
+            table.observe(width, truth.seconds(width))
+    assert table.seconds(4) == pytest.approx(truth.seconds(4), rel=0.01)
+    assert table.seconds(16) == pytest.approx(truth.seconds(16), rel=0.01)  # between 8 and 20, both 1/1.5
+    assert table.seconds(32) == pytest.approx(truth.seconds(32), rel=0.01)  # past the widest timed: its correction
+    assert truth.seconds(6) < table.seconds(6) < 1.5 * truth.seconds(6)  # between 4 (right) and 8 (1.5x off)

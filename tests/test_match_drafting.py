@@ -60,28 +60,37 @@ def test_drafters_sharing_a_corpus_draft_from_each_others_outputs():
     assert NgramDrafter(2, 4).lookup([9, 40, 41], 3) == []  # a drafter of its own starts empty
 
 
-def test_a_corpus_shared_across_threads_stays_consistent():
+def test_a_lookup_waits_for_an_output_being_added_and_then_sees_all_of_it(monkeypatch):
+    """A server's engines look up the shared corpus on their own threads while another adds its output:
+    a lookup never reads an index half-updated (a dict changed during iteration would raise). The
+    write is held open midway, and the lookup must wait for it, then see the whole output."""
     import threading
 
     shared = OutputCorpus(2, 3)
     drafter = NgramDrafter(2, 3, corpus=shared)
-    stop = threading.Event()
+    midway, finish = threading.Event(), threading.Event()
+    corpus_index = shared._index
+    extend = corpus_index.extend
 
-    def keep_adding():
-        start = 0
-        while not stop.is_set():
-            shared.remember(list(range(start % 500, start % 500 + 40)))
-            start += 7
+    def extend_in_two_halves(tokens):
+        extend(tokens[:len(tokens) // 2])
+        midway.set()
+        assert finish.wait(10)
+        extend(tokens[len(tokens) // 2:])
 
-    writer = threading.Thread(target=keep_adding)
+    monkeypatch.setattr(corpus_index, "extend", extend_in_two_halves)  # the corpus's index only, not the drafter's
+    writer = threading.Thread(target=shared.remember, args=(list(range(100, 140)),))
     writer.start()
-    try:
-        for start in range(2000):  # lookups while outputs are added (a dict changed during iteration would raise)
-            proposal = drafter.lookup([start % 500, start % 500 + 1], 4)
-            assert proposal == list(range(start % 500 + 2, start % 500 + 2 + len(proposal)))
-    finally:
-        stop.set()
-        writer.join()
+    assert midway.wait(10)
+    proposals = []
+    reader = threading.Thread(target=lambda: proposals.append(drafter.lookup([130, 131], 4)))
+    reader.start()
+    reader.join(0.3)
+    assert reader.is_alive() and not proposals  # held back while the output is half added
+    finish.set()
+    writer.join(10)
+    reader.join(10)
+    assert proposals == [[132, 133, 134, 135]]
 
 
 def test_proposals_never_contain_the_corpus_separator():

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from memplanner.measured_costs import (MeasuredCosts, best_draft_model_speedup, load_measured_costs,
-                                       save_measured_costs)
+from memplanner.measured_costs import MeasuredCosts, best_draft_model_speedup, load_measured_costs
+from pocketspec.measured_cache import write_json
 
 # The 2-core CPU's shape (issue 13's llama-bench table): 5-8 rows cost what 16 do.
 STEPPED = {1: 0.037, 2: 0.059, 3: 0.080, 4: 0.097, 5: 0.220, 6: 0.221, 7: 0.222, 8: 0.222,
@@ -38,7 +38,7 @@ def test_efficient_widths_leave_out_the_flat_step():
 
 def test_round_trip_through_json(tmp_path):
     path = tmp_path / "costs" / "table.json"
-    save_measured_costs(_table(), path)
+    assert write_json(path, _table().to_json())
     assert load_measured_costs(path) == _table()
 
 

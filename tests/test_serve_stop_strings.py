@@ -19,6 +19,17 @@ def test_first_stop_is_the_earliest_of_any():
     assert first_stop("nothing here", ["STOP"]) is None
 
 
+def test_the_first_stop_is_the_one_that_completes_first_not_the_one_that_starts_first():
+    assert first_stop("baa", ["a", "baa"]) == 1  # 'a' completes at 2, before 'baa' can at 3
+    assert first_stop("xabcd", ["bc", "abcd"]) == 2
+    assert first_stop("xabc", ["bc", "abc"]) == 1  # both complete at 4: the one that starts earlier
+
+
+def test_a_stop_string_that_completes_first_cuts_the_stream_wherever_the_pieces_split():
+    for pieces in (["ba", "a"], ["b", "aa"], ["baa"], ["b", "a", "a"]):
+        assert _streamed(pieces, ["a", "baa"]) == ("b", True)
+
+
 def test_held_length_is_the_longest_prefix_at_the_end():
     assert held_length("hello wor", ["world"]) == 3
     assert held_length("hello", ["world"]) == 0

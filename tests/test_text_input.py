@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from apps import text_input
 from apps.text_input import as_text, decode_bytes
+from conftest import home_with_measurements
 
 STRAY = b"caf\xe9 \xff\xfe na\xefve"  # Latin-1 bytes and two that are never UTF-8
 
@@ -86,11 +87,12 @@ def test_generate_prompt_file_with_stray_bytes(smollm2_path, tmp_path):
 
 
 def test_piped_chat_and_system_prompt_with_stray_bytes(smollm2_path, tmp_path):
-    env = {**os.environ, "POCKETSPEC_HOME": str(tmp_path)}
+    home = home_with_measurements(tmp_path / "home")
+    env = {**os.environ, "POCKETSPEC_HOME": str(home)}
     result = subprocess.run([sys.executable, "-m", "apps.cli", "chat", "--target", str(smollm2_path), "--draft",
                              "none", "--max-tokens", "2", "--system", os.fsdecode(STRAY)],
                             capture_output=True, input=STRAY, timeout=300, env=env)
     _assert_replaced(result, "stdin")
     assert "note: --system holds bytes" in result.stderr.decode()
-    transcript = next((tmp_path / "chats").glob("*.jsonl")).read_text(encoding="utf-8")
+    transcript = next((home / "chats").glob("*.jsonl")).read_text(encoding="utf-8")
     assert "\ufffd" in transcript

@@ -104,6 +104,9 @@ def _command_line() -> str:
               help="Only these categories (comma-separated or repeated).")
 @setting_option("--per-category", BenchSettings, "per_category", show_default=True, help="Prompts per category.")
 @setting_option("--max-tokens", BenchSettings, "max_new_tokens", show_default=True, help="New tokens per prompt.")
+@setting_option("--repeats", BenchSettings, "num_repeats", show_default=True,
+                help="Run every round this many times (one pass over all of them after another), so each ratio "
+                     "is reported with its spread over the repeats.")
 @setting_option("--turns", BenchSettings, "max_turns",
                 help="Turns of each conversation, each after plain decoding's earlier replies [default: all].")
 @sampling_options
@@ -126,7 +129,7 @@ def _command_line() -> str:
               help="PocketSpec's verify width: proven bit-exact, or free (see `pocketspec generate --help`).")
 @click.option("--out", "--out-dir", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_OUT,
               help="Folder for results.json, report.md and the plots [default: benchmarks/results/bench].")
-def bench(target, draft, pair, suite, categories, per_category, max_tokens, turns, temperature, top_p, top_k, seed,
+def bench(target, draft, pair, suite, categories, per_category, max_tokens, repeats, turns, temperature, top_p, top_k, seed,
           memory_budget, drafters, peers_text, peer_draft_max, llama_tools, threads, max_context, repack,
           kv_type, exact_verify, out_dir, **backend_args):
     """Benchmark plain decoding, PocketSpec's drafters and the peers on a prompt suite."""
@@ -156,7 +159,7 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, turn
             if reason:
                 systems[-1].skip(reason)
     systems += [_peer_system(peer, job) for peer in peers]
-    progress = BenchProgress(plan_rounds(prompts, BENCH.max_prompts_per_round))
+    progress = BenchProgress(plan_rounds(prompts, BENCH.max_prompts_per_round, repeats))
     click.echo(f"{len(prompts)} prompts × {sum(s.status == 'ok' for s in systems)} systems in "
                f"{len(progress.rounds)} rounds, {max_tokens} new tokens, target {choice.target_path.name}", err=True)
     for system in systems:
@@ -187,7 +190,8 @@ def _write_outputs(out_dir: Path, systems: list[System], progress: BenchProgress
                      "temperature": job.temperature, "top_k": job.top_k, "top_p": job.top_p, "seed": job.seed,
                      "max_tokens": job.max_tokens, "num_prompts": len(job.prompts), "num_threads": job.num_threads,
                      "max_context": job.max_context, "pocketspec_options": job.pocketspec_options,
-                     "peer_draft_max": job.peer_draft_max, "max_prompts_per_round": BENCH.max_prompts_per_round},
+                     "peer_draft_max": job.peer_draft_max, "max_prompts_per_round": BENCH.max_prompts_per_round,
+                     "num_repeats": max([round_.repeat + 1 for round_ in progress.rounds], default=1)},
         "systems": [system.describe() for system in systems],
         "rounds": progress.describe(),
         "rows": progress.rows,

@@ -3,7 +3,9 @@ category, with each system's ratio against plain decoding and against each peer.
 
 A ratio between two systems compares only rows of the rounds both completed (rows carry
 their round; rows without one count as one round), so both sides were measured at the
-same time. Pure functions of the results dict, tested on a small fake results file.
+same time. With --repeats, each ratio is also computed within every repeat, and shown with the
+lowest and highest of those, (min–max): a difference smaller than that spread is noise. Pure
+functions of the results dict, tested on a small fake results file.
 """
 
 from __future__ import annotations
@@ -29,6 +31,26 @@ def rate_ratio(rows: list[dict], reference_rows: list[dict]) -> float | None:
     shared = {row.get("round") for row in rows} & {row.get("round") for row in reference_rows}
     return _ratio(_rate([row for row in rows if row.get("round") in shared]),
                   _rate([row for row in reference_rows if row.get("round") in shared]))
+
+
+def ratio_spread(rows: list[dict], reference_rows: list[dict]) -> tuple[float, float] | None:
+    """(lowest, highest) of the ratio computed within each repeat; None with fewer than two repeats."""
+    repeats = sorted({row.get("repeat", 0) for row in rows} & {row.get("repeat", 0) for row in reference_rows})
+    if len(repeats) < 2:
+        return None
+    ratios = [rate_ratio([row for row in rows if row.get("repeat", 0) == repeat],
+                         [row for row in reference_rows if row.get("repeat", 0) == repeat]) for repeat in repeats]
+    ratios = [ratio for ratio in ratios if ratio is not None]
+    return (min(ratios), max(ratios)) if len(ratios) >= 2 else None
+
+
+def ratio_cell(rows: list[dict], reference_rows: list[dict]) -> str:
+    """'1.25×', or '1.25× (1.18–1.31)' with the spread over repeats."""
+    ratio = rate_ratio(rows, reference_rows)
+    if ratio is None:
+        return "–"
+    spread = ratio_spread(rows, reference_rows)
+    return f"{ratio:.2f}×" + ("" if spread is None else f" ({spread[0]:.2f}–{spread[1]:.2f})")
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -102,10 +124,9 @@ def _table(rows_by_system: dict[str, list[dict]], peers: list[str]) -> str:
     rows = []
     for name, own_rows in rows_by_system.items():
         summary = summarize(own_rows)
-        ratios = [rate_ratio(own_rows, rows_by_system[other]) if other in rows_by_system else None
+        ratios = [ratio_cell(own_rows, rows_by_system[other]) if other in rows_by_system else "–"
                   for other in ("plain", *peers)]
-        rows.append([name, summary["num_prompts"], _cell(summary["tokens_per_second"]),
-                     *[_cell(ratio, "×") for ratio in ratios],
+        rows.append([name, summary["num_prompts"], _cell(summary["tokens_per_second"]), *ratios,
                      _cell(summary["acceptance_rate"]), _cell(summary["tokens_per_step"]),
                      _cell(summary["plain_step_ms"]), _cell(summary["loop_ms_per_step"]),
                      ",".join(map(str, summary["common_gammas"])) or "–",
@@ -115,9 +136,11 @@ def _table(rows_by_system: dict[str, list[dict]], peers: list[str]) -> str:
 
 
 def _speedup_matrix(results: dict) -> str:
-    table = speedups(results)
-    systems = list(table[OVERALL])
-    rows = [[category, *[_cell(by_system.get(name), "×") for name in systems]] for category, by_system in table.items()]
+    grouped = rows_by_category(results)
+    systems = [name for name in grouped[OVERALL] if name != "plain"]
+    rows = [[category, *[ratio_cell(by_system[name], by_system.get("plain", [])) if name in by_system else "–"
+                         for name in systems]]
+            for category, by_system in grouped.items()]
     return markdown_table(["category", *systems], rows)
 
 
@@ -135,8 +158,8 @@ def _target_lines(results: dict) -> list[str]:
             worst = min(by_category, key=by_category.get)
             lines.append(f"{system['name']}: lowest speedup over plain {by_category[worst]:.2f}× ({worst})")
         for peer in _peer_names(results):
-            ratio = rate_ratio(overall[system["name"]], overall[peer]) if peer in overall else None
-            lines.append(f"{system['name']}: {_cell(ratio, '×')} the tok/s of {peer} overall")
+            ratio = ratio_cell(overall[system["name"]], overall[peer]) if peer in overall else "–"
+            lines.append(f"{system['name']}: {ratio} the tok/s of {peer} overall")
     return lines
 
 
@@ -162,6 +185,34 @@ def _rounds_lines(results: dict) -> list[str]:
                      + ", ".join(f"{name} {sum(seconds) / len(seconds):.1f} s" for name, seconds in startups.items())
                      + f"; the rounds after the first added {extra:.1f} s{share}.")
     return lines
+
+
+def learned_curve_table(rows: list[dict]) -> str | None:
+    """A PocketSpec system's verify cost by width, × one row: its calibrated table against what its
+    controller learned by its last prompt (the last round's worker), and how often each width was timed."""
+    curves = [row["verify_costs"] for row in rows if row.get("verify_costs")]
+    if not curves:
+        return None
+    last = curves[-1]
+    calibrated, learned = last["calibrated_seconds"], last["learned_seconds"]
+    table_rows = [[width, f"{calibrated[index] / calibrated[0]:.2f}", f"{learned[index] / learned[0]:.2f}",
+                   f"{1000 * learned[index]:.0f}", last["num_timed"][index]]
+                  for index, width in enumerate(last["widths"])]
+    return markdown_table(["rows", "calibrated × one row", "learned × one row", "learned ms", "times timed"],
+                          table_rows)
+
+
+def _learned_curve_sections(grouped: dict) -> list[str]:
+    body = []
+    for name, rows in grouped.get(OVERALL, {}).items():
+        table = learned_curve_table(rows)
+        if table is not None:
+            depth = next(row["verify_costs"]["depth"] for row in reversed(rows) if row.get("verify_costs"))
+            body += [f"### {name}: verify cost by width at {depth} cached tokens", "", table, ""]
+    return (["## What the controller learned of the cost curve", "",
+             "The calibrated table (POCKETSPEC_HOME/costs) beside the costs the controller had learned by the end "
+             "of the last round: the calibration's errors, and how far the run corrected them.", ""] + body
+            if body else [])
 
 
 def build_report(results: dict, plot_names: list[str] = ()) -> str:
@@ -191,6 +242,7 @@ def build_report(results: dict, plot_names: list[str] = ()) -> str:
     for category, by_system in grouped.items():
         if category != OVERALL:
             body += [f"## {category}", "", _table(by_system, peers), ""]
+    body += _learned_curve_sections(grouped)
     not_run = [system for system in results["systems"] if system["status"] != "ok"]
     if not_run:
         body += ["## Not run", ""] + [f"- {system['name']}: {system['reason']}" for system in not_run] + [""]

@@ -28,12 +28,14 @@ class Round:
     index: int
     label: str
     prompts: tuple[SuitePrompt, ...]
+    repeat: int = 0  # which pass over the rounds (--repeats)
 
 
-def plan_rounds(prompts: list[SuitePrompt], max_prompts_per_round: int) -> list[Round]:
+def plan_rounds(prompts: list[SuitePrompt], max_prompts_per_round: int, num_repeats: int = 1) -> list[Round]:
     """The conversations grouped by category (in the order categories first appear), each category
     cut into consecutive groups of at most max_prompts_per_round conversations; a conversation's
-    turns stay together and in order, since a later turn follows plain decoding's earlier replies."""
+    turns stay together and in order, since a later turn follows plain decoding's earlier replies.
+    With num_repeats > 1, every pass over those rounds is run again after the last one."""
     by_category: dict[str, dict[str, list[SuitePrompt]]] = {}
     for prompt in prompts:
         by_category.setdefault(prompt.category, {}).setdefault(prompt.conversation_id, []).append(prompt)
@@ -44,7 +46,10 @@ def plan_rounds(prompts: list[SuitePrompt], max_prompts_per_round: int) -> list[
         for number, chunk in enumerate(chunks, start=1):
             label = category if len(chunks) == 1 else f"{category} {number}/{len(chunks)}"
             rounds.append(Round(len(rounds), label, tuple(turn for conversation in chunk for turn in conversation)))
-    return rounds
+    if num_repeats == 1:
+        return rounds
+    return [Round(repeat * len(rounds) + round_.index, f"{round_.label}, repeat {repeat + 1}/{num_repeats}",
+                  round_.prompts, repeat) for repeat in range(num_repeats) for round_ in rounds]
 
 
 def schedule(rounds: list[Round], systems: list[System]) -> Iterator[tuple[Round, System]]:
@@ -72,7 +77,7 @@ class BenchProgress:
     def describe(self) -> dict:
         return {"num_planned": len(self.rounds), "num_completed": self.num_rounds_completed,
                 "is_partial": self.is_partial, "wall_seconds": self.wall_seconds,
-                "planned": [{"index": round_.index, "label": round_.label,
+                "planned": [{"index": round_.index, "label": round_.label, "repeat": round_.repeat,
                              "prompt_ids": [prompt.prompt_id for prompt in round_.prompts]} for round_ in self.rounds]}
 
 
@@ -126,7 +131,8 @@ def _run_round(round_: Round, systems: list[System], job: BenchJob, bar, width: 
             continue
         if system.kind == "plain":
             reference = {raw["prompt_id"]: raw for raw in raw_rows}
-        round_rows += [{**row, "round": round_.index} for row in final_rows(system, raw_rows, job, reference)]
+        round_rows += [{**row, "round": round_.index, "repeat": round_.repeat}
+                       for row in final_rows(system, raw_rows, job, reference)]
     failed = {system.name for system in systems if system.status != "ok"}
     progress.rows = [row for row in progress.rows + round_rows if row["system"] not in failed]
     progress.num_rounds_completed += 1

@@ -16,6 +16,8 @@ import sys
 from pocketspec.errors import UserError
 from pocketspec.stats import gpu_allocator_peaks
 
+LEARNED_CURVE_DEPTH = 512  # cached tokens at which the verify costs are reported (llama-bench -d 512 compares)
+
 RUNNERS = {
     "pocketspec": "apps.bench.worker:run_pocketspec",
     "prompt-lookup": "apps.bench.peers.prompt_lookup:run",
@@ -97,6 +99,7 @@ def run_pocketspec(job: dict) -> None:
                               step_seconds_by_drafter=stats.step_seconds_by_drafter,
                               loop_seconds=stats.loop_seconds,
                               steps_by_gamma={str(gamma): count for gamma, count in stats.steps_by_gamma.items()},
+                              verify_costs=engine.controller.target_costs.learned_curve(LEARNED_CURVE_DEPTH),
                               prompt_tokens=prompt_tokens, text=reply))
             conversations[conversation] = messages + [{"role": "assistant", "content": reply}]
 

@@ -6,19 +6,18 @@ repacking, another path from 8 rows on) and, past 256 cached tokens, one-token
 attention over an f16 cache splits the cache over the threads, rounding differently from any
 batch (a bf16 cache is read in one pass at every width). With --exact-verify the engine caps
 γ + 1 at the width probed exact at the start and deep into the context. The probe
-runs once per model and settings and is cached on disk.
+runs once per model and settings and is cached in POCKETSPEC_HOME/exact_widths/
+(pocketspec/measured_cache.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-from pathlib import Path
 
 import numpy as np
 
-from pocketspec.catalog import pocketspec_home
+from pocketspec.measured_cache import exact_widths_dir, measuring_alone, read_json, write_json
 
 PROBE_FIRST_TOKEN = 1000
 # llama.cpp's CPU attention for one token over an f16 cache changes algorithm past 256 cached
@@ -26,10 +25,6 @@ PROBE_FIRST_TOKEN = 1000
 LONG_CONTEXT_PROBE = 320
 # They renumber the GPUs: cuda:0 may be another card from one run to the next
 VISIBLE_DEVICES_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-
-
-def _cache_file() -> Path:
-    return pocketspec_home() / "exact_verify_width.json"
 
 
 def _cache_key(backend, max_width: int) -> str:
@@ -74,24 +69,17 @@ def probe_exact_width(backend, max_width: int) -> int:
 
 
 def exact_width(backend, max_width: int) -> int:
-    """The cached probe result for this model, build and settings; probes on a miss."""
-    key = _cache_key(backend, max_width)
-    cache_file = _cache_file()
-    try:
-        cache = json.loads(cache_file.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    if key in cache:
-        return int(cache[key])
-    width = probe_exact_width(backend, max_width)
-    cache[key] = width
-    try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        temporary = cache_file.with_suffix(".tmp")
-        temporary.write_text(json.dumps(cache, indent=1))
-        os.replace(temporary, cache_file)
-    except OSError:
-        pass  # a read-only home only costs a probe next time
+    """The cached probe result for this model, build and settings; probes on a miss (one process at a time)."""
+    cache_file = exact_widths_dir() / f"{_cache_key(backend, max_width)}.json"
+    cached = read_json(cache_file)
+    if isinstance(cached, int):
+        return cached
+    with measuring_alone():
+        cached = read_json(cache_file)  # another process may have probed it while this one waited
+        if isinstance(cached, int):
+            return cached
+        width = probe_exact_width(backend, max_width)
+        write_json(cache_file, width)
     return width
 
 

@@ -1,8 +1,11 @@
 """Text cut before the first stop string, as it streams in pieces.
 
-A stop string may span pieces (tokens), so the tail of what arrived that could still become the
-start of one is held back until the next piece decides: the text handed on never contains a stop
-string, whatever the split.
+The first stop string is the one that *completes* first as the text grows, as OpenAI-compatible
+servers stop generating there (of two that complete at the same character, the one that starts
+earlier, the longer one). The text ends where that one starts. The rule is about characters, not
+pieces, so a streamed and a whole answer are cut alike whatever the split: a stop string may span
+pieces (tokens), and the tail of what arrived that could still become the start of one is held
+back until the next piece decides. The text handed on never contains a stop string.
 """
 
 from __future__ import annotations
@@ -11,9 +14,12 @@ from typing import Sequence
 
 
 def first_stop(text: str, stops: Sequence[str]) -> int | None:
-    """Where the earliest stop string in `text` begins, if any."""
-    found = [index for index in (text.find(stop) for stop in stops) if index >= 0]
-    return min(found) if found else None
+    """Where the stop string that completes first in `text` begins, if any.
+
+    'baa' with stops ['a', 'baa'] stops at 1: generation ends when 'ba' has 'a' complete, before
+    'baa' could."""
+    found = [(start + len(stop), start) for stop in stops if (start := text.find(stop)) >= 0]
+    return min(found)[1] if found else None
 
 
 def held_length(text: str, stops: Sequence[str]) -> int:

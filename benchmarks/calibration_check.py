@@ -1,0 +1,89 @@
+"""The calibrated cost table against llama.cpp's own llama-bench, on the same machine and in one run.
+
+    .venv/bin/python benchmarks/calibration_check.py [--model qwen2.5-coder-1.5b-instruct] [--threads 2] \
+        [--depth 512] [--out benchmarks/results/calibration_check]
+
+For each width it reports three costs, × one row:
+- llama-bench `-p W -n 0 -d DEPTH` (its prompt test: logits of the last row only);
+- PocketSpec's calibration (pocketspec/calibrate.py) asking for the last row's logits, as llama-bench
+  does: the like-for-like check of the measuring method;
+- PocketSpec's calibration asking for every row's logits, as a verify does: what the controller
+  uses. The difference is the output head's cost for the other rows (a matmul over the vocabulary
+  per row) and copying their logits out.
+llama-bench needs `make peers`. Run it on a quiet machine (no helper, no build).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from apps.bench.peers.llama_speculative import default_tools_dir  # noqa: E402
+from apps.report import write_results  # noqa: E402
+from pocketspec.calibrate import measure_costs  # noqa: E402
+from pocketspec.catalog import model_path  # noqa: E402
+from pocketspec.settings import ModelSettings  # noqa: E402
+
+WIDTHS = (1, 2, 4, 8, 16, 32)
+
+
+def llama_bench_seconds(model: Path, widths, depth: int, num_threads: int, num_repetitions: int = 3) -> dict:
+    binary = default_tools_dir() / "llama-bench"
+    if not binary.exists():
+        raise SystemExit(f"{binary} not found: run `make peers` first")
+    argv = [str(binary), "-m", str(model), "-t", str(num_threads), "-p", ",".join(map(str, widths)), "-n", "0",
+            "-d", str(depth), "-r", str(num_repetitions), "-o", "json"]
+    tests = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    return {int(test["n_prompt"]): {"seconds": int(test["n_prompt"]) / float(test["avg_ts"]),
+                                    "spread": float(test["stddev_ts"]) / float(test["avg_ts"])} for test in tests}
+
+
+def calibrated_seconds(model: Path, settings: ModelSettings, depth: int, all_rows: bool) -> dict:
+    from pocketspec.backends.torch_open import open_backend
+
+    settings = replace(settings, max_logits_rows=max(WIDTHS) if all_rows else 1, max_context=depth + 2 * max(WIDTHS))
+    with open_backend(model, settings) as backend:
+        costs = measure_costs(backend, max_width=max(WIDTHS), depths=(depth,))
+    row, spread = costs.seconds[depth], costs.spread[depth]
+    return {width: {"seconds": row[width], "spread": spread[width]} for width in WIDTHS}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct", help="a catalog name or a GGUF path")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--depth", type=int, default=512)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "calibration_check")
+    args = parser.parse_args(argv)
+    model = Path(args.model) if Path(args.model).exists() else model_path(args.model)
+    settings = ModelSettings(num_threads=args.threads)
+    measured = {"llama-bench": llama_bench_seconds(model, WIDTHS, args.depth, args.threads),
+                "calibration, last row's logits": calibrated_seconds(model, settings, args.depth, all_rows=False),
+                "calibration, every row's logits": calibrated_seconds(model, settings, args.depth, all_rows=True)}
+    reference = measured["llama-bench"]
+    columns = ["rows", *[f"{name} × one row" for name in measured], "last row's logits / llama-bench",
+               *[f"{name} ms ± spread" for name in measured]]
+    rows = []
+    for width in WIDTHS:
+        ratios = [values[width]["seconds"] / values[1]["seconds"] for values in measured.values()]
+        like_for_like = ratios[1] / ratios[0]
+        rows.append([width, *[f"{ratio:.2f}" for ratio in ratios], f"{like_for_like:.2f}",
+                     *[f"{1000 * values[width]['seconds']:.0f} ± {values[width]['spread']:.0%}"
+                       for values in measured.values()]])
+    notes = [f"model {model.name}, {args.threads} threads, {args.depth} cached tokens",
+             "llama-bench: mean of 3 runs, spread its standard deviation; calibration: median of interleaved "
+             "rounds, spread the median absolute deviation (pocketspec/cost_samples.py)"]
+    write_results(args.out.parent, args.out.name, {"widths": list(WIDTHS), "measured": measured},
+                  "Calibrated cost table against llama-bench", columns, rows, notes)
+    print((args.out.parent / f"{args.out.name}.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
