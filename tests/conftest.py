@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from pathlib import Path
 
@@ -13,6 +14,15 @@ from pocketspec.catalog import model_path, pocketspec_home
 # The home `make test` pulled the models into; the cost tables and exact widths measured in it
 # are this test session's, shared by the fresh homes tests make (home_with_measurements).
 SESSION_HOME = pocketspec_home()
+
+# `make test` runs two pytest-xdist workers: each keeps to a core of its own, and so does every process
+# it starts. Its models then default to one thread (pocketspec.settings.default_num_threads reads the
+# affinity, and so does torch), and no test's threads spin against the other worker's: llama.cpp's
+# threads wait for each other by spinning, and two 2-thread processes on two cores ran a tiny model's
+# sampling test in 199 s instead of 6 (measured on the 2-core EPYC).
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and hasattr(os, "sched_setaffinity"):
+    _cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {_cores[int(os.environ["PYTEST_XDIST_WORKER"][2:]) % len(_cores)]})
 
 # A shell without job control starts background commands (`make test &`, some CI runners)
 # with SIGINT ignored, and children inherit that: then no Ctrl-C test could interrupt
@@ -38,32 +48,6 @@ def home_with_measurements(home: Path) -> Path:
         shared.mkdir(parents=True, exist_ok=True)
         (home / name).symlink_to(shared, target_is_directory=True)
     return home
-
-
-@pytest.fixture(scope="session", autouse=True)
-def cost_tables_measured_first():
-    """The cost tables the adaptive engines of most tests read (SmolLM2 at 1 and 2 threads, the qwen
-    pair), measured before any test under one hold of the measuring lock. With `make test`'s two
-    workers, the other worker waits for them instead of loading the CPU while they are timed: a table
-    timed beside another test's work is likely untrusted, and then measured again by every engine
-    that needs it. Cached in the session's home, so a later session measures nothing."""
-    from dataclasses import replace
-
-    from pocketspec.backends.torch_open import open_backend
-    from pocketspec.calibrate import MAX_CALIBRATED_WIDTH, calibrated_costs
-    from pocketspec.loader import draft_settings_for
-    from pocketspec.measured_cache import measuring_alone
-    from pocketspec.settings import ModelSettings
-
-    widest = ModelSettings(max_logits_rows=MAX_CALIBRATED_WIDTH)
-    qwen_draft = draft_settings_for(widest)
-    jobs = [("smollm2-135m-instruct", widest), ("smollm2-135m-instruct", replace(widest, num_threads=1)),
-            ("qwen2.5-coder-1.5b-instruct", widest), ("qwen2.5-coder-0.5b-instruct", qwen_draft)]
-    with measuring_alone():
-        for name, settings in jobs:
-            if model_path(name).exists():  # else the tests that need it fail with their own message
-                with open_backend(model_path(name), settings) as backend:
-                    calibrated_costs(backend, min_width=MAX_CALIBRATED_WIDTH)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ def home(tmp_path, monkeypatch):
 def test_a_real_model_is_measured_once_then_read_from_the_cache(home, smollm2_path):
     from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
 
-    settings = ModelSettings(max_context=600, max_logits_rows=12, num_threads=2)
+    settings = ModelSettings(max_context=600, max_logits_rows=12, num_threads=1)
     messages = []
     with LlamaCppBackend(smollm2_path, settings) as backend:
         costs = calibrated_costs(backend, min_width=12, on_measure=messages.append)
@@ -39,7 +39,7 @@ def test_a_real_model_is_measured_once_then_read_from_the_cache(home, smollm2_pa
         assert len(messages) == 1  # the second call read the cache
     assert cached_costs(smollm2_path, settings) == costs
     assert cached_costs(smollm2_path, settings, min_width=13) is None  # a wider verify needs a new measurement
-    assert cached_costs(smollm2_path, replace(settings, num_threads=1)) is None
+    assert cached_costs(smollm2_path, replace(settings, num_threads=2)) is None
 
 
 def test_the_key_changes_with_what_decides_the_cost(smollm2_path):
@@ -98,11 +98,11 @@ def test_doctor_calibrate_measures_the_table_of_the_cache_type_and_layout_asked_
     import sys
 
     result = subprocess.run([sys.executable, "-m", "apps.cli", "doctor", "--calibrate", "--target", str(smollm2_path),
-                             "--draft", "none", "--threads", "2", "--kv-type", "bf16", "--no-repack"],
+                             "--draft", "none", "--threads", "1", "--kv-type", "bf16", "--no-repack"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert smollm2_path.name in result.stdout and "depth" in result.stdout and "±" in result.stdout
-    settings = ModelSettings(num_threads=2, kv_type="bf16", repack_weights=False)
+    settings = ModelSettings(num_threads=1, kv_type="bf16", repack_weights=False)
     if cached_costs(smollm2_path, settings) is None:  # a busy machine: shown, said so, and not cached
         assert "between repeats" in result.stderr and "measures them again" in result.stderr
     else:

@@ -34,11 +34,12 @@ def test_a_model_with_nothing_to_repack_stays_mapped(smollm2_path):
 
 
 def test_the_draft_kv_type_reaches_the_draft_context(smollm2_path):
-    """The same SmolLM2 as target and draft: the draft's context gets q8_0 KV, the target keeps f16."""
+    """The same SmolLM2 as target and draft: the draft's context gets q8_0 KV, the target keeps f16 (a fixed γ:
+    no cost table is measured for a test of sizes)."""
     target_settings = ModelSettings(max_context=512)
     engine = load_engine(ModelChoice(smollm2_path, smollm2_path, "auto"), target_settings=target_settings,
                          draft_settings=draft_settings_for(target_settings, 512, draft_kv_type="q8_0"),
-                         speculation=SpeculationSettings(drafter="model", draft_kv_type="q8_0"))
+                         speculation=SpeculationSettings(drafter="model", gamma=3, draft_kv_type="q8_0"))
     try:
         shape = shape_from_gguf(smollm2_path)
         target_kv, draft_kv = (sum(size for name, size in backend.memory_report().items() if "KV" in name)
