@@ -34,7 +34,7 @@ from pocketspec.settings import ModelSettings  # noqa: E402
 WIDTHS = (1, 2, 4, 8, 16, 32)
 
 
-def llama_bench_seconds(model: Path, widths, depth: int, num_threads: int, num_repetitions: int = 3) -> dict:
+def llama_bench_seconds(model: Path, widths, depth: int, num_threads: int, num_repetitions: int = 5) -> dict:
     binary = default_tools_dir() / "llama-bench"
     if not binary.exists():
         raise SystemExit(f"{binary} not found: run `make peers` first")
@@ -78,8 +78,8 @@ def main(argv=None) -> None:
                      *[f"{1000 * values[width]['seconds']:.0f} ± {values[width]['spread']:.0%}"
                        for values in measured.values()]])
     notes = [f"model {model.name}, {args.threads} threads, {args.depth} cached tokens",
-             "llama-bench: mean of 3 runs, spread its standard deviation; calibration: median of interleaved "
-             "rounds, spread the median absolute deviation (pocketspec/cost_samples.py)"]
+             "llama-bench: mean of 5 runs, spread their standard deviation over the mean; calibration: the fastest "
+             "of its interleaved passes, spread how much slower the second fastest was (pocketspec/cost_samples.py)"]
     write_results(args.out.parent, args.out.name, {"widths": list(WIDTHS), "measured": measured},
                   "Calibrated cost table against llama-bench", columns, rows, notes)
     print((args.out.parent / f"{args.out.name}.md").read_text())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from apps.bench.run import BenchJob, System, final_rows, matches_plain
+from apps.bench.run import BenchJob, System, add_closing_notes, final_rows, matches_plain, tokens_past_limit
 from apps.bench.suite import SuitePrompt
 
 JOB = BenchJob(Path("t.gguf"), Path("d.gguf"), [SuitePrompt("1", "coding", "hi")], max_tokens=4, temperature=0.0,
@@ -39,3 +39,16 @@ def test_final_rows_drop_token_lists_and_add_category_rate_and_match():
     assert row["system"] == "pocketspec-ngram" and row["category"] == "coding"
     assert row["matches_plain"] is True and row["tokens_per_second"] == 6.0
     assert not {"tokens", "text", "prompt_tokens", "prompt_text"} & set(row)
+
+
+def test_a_peer_that_ran_past_max_tokens_is_told_with_its_mean_excess():
+    assert tokens_past_limit([{"num_tokens": 52}, {"num_tokens": 4}, {"num_tokens": 3}], 4) == 16.0
+    assert tokens_past_limit([], 4) == 0.0
+    ngram_mod = System("llama.cpp-ngram-mod", "peer", "llama-speculative", "llama.cpp-ngram-mod", spec_type="ngram-mod")
+    rows = [{"system": ngram_mod.name, "num_tokens": 52, "is_retokenized": False}]
+    add_closing_notes([ngram_mod], JOB, rows)
+    assert any("48 tokens a prompt past --max-tokens 4" in note for note in ngram_mod.notes)
+    assert any("--spec-type ngram-mod at llama.cpp's defaults" in note for note in ngram_mod.notes)
+    on_time = System("llama.cpp-ngram-mod", "peer", "llama-speculative", "llama.cpp-ngram-mod", spec_type="ngram-mod")
+    add_closing_notes([on_time], JOB, [{**rows[0], "num_tokens": 4}])
+    assert not any("past --max-tokens" in note for note in on_time.notes)

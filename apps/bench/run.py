@@ -146,11 +146,30 @@ def add_closing_notes(systems: list[System], job: BenchJob, rows: list[dict]) ->
         if num_retokenized:
             system.note(f"{system.name}: {num_retokenized} of {len(own_rows)} prompts tokenized to another length "
                         "than PocketSpec's")
-        draft_max = own_rows[0].get("draft_max") if own_rows else None
-        system.note(f"{system.name}: {llama_speculative.TOOL} --spec-draft-n-max {draft_max} (fixed draft length), "
+        system.note(f"{system.name}: {llama_speculative.TOOL} {_draft_setting(system, own_rows)}, "
                     f"--temp {job.temperature}, -t {job.num_threads}, -c {job.max_context}")
+        overshoot = tokens_past_limit(own_rows, job.max_tokens)
+        if overshoot > 0:
+            system.note(f"{system.name}: {overshoot:.0f} tokens a prompt past --max-tokens {job.max_tokens}, on "
+                        f"average: its last draft ignores the limit, and its tok/s counts that draft, accepted "
+                        f"in one verify; PocketSpec's last step stops at the limit")
         system.note(llama_bench.reference_note(job.llama_tools_dir, job.target_path, num_tokens=job.max_tokens,
                                                num_threads=job.num_threads))
+
+
+def _draft_setting(system: System, rows: list[dict]) -> str:
+    if system.spec_type == "draft-simple":
+        draft_max = rows[0].get("draft_max") if rows else None
+        return f"--spec-draft-n-max {draft_max} (fixed draft length)"
+    return f"--spec-type {system.spec_type} at llama.cpp's defaults for it"
+
+
+def tokens_past_limit(rows: list[dict], max_tokens: int) -> float:
+    """Mean tokens a row generated past max_tokens (llama-speculative-simple's n-gram drafts are not
+    cut at its -n, so its last step can add a whole draft)."""
+    if not rows:
+        return 0.0
+    return sum(max(0, row["num_tokens"] - max_tokens) for row in rows) / len(rows)
 
 
 def matches_plain(row: dict, plain: dict, job: BenchJob) -> bool | None:
