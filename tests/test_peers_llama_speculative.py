@@ -41,9 +41,13 @@ def test_a_prompt_echo_that_differs_gives_no_text():
 
 def test_measured_row_counts_steps_as_tokens_minus_accepted():
     prompt, stdout, stderr = captured("end_of_generation")
-    row = measured_row("q1", ChildRun(0, stdout, stderr, peak_rss_bytes=123, seconds=1.0), prompt)
+    run = ChildRun(0, stdout, stderr, peak_rss_bytes=123, seconds=1.0)
+    row = measured_row("q1", run, prompt, max_tokens=8)
     assert row["text"] == "Paris" and row["tokens"] is None
     assert (row["num_tokens"], row["num_drafted"], row["num_accepted"], row["num_steps"]) == (2, 3, 1, 1)
+    assert row["num_decode_tokens"] == 2
+    # a last draft past the limit is generated, not counted in the rate
+    assert measured_row("q1", run, prompt, max_tokens=1)["num_decode_tokens"] == 1
     assert row["ttft_seconds"] == pytest.approx(2.515) and row["decode_seconds"] == pytest.approx(2.021)
     assert row["peak_memory_bytes"] == 123
 

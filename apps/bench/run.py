@@ -117,7 +117,8 @@ def _run_llama_speculative(system: System, job: BenchJob, prompts: list[SuitePro
         if run.returncode != 0:
             system.status, system.reason = "failed", describe_failure(run, llama_speculative.TOOL)
             return []
-        row = llama_speculative.measured_row(prompt.prompt_id, run, reference[prompt.prompt_id]["prompt_text"])
+        row = llama_speculative.measured_row(prompt.prompt_id, run, reference[prompt.prompt_id]["prompt_text"],
+                                             job.max_tokens)
         row["is_retokenized"] = row["num_prompt_tokens"] != len(reference[prompt.prompt_id]["prompt_tokens"])
         rows.append(row)
         advance()
@@ -151,8 +152,8 @@ def add_closing_notes(systems: list[System], job: BenchJob, rows: list[dict]) ->
         overshoot = tokens_past_limit(own_rows, job.max_tokens)
         if overshoot > 0:
             system.note(f"{system.name}: {overshoot:.0f} tokens a prompt past --max-tokens {job.max_tokens}, on "
-                        f"average: its last draft ignores the limit, and its tok/s counts that draft, accepted "
-                        f"in one verify; PocketSpec's last step stops at the limit")
+                        f"average: its last draft ignores the limit; its tok/s counts the {job.max_tokens} tokens "
+                        f"asked for over all its decode time")
         system.note(llama_bench.reference_note(job.llama_tools_dir, job.target_path, num_tokens=job.max_tokens,
                                                num_threads=job.num_threads))
 

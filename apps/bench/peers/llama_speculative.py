@@ -90,11 +90,15 @@ def generated_text(stdout: str, prompt_text: str) -> str | None:
     return stdout[len(head):].removesuffix(OUTPUT_TAIL)
 
 
-def measured_row(prompt_id: str, run: ChildRun, prompt_text: str) -> dict:
-    """One bench row; TTFT is its prompt time (the first token comes from its first decode step)."""
+def measured_row(prompt_id: str, run: ChildRun, prompt_text: str, max_tokens: int) -> dict:
+    """One bench row; TTFT is its prompt time (the first token comes from its first decode step).
+
+    Its rate counts the tokens asked for, over all its decode time: the n-gram drafts ignore -n, so
+    a last step can verify a whole draft past max_tokens, and counting that draft would credit the
+    peer with tokens nobody asked for (num_tokens keeps what it generated)."""
     stats = parse_stats(run.stderr)
     return {"prompt_id": prompt_id, "tokens": None, "text": generated_text(run.stdout, prompt_text),
-            "num_tokens": stats["num_predicted"], "num_decode_tokens": stats["num_decoded"],
+            "num_tokens": stats["num_predicted"], "num_decode_tokens": min(stats["num_decoded"], max_tokens),
             "decode_seconds": stats["decode_seconds"], "ttft_seconds": stats["prompt_seconds"],
             "num_drafted": stats["num_drafted"], "num_accepted": stats["num_accepted"],
             "num_steps": stats["num_predicted"] - stats["num_accepted"], "draft_max": stats["draft_max"],
