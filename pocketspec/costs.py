@@ -14,7 +14,9 @@ times looks EXPLORATION / (1 + n) cheaper than predicted (optimism under uncerta
 tried where it comes near the best choice; the optimism fades as the group is timed, so the curve
 is learned in a bounded number of steps. On the recorded code edits replayed against the EPYC's
 table inflated 1.5x from 5 rows (benchmarks/replay_drafting.py), 16 rows were learned to within
-1 % in 200 steps; without the optimism they stayed 1.5x too dear.
+1 % in 200 steps; without the optimism they stayed 1.5x too dear. The optimism starts only after
+EXPLORE_AFTER_PASSES timed passes: a process's first answer may be a dozen tokens (Spec-Bench's
+extractions), and one exploring step in each group of widths then cost it 30 % of its speed.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ DEPTH_BUCKET = 32  # cached tokens over which one calibrated cost is used
 # How much cheaper than predicted a width of a never-timed group looks to the controller: enough to
 # try a width that a table measured on a busy machine made 1.5x too dear (issue 38)
 EXPLORATION = 0.6
+EXPLORE_AFTER_PASSES = 32  # timed passes before any width looks cheaper than predicted
 EXPLORATION_GROUPS = (1, 2, 3, 4, 5, 9, 17)  # lower edges of the groups of widths explored together
 
 
@@ -122,6 +125,8 @@ class CostTable:
 
     def optimistic_seconds(self, width: int, depth: int = 0) -> float:
         """What the controller chooses on: the prediction, less the optimism a little-timed group of widths earns."""
+        if sum(self._num_observed_by_group.values()) < EXPLORE_AFTER_PASSES:
+            return self.seconds(width, depth)
         num_observed = self._num_observed_by_group.get(_exploration_group(width), 0)
         return self.seconds(width, depth) * (1.0 - EXPLORATION / (1 + num_observed))
 

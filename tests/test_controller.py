@@ -3,7 +3,7 @@
 import pytest
 
 from pocketspec.controller import AcceptanceEstimate, GammaController, expected_tokens_per_step
-from pocketspec.costs import EXPLORATION, CostTable
+from pocketspec.costs import EXPLORATION, EXPLORE_AFTER_PASSES, CostTable
 from pocketspec.settings import SpeculationSettings
 
 
@@ -133,8 +133,20 @@ def _table(first_inflated: int, factor: float) -> CostTable:
     return CostTable(MeasuredCosts("test", {0: seconds}))
 
 
+def test_no_width_looks_cheaper_than_predicted_before_enough_passes_were_timed():
+    """A short first answer is not spent exploring: the optimism waits for EXPLORE_AFTER_PASSES passes."""
+    table = _table(first_inflated=9, factor=1.0)
+    for _ in range(EXPLORE_AFTER_PASSES - 1):
+        table.observe(1, table.seconds(1))
+    assert table.optimistic_seconds(12) == table.seconds(12)
+    table.observe(1, table.seconds(1))
+    assert table.optimistic_seconds(12) == pytest.approx(table.seconds(12) * (1 - EXPLORATION))
+
+
 def test_a_width_never_timed_looks_cheaper_than_predicted_until_its_group_is_timed():
     table = _table(first_inflated=9, factor=1.0)
+    for _ in range(EXPLORE_AFTER_PASSES):
+        table.observe(1, table.seconds(1))
     assert table.optimistic_seconds(12) == pytest.approx(table.seconds(12) * (1 - EXPLORATION))
     for width in (9, 10, 16):
         table.observe(width, table.seconds(width))
