@@ -75,7 +75,10 @@ def test_peak_memory_is_the_whole_process_high_water_mark():
     stdout, stderr = child.communicate()
     assert child.returncode == 0, stderr
     reported = json.loads(stdout)["stats"]["peak_memory_bytes"]
-    assert seen_peak > 100 * 2**20 and seen_peak <= reported <= budget
+    # After reading its own peak the child still serializes and prints the JSON and exits, which can
+    # touch a few more pages (8 KiB seen once): an observer may see that much more, never a model's worth
+    after_the_report = 2**20
+    assert seen_peak > 100 * 2**20 and seen_peak - after_the_report <= reported <= budget
 
 
 def test_a_budget_that_fits_only_a_quantized_target_kv_is_refused_and_names_the_flag():
