@@ -62,11 +62,13 @@ class CostTable:
         self._factor_by_width: dict[int, float] = {}  # the correction each width is predicted with, once asked
         self.num_observed: dict[int, int] = {}  # timed passes by width
         self._num_observed_by_group: dict[int, int] = {}
+        self._num_timed = 0  # timed passes of every width
 
     def observe(self, width: int, seconds: float, depth: int = 0) -> None:
         if width <= 0 or seconds <= 0:
             return
         self.num_observed[width] = self.num_observed.get(width, 0) + 1
+        self._num_timed += 1
         group = _exploration_group(width)
         self._num_observed_by_group[group] = self._num_observed_by_group.get(group, 0) + 1
         if self.measured is not None:
@@ -125,7 +127,7 @@ class CostTable:
 
     def optimistic_seconds(self, width: int, depth: int = 0) -> float:
         """What the controller chooses on: the prediction, less the optimism a little-timed group of widths earns."""
-        if sum(self._num_observed_by_group.values()) < EXPLORE_AFTER_PASSES:
+        if self._num_timed < EXPLORE_AFTER_PASSES:
             return self.seconds(width, depth)
         num_observed = self._num_observed_by_group.get(_exploration_group(width), 0)
         return self.seconds(width, depth) * (1.0 - EXPLORATION / (1 + num_observed))
