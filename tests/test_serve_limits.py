@@ -55,9 +55,13 @@ def test_the_key_opens_the_api_and_health_needs_none(keyed_server):
 def test_full_queue_gets_503_with_retry_after(keyed_server):
     with keyed_server.client(headers=_authorization(API_KEY)) as http:
         with http.stream("POST", "/v1/completions", json=LONG_REQUEST) as running:
-            first_line = next(running.iter_lines())  # generating now: the one place is taken
+            # Keep the line iterator referenced: a dropped one is finalized whenever the garbage collector
+            # runs, and closing it closes the connection, so the server rightly frees the place.
+            lines = running.iter_lines()
+            first_line = next(lines)  # generating now: the one place is taken
             refused = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})
             assert refused.status_code == 503 and int(refused.headers["Retry-After"]) >= 1, (first_line, refused.text)
+            assert next(lines, None) is not None  # the first request was still streaming when the second was refused
             assert error_of(refused)["code"] == "queue_full"
         deadline = time.monotonic() + 20
         while (answer := http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1})).status_code == 503:
