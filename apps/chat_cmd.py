@@ -31,6 +31,15 @@ def _model_name(path: Path | None, drafter: str) -> str:
     return path.stem if path.parent.resolve() == models_dir().resolve() else str(path)
 
 
+def _drafting_label(session) -> str:
+    """What drafts in this chat: the draft model only where the loader loaded it (it skips a pair's draft that
+    cannot pay on this machine), else the n-gram drafter, else none."""
+    engine = session.engine
+    if engine.model is not None:
+        return _model_name(session.choice.draft_path, session.choice.drafter)
+    return "ngram" if engine.ngram is not None else "none"
+
+
 def _show_history(replayed: Replayed, path: Path) -> None:
     turns = replayed.conversation.turns
     note(f"resumed {len(turns)} messages from {path}")
@@ -115,7 +124,7 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
             if not is_interactive:
                 _answer_piped(chat_, session, message, show_stats)
                 return
-            note(f"chat with {models[0]} (draft: {models[1]}), context {chat_.max_context} tokens; "
+            note(f"chat with {models[0]} (draft: {_drafting_label(session)}), context {chat_.max_context} tokens; "
                  "/help for commands, Ctrl-D or /exit to quit")
             note(f"transcript: {transcript_path}")
             if replayed is not None:

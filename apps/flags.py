@@ -152,6 +152,9 @@ def backend_options(function):
         click.option("--decode-step", type=click.Choice(DECODE_STEPS), default=MODEL.decode_step, show_default=True,
                      help="torch decode step: static (fixed shapes, tokens chosen and verified on the device, one "
                           "read back per step), dynamic, or auto (static on a GPU)."),
+        setting_option("--max-gamma", SpeculationSettings, "max_gamma", show_default=True,
+                       help="Longest draft of a draft model (the adaptive γ's ceiling); `pocketspec plan` takes the "
+                            "same flag."),
         setting_option("--self-draft-window", SpeculationSettings, "self_draft_window", show_default=True,
                        help=f"--draft self-sparse: KV positions the draft keeps ({ATTENTION_SINK_TOKENS} sinks + recent)."),
         click.option("--self-draft-kv-type", type=click.Choice(TORCH_KV_TYPES), default=SPECULATION.self_draft_kv_type,

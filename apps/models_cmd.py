@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from pocketspec.catalog import get_model, load_catalog, model_path, resolve_model
+from pocketspec.catalog import get_model, load_catalog, model_path
+from pocketspec.model_files import resolve_model
 from pocketspec.pull import pull
 
 

@@ -9,6 +9,7 @@ import click
 from apps.flags import MODEL, model_choice_options, repack_option, setting_option
 from memplanner import format_bytes
 from pocketspec.budget.preview import preview_plan
+from pocketspec.session_settings import SessionSettings
 from pocketspec.settings import (ACCEPTANCE_PRIORS, LLAMA_KV_TYPES, GenerationSettings, ModelSettings,
                                  SamplingSettings, SpeculationSettings)
 
@@ -90,14 +91,20 @@ def _print_split(plan_, title: str) -> None:
 def plan_command(target, draft, pair, memory_budget, devices, max_context, max_tokens, temperature, max_gamma,
                  kv_type, alpha, repack, as_json):
     """Show which settings fit a memory budget, every memory term, and the predicted speed."""
-    preview = preview_plan(target=target, draft=draft, pair=pair, memory_budget=memory_budget, devices=devices,
-                           max_context=max_context, max_new_tokens=max_tokens, temperature=temperature,
-                           max_gamma=max_gamma, kv_type=kv_type, alpha=alpha, repack=repack)
+    options = {"max_gamma": max_gamma, "devices": devices}
+    if alpha is not None:
+        options["expected_acceptance"] = alpha
+    preview = preview_plan(SessionSettings(
+        target=target, draft=draft, pair=pair, sampling=SamplingSettings(temperature=temperature),
+        memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, max_new_tokens=max_tokens,
+        repack=repack, options=options))
     if as_json:
         click.echo(json.dumps(preview.result.to_dict(), sort_keys=True))
     elif preview.is_split:
         _print_split(preview.result, preview.title)
     else:
+        for note in preview.notes:
+            click.echo(note)
         _print_plan(preview.result, preview.title)
         click.echo("speed predicted from: " + ("this machine's measured forward costs (POCKETSPEC_HOME/costs)"
                                                if preview.uses_measured_costs else

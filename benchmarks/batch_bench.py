@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from apps.prompt_file import read_prompt_rows  # noqa: E402
 from apps.report import write_results  # noqa: E402
-from pocketspec.backends.torch_backend import _load_tokenizer, resolve_weights_format  # noqa: E402
+from pocketspec.backends.torch_backend import load_tokenizer, resolve_weights_format  # noqa: E402
 from pocketspec.batch.batched_model import BatchedModel  # noqa: E402
 from pocketspec.batch.drafting import BatchModelDrafter  # noqa: E402
 from pocketspec.batch.engine import BatchEngine  # noqa: E402
@@ -168,7 +168,7 @@ def main() -> None:
     device = resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    vocab_model, tokenizer = _load_tokenizer(model_path(MODEL))
+    vocab_model, tokenizer = load_tokenizer(model_path(MODEL))
     prompts = spec_bench_prompts(tokenizer, args.num_prompts, args.max_prompt_tokens)
     rows = []
     for kernels in args.kernels:

@@ -80,8 +80,8 @@ def _run(engine_target, draft, drafter: str, prompts, config: dict) -> dict:
 def worker(config: dict) -> dict:
     from pocketspec.backends.torch_backend import TorchBackend
     from pocketspec.backends.torch_open import open_backend, open_self_draft
-    from pocketspec.catalog import resolve_model
-    from pocketspec.loader import draft_settings_for
+    from pocketspec.model_files import resolve_model
+    from pocketspec.settings import draft_settings_for
     from pocketspec.settings import ModelSettings, SpeculationSettings
 
     devices = tuple(config["devices"])

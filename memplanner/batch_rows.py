@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memplanner.defaults import MAX_GAMMA
+from memplanner.defaults import MAX_GAMMA, N_BATCH
 from memplanner.gpu_terms import cuda_context_bytes
 from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes
@@ -32,7 +32,7 @@ class BatchWorkload:
     max_gamma: int = MAX_GAMMA
     query_tile: int = 4
     key_block: int = 128
-    n_batch: int = 512
+    n_batch: int = N_BATCH
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
+from memplanner.acceptance import expected_tokens_per_step
 from memplanner.measured_costs import MachineCosts
 from memplanner.defaults import ACCEPTANCE_PRIORS
 from memplanner.shapes import ModelShape
@@ -70,13 +71,6 @@ def forward_seconds(shape: ModelShape, width: int, references=CPU_REFERENCES, re
     if not repacked and shape.weight_bytes:
         seconds *= 1.0 + UNREPACKED_SLOWDOWN_PER_SHARE * shape.repacked_bytes / shape.weight_bytes
     return seconds
-
-
-def expected_tokens_per_step(alpha: float, gamma: int) -> float:
-    """E = (1 - alpha^(gamma+1)) / (1 - alpha): accepted drafts plus the recovered/bonus token."""
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
 def tokens_per_second(target: ModelShape, draft: ModelShape | None, drafter: str, gamma: int,

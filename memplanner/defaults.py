@@ -10,6 +10,10 @@ MAX_GAMMA = 8  # a draft model's longest draft; its verify pass reads MAX_GAMMA 
 # A draftless (n-gram) proposal costs nothing to draft, so only the verify's width limits it:
 # on the 2-core CPU a verify of 16 rows costs what one of 8 does (issue 13's llama-bench table).
 MAX_DRAFTLESS_GAMMA = 31
+# n-gram drafting matches suffixes of NGRAM_MIN_N to NGRAM_MAX_N tokens (pocketspec/drafters/ngram.py)
+NGRAM_MIN_N, NGRAM_MAX_N = 2, 8
+# Tokens one llama.cpp decode call takes at most (prefill chunks); the planner's buffers assume it too
+N_BATCH = 512
 MAX_NEW_TOKENS = 128  # tokens one generate call (or one bench prompt) may add
 ATTENTION_SINK_TOKENS = 4  # first tokens a sliding draft window always keeps (StreamingLLM)
 # A sliding draft window drops this many more tokens than it must, so it moves rarely.

@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memplanner.acceptance import expected_tokens_per_step
+
 
 @dataclass(frozen=True)
 class MeasuredCosts:
@@ -110,8 +112,6 @@ def best_draft_model_speedup(target: MeasuredCosts, draft: MeasuredCosts, alpha:
     A step drafts γ tokens (γ one-token draft passes) and verifies γ + 1 rows; it yields
     (1 − α^(γ+1)) / (1 − α) tokens. Below 1.0 the draft model cannot pay on these costs.
     """
-    from memplanner.costs import expected_tokens_per_step  # memplanner.costs imports this module
-
     plain_rate = 1.0 / target.forward_seconds(1, depth)
     best = (0.0, 0)
     for gamma in range(1, max_gamma + 1):

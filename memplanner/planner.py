@@ -15,7 +15,7 @@ import functools
 from dataclasses import asdict, dataclass, field, replace
 
 from memplanner.costs import CPU_REFERENCES
-from memplanner.defaults import ACCEPTANCE_PRIORS
+from memplanner.defaults import ACCEPTANCE_PRIORS, N_BATCH
 from memplanner.device import DeviceInfo
 from memplanner.measured_costs import MachineCosts
 from memplanner.options import Candidate, PlanSettings, Workload, candidate_settings, evaluate
@@ -51,7 +51,7 @@ class Plan:
         return found
 
 
-def _alpha_table(alpha: float | dict[str, float] | None) -> tuple:
+def alpha_table(alpha: float | dict[str, float] | None) -> tuple:
     """A float sets the model drafter's acceptance; a dict sets any drafter's."""
     table = dict(ACCEPTANCE_PRIORS)
     if isinstance(alpha, dict):
@@ -62,7 +62,7 @@ def _alpha_table(alpha: float | dict[str, float] | None) -> tuple:
 
 
 @functools.lru_cache(maxsize=32)
-def _candidates(target: ModelShape, draft: ModelShape | None, workload: Workload, device_kind: str,
+def plan_candidates(target: ModelShape, draft: ModelShape | None, workload: Workload, device_kind: str,
                 alpha_items: tuple, repack: tuple[bool, ...], costs: MachineCosts | None = None) -> tuple[Candidate, ...]:
     """costs: this machine's calibrated forward costs; None predicts speed from the reference tables."""
     alpha = dict(alpha_items)
@@ -83,7 +83,7 @@ def _smallest(target: ModelShape, workload: Workload, device_kind: str,
               repack: tuple[bool, ...] = REPACK_EITHER) -> Candidate:
     """The candidate with the least predicted peak: plain decoding, as small as it gets. A draft
     only adds to a candidate, so this is the smallest of plan()'s candidates with or without one."""
-    candidates = _candidates(target, None, workload, device_kind, _alpha_table(None), repack)
+    candidates = plan_candidates(target, None, workload, device_kind, alpha_table(None), repack)
     return min(candidates, key=lambda c: (c.peak_bytes, -c.tokens_per_second))
 
 
@@ -103,7 +103,7 @@ def min_budget_keep(target: ModelShape, draft: ModelShape | None, workload: Work
     candidates that fast (no search needed; tests check it against a bisection).
     """
     kind = _device_kind(device)
-    candidates = _candidates(target, draft, workload, kind, _alpha_table(alpha), repack, costs)
+    candidates = plan_candidates(target, draft, workload, kind, alpha_table(alpha), repack, costs)
     fastest = _best(candidates, UNLIMITED).tokens_per_second
     fast_enough = min(c.peak_bytes for c in candidates if c.tokens_per_second >= fraction * fastest)
     return max(fast_enough, min_budget_any(target, workload, kind, repack))
@@ -113,7 +113,7 @@ def _label(term: str) -> str:
     return term.replace("_", " ")
 
 
-def _degradations(chosen_candidate: Candidate, best_candidate: Candidate) -> list[str]:
+def degradations_from(chosen_candidate: Candidate, best_candidate: Candidate) -> list[str]:
     chosen, best = chosen_candidate.settings, best_candidate.settings
     is_slower = chosen_candidate.tokens_per_second < best_candidate.tokens_per_second
     found = []
@@ -148,7 +148,7 @@ def plan(budget_bytes: int, target: ModelShape, draft: ModelShape | None, worklo
     `costs`: this machine's calibrated forward costs (pocketspec/calibrate.py), when measured.
     """
     kind = _device_kind(device)
-    candidates = _candidates(target, draft, workload, kind, _alpha_table(alpha), repack, costs)
+    candidates = plan_candidates(target, draft, workload, kind, alpha_table(alpha), repack, costs)
     minimum = _smallest(target, workload, kind, repack)
     keep = min_budget_keep(target, draft, workload, device=kind, alpha=alpha, repack=repack, costs=costs)
     if budget_bytes < minimum.peak_bytes:
@@ -168,7 +168,7 @@ def plan(budget_bytes: int, target: ModelShape, draft: ModelShape | None, worklo
                   f"without it {best.tokens_per_second:.1f} tok/s "
                   f"({'plain' if best.settings.drafter == 'none' else 'n-gram'} decoding)")
     return Plan(True, budget_bytes, chosen.terms, chosen.settings, chosen.peak_bytes, chosen.tokens_per_second,
-                _degradations(chosen, best), minimum.peak_bytes, keep, reason)
+                degradations_from(chosen, best), minimum.peak_bytes, keep, reason)
 
 
 def _quantized_target_hint(budget_bytes: int, target: ModelShape, workload: Workload, device_kind: str,
@@ -190,7 +190,7 @@ def generation_bytes(plan_terms: dict[str, int]) -> int:
 
 
 def naive_generation_terms(target: ModelShape, draft: ModelShape | None, workload: Workload,
-                           n_batch: int = 512) -> dict[str, int]:
+                           n_batch: int = N_BATCH) -> dict[str, int]:
     """What llama-cpp-python allocates for speculation with its defaults: full-context f16 KV for
     both models, n_outputs_max = n_batch, and logits_all=True on the target (n_ctx x vocab scores)."""
     n_ctx = workload.max_context
@@ -211,5 +211,5 @@ def naive_generation_terms(target: ModelShape, draft: ModelShape | None, workloa
 
 
 def naive_generation_bytes(target: ModelShape, draft: ModelShape | None, workload: Workload,
-                           n_batch: int = 512) -> int:
+                           n_batch: int = N_BATCH) -> int:
     return sum(naive_generation_terms(target, draft, workload, n_batch).values())

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from memplanner import terms
 from memplanner.device import is_gpu
 from memplanner.options import Candidate, PlanSettings, Workload
-from memplanner.planner import REPACK_EITHER, _alpha_table, _candidates, _degradations
+from memplanner.planner import REPACK_EITHER, alpha_table, plan_candidates, degradations_from
 from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes, parse_size
 
@@ -259,7 +259,7 @@ def plan_split(devices: list[DeviceBudget], target: ModelShape, draft: ModelShap
     by_name = {device.name: device for device in devices}
     devices = [by_name[name] for name in execution_order(list(by_name))]
     kind = "cuda" if any(device.kind == "cuda" for device in devices) else "cpu"
-    candidates = sorted(_candidates(target, draft, workload, kind, _alpha_table(alpha), repack),
+    candidates = sorted(plan_candidates(target, draft, workload, kind, alpha_table(alpha), repack),
                         key=lambda c: c.preference, reverse=True)
     for candidate in candidates:
         placements = list(range(len(devices))) if candidate.settings.drafter == "model" else [None]
@@ -270,7 +270,7 @@ def plan_split(devices: list[DeviceBudget], target: ModelShape, draft: ModelShap
                 **{name: value for name, value in candidate.terms.items() if name in HOST_TERMS},
                 "embeddings": target.embedding_bytes}
             return SplitPlan(True, "", candidate.settings, shares, host, candidate.tokens_per_second,
-                             _degradations(candidate, candidates[0]))
+                             degradations_from(candidate, candidates[0]))
     smallest = min(candidates, key=lambda c: c.peak_bytes)
     listed = ", ".join(f"{d.name} {format_bytes(d.budget_bytes)}" for d in devices)
     return SplitPlan(False, f"{target.name} does not fit across {listed}: plain decoding needs about "

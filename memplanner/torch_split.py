@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memplanner import gpu_terms
+from memplanner.defaults import MAX_GAMMA, N_BATCH
 from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes
 from memplanner.split import DeviceBudget, DeviceShare, assign_layers, even_layer_counts
@@ -44,8 +45,8 @@ class TorchLayout:
     draft_kv_dtype: str | None = None
     draft_window: int = 0
     draft_layers: int = 0
-    n_batch: int = 512  # the widest prefill chunk
-    max_logits_rows: int = 9  # the widest verify
+    n_batch: int = N_BATCH  # the widest prefill chunk
+    max_logits_rows: int = MAX_GAMMA + 1  # the widest verify
 
 
 @dataclass

@@ -12,14 +12,17 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from memplanner.measured_costs import MeasuredCosts, load_measured_costs
+from memplanner.measured_costs import MachineCosts, MeasuredCosts, load_measured_costs
+from memplanner.shapes import shape_from_gguf
+from pocketspec.backends.torch_open import open_backend
 from pocketspec.cost_samples import (MAX_EXTRA_ROUNDS, MAX_SPREAD, NUM_ROUNDS, disagreeing_share, is_trusted,
                                      summarize_depth, widths_to_measure_again)
 from pocketspec.measured_cache import costs_dir, measuring_alone, write_json
+from pocketspec.settings import draft_settings_for
 
 CALIBRATION_DEPTHS = (0, 1024)  # cached tokens before the measured forward; clipped to the context
 MAX_CALIBRATED_WIDTH = 32
@@ -171,11 +174,6 @@ def calibrated_costs(backend, *, min_width: int = 1, on_measure=None, force: boo
 
 def calibrate_models(target_path: Path, draft_path: Path | None, target_settings, on_measure=None) -> list[MeasuredCosts]:
     """Measure the target (and a draft model) again, as `pocketspec doctor --calibrate` asks; returns the tables."""
-    from dataclasses import replace
-
-    from pocketspec.backends.torch_open import open_backend
-    from pocketspec.loader import draft_settings_for
-
     target_settings = replace(target_settings, max_logits_rows=MAX_CALIBRATED_WIDTH)
     jobs = [(target_path, target_settings)]
     if draft_path is not None:
@@ -204,9 +202,6 @@ def machine_costs(target_path: Path, draft_path: Path | None, target_settings, d
     """The planner's view of this machine: the cached tables of the target (and draft) under these
     settings as a MachineCosts, or None when the target was never measured (the planner then uses
     its reference tables)."""
-    from memplanner.measured_costs import MachineCosts
-    from memplanner.shapes import shape_from_gguf
-
     target_costs = cached_costs(target_path, target_settings)
     if target_costs is None:
         return None

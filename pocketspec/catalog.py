@@ -2,7 +2,7 @@
 
 The catalog is data (models/catalog.json; POCKETSPEC_CATALOG overrides the path). Model
 files are cached under POCKETSPEC_HOME/models/<name>.gguf (default ~/.cache/pocketspec).
-`resolve_model` turns what a user typed (a catalog name or a path) into a checked file.
+pocketspec/model_files.py turns what a user typed (a catalog name or a path) into a checked file.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pocketspec.errors import UserError
-from pocketspec.gguf_check import check_gguf
 
 DEFAULT_CATALOG_PATH = Path(__file__).resolve().parents[1] / "models" / "catalog.json"
 
@@ -106,7 +105,7 @@ def folder_problem(folder: Path) -> str | None:
     return None
 
 
-def _home_error(what: str, problem: str) -> UserError:
+def home_error(what: str, problem: str) -> UserError:
     return UserError(f"POCKETSPEC_HOME {pocketspec_home()} cannot hold {what}: {problem}; "
                      "set POCKETSPEC_HOME to a folder you can write")
 
@@ -120,7 +119,7 @@ def writable_home_folder(folder: Path, what: str) -> Path:
         except OSError as error:
             problem = f"{folder} cannot be made ({error.strerror or error})"
     if problem is not None:
-        raise _home_error(what, problem)
+        raise home_error(what, problem)
     return folder
 
 
@@ -145,43 +144,3 @@ def resolve_pair(name: str | None = None, catalog: Catalog | None = None) -> Pai
         known = ", ".join(sorted(catalog.pairs)) or "none"
         raise UserError(f"unknown model pair '{name}'; known pairs: {known}")
     return catalog.pairs[name]
-
-
-def _looks_like_path(name_or_path: str) -> bool:
-    return os.sep in name_or_path or "/" in name_or_path or name_or_path.endswith(".gguf")
-
-
-def resolve_model(name_or_path: str, *, pull_if_missing: bool = False) -> Path:
-    """Turn a catalog name or a GGUF path into the path of a checked model file.
-
-    A catalog model that is not downloaded is pulled when `pull_if_missing`, else it is a
-    UserError that says how to pull it. A downloaded one whose size or mtime differ from its
-    pull's stamp is re-hashed.
-    """
-    as_path = Path(name_or_path).expanduser()
-    if as_path.is_file() or _looks_like_path(name_or_path):
-        if not as_path.exists():
-            raise UserError(f"model file {as_path} does not exist")
-        check_gguf(as_path)
-        return as_path.resolve()
-
-    entry = get_model(name_or_path)
-    path = model_path(entry.name)
-    fix = f"re-download with: pocketspec models pull {entry.name}"
-    if not path.exists():
-        problem = folder_problem(path.parent)
-        if problem is not None:  # a pull could not save it either: say what to fix instead
-            raise _home_error(f"model '{entry.name}', which is not downloaded", problem)
-        if not pull_if_missing:
-            raise UserError(f"model '{entry.name}' is not downloaded; run: pocketspec models pull {entry.name}")
-        from pocketspec.pull import pull
-
-        pull(entry.name)
-    file_bytes = path.stat().st_size
-    if file_bytes != entry.size_bytes:
-        raise UserError(f"{path} has {file_bytes} bytes, expected {entry.size_bytes}; {fix}")
-    from pocketspec.pull import check_unchanged
-
-    check_unchanged(entry, path)
-    check_gguf(path, fix=fix)
-    return path

@@ -18,6 +18,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
+from memplanner.acceptance import expected_tokens_per_step
 from memplanner.defaults import ACCEPTANCE_PRIORS, MAX_GAMMA
 from pocketspec.costs import CostTable
 from pocketspec.drafters.ngram import MatchEvidence
@@ -25,14 +26,6 @@ from pocketspec.drafters.ngram import MatchEvidence
 MIN_MARGINAL_SHARE = 0.01  # a shared decode's extra rows cost at least this share of one token's forward
 # A proposed token reached with a smaller chance than this adds too little to be worth walking to
 MIN_PROPOSAL_SURVIVAL = 0.05
-
-
-def expected_tokens_per_step(alpha: float, gamma: int) -> float:
-    if gamma <= 0:
-        return 1.0
-    if alpha >= 1.0:
-        return gamma + 1.0
-    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
 
 
 def expected_tokens_by_gamma(probabilities: Sequence[float]) -> list[float]:

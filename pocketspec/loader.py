@@ -5,8 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from memplanner.defaults import ACCEPTANCE_PRIORS, DRAFT_MODEL_MIN_SPEEDUP
+from memplanner.measured_costs import MachineCosts, best_draft_model_speedup
+from memplanner.shapes import shape_from_gguf
 from pocketspec.backends.torch_open import check_self_draft, open_backend, open_self_draft
-from pocketspec.catalog import resolve_model, resolve_pair
+from pocketspec.calibrate import cached_costs, calibrated_costs
+from pocketspec.catalog import resolve_pair
+from pocketspec.model_files import resolve_model
+from pocketspec.engine import SpeculativeEngine
 from pocketspec.errors import UserError
 from pocketspec.gguf_check import check_gguf, check_same_vocab
 from pocketspec.settings import DRAFTLESS, SELF_DRAFTS, ModelSettings, SamplingSettings, SpeculationSettings
@@ -54,22 +60,6 @@ def trained_context_limit(target_path: Path, max_context: int | None, default: i
     return max_context
 
 
-def draft_settings_for(target_settings: ModelSettings, draft_max_context: int | None = None,
-                       draft_device: str | None = None, draft_kv_type: str = "f16") -> ModelSettings:
-    """The draft follows the target's context unless the plan gives it a shorter window.
-
-    It keeps its own KV type (f16 unless a memory plan quantized it: SpeculationSettings.draft_kv_type)
-    and one logits row: it only ever reads its last position. When the target is split over several
-    devices, the draft runs whole on one: the plan's choice, else the first.
-    """
-    devices = (draft_device or target_settings.devices[0],) if target_settings.devices else ()
-    # a draft decodes the way its target does: a target that verifies on the host takes host distributions
-    decode_step = target_settings.decode_step if target_settings.uses_static_step else "dynamic"
-    return replace(target_settings, max_context=draft_max_context or target_settings.max_context,
-                   kv_type=draft_kv_type, max_logits_rows=1, devices=devices, layers_per_device=(),
-                   decode_step=decode_step)
-
-
 def load_engine(
     choice: ModelChoice,
     *,
@@ -85,8 +75,6 @@ def load_engine(
     notify(line): told before a first-time cost measurement, which takes seconds to a minute.
     open_model(path, settings): a backend for a model file (a sequence of a shared context, for a server).
     """
-    from pocketspec.engine import SpeculativeEngine
-
     is_self_draft = choice.drafter in SELF_DRAFTS
     if speculation.drafter == "auto" and choice.drafter not in ("auto", *SELF_DRAFTS):
         speculation = replace(speculation, drafter=choice.drafter)
@@ -103,7 +91,7 @@ def load_engine(
             draft_backend = open_self_draft(target_backend, choice.drafter, target_settings, speculation)
         elif choice.draft_path is not None and speculation.drafter in ("auto", "model"):
             draft_settings = draft_settings or target_settings
-            skip_reason = _draft_cannot_pay(choice, target_costs, draft_settings, speculation)
+            skip_reason = draft_cannot_pay(choice, target_costs, draft_settings, speculation)
             if skip_reason is None:
                 draft_backend = open_model(choice.draft_path, draft_settings)
                 draft_costs = _calibrated(draft_backend, speculation, notify)
@@ -123,21 +111,14 @@ def _calibrated(backend, speculation: SpeculationSettings, notify):
     """This machine's cost table for an adaptive run (measured once, then cached); None when γ is fixed."""
     if speculation.drafter == "none" or speculation.gamma is not None or not hasattr(backend, "model_path"):
         return None
-    from pocketspec.calibrate import calibrated_costs
-
     return calibrated_costs(backend, min_width=backend.max_logits_rows, on_measure=notify)
 
 
-def _draft_cannot_pay(choice: ModelChoice, target_costs, draft_settings: ModelSettings,
+def draft_cannot_pay(choice: ModelChoice, target_costs, draft_settings: ModelSettings,
                       speculation: SpeculationSettings) -> str | None:
     """Why a pair's draft model is not worth loading on this machine; None when it may pay or was asked for."""
     if target_costs is None or choice.draft_is_explicit or speculation.drafter == "model":
         return None
-    from memplanner.defaults import ACCEPTANCE_PRIORS, DRAFT_MODEL_MIN_SPEEDUP
-    from memplanner.measured_costs import MachineCosts, best_draft_model_speedup
-    from memplanner.shapes import shape_from_gguf
-    from pocketspec.calibrate import cached_costs
-
     draft_costs = cached_costs(choice.draft_path, draft_settings)
     if draft_costs is None:  # not measured yet: the target's curve scaled by weight bytes
         target_only = MachineCosts(((shape_from_gguf(choice.target_path), target_costs),))

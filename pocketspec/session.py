@@ -27,7 +27,8 @@ from pocketspec.budget.sequences_plan import per_sequence_plan
 from pocketspec.chat_template import encode_chat, encode_prompt, template_for
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.errors import UserError
-from pocketspec.loader import ModelChoice, draft_settings_for, load_engine
+from pocketspec.loader import ModelChoice, load_engine
+from pocketspec.settings import draft_settings_for
 from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
 from pocketspec.stats import GenerationStats, gpu_allocator_peaks, peak_rss_bytes
 

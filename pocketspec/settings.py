@@ -10,13 +10,14 @@ import os
 import secrets
 from dataclasses import dataclass, field, replace
 
-from memplanner.defaults import ACCEPTANCE_PRIORS, ATTENTION_SINK_TOKENS, LLAMA_KV_TYPES, MAX_DRAFTLESS_GAMMA, MAX_GAMMA, MAX_NEW_TOKENS
+from memplanner.defaults import (ACCEPTANCE_PRIORS, ATTENTION_SINK_TOKENS, LLAMA_KV_TYPES, MAX_DRAFTLESS_GAMMA,
+                                 MAX_GAMMA, MAX_NEW_TOKENS, N_BATCH, NGRAM_MAX_N, NGRAM_MIN_N)
 from memplanner.device import is_gpu
 from memplanner.torch_sizes import AUTO, KV_DTYPES, WEIGHT_FORMATS, resolve_weights_format
 from pocketspec.setting_ranges import check_ranges, in_range
 
 RANDOM_SEED = -1  # --seed -1: draw a seed, and say which
-LARGEST_GAMMA = 32  # the longest draft --gamma and plan's --max-gamma accept
+LARGEST_GAMMA = MAX_DRAFTLESS_GAMMA + 1  # the longest draft --gamma and plan's --max-gamma accept
 MAX_CONTEXT = 131072
 MAX_TOKENS = 1 << 20
 
@@ -76,10 +77,10 @@ class SpeculationSettings:
     # The draft model's KV cache (llama.cpp): one of DRAFT_KV_PREFERENCE. Its precision moves only the
     # acceptance rate, never the output, so a memory plan may quantize it (the target's never).
     draft_kv_type: str = "f16"
-    ngram_min: int = 2
+    ngram_min: int = NGRAM_MIN_N
     # n-grams up to 8 tokens tell which earlier copy a suffix continues: on the recorded code edits
     # the replay (benchmarks/replay_drafting.py) went from 1.54x to 1.60x plain, in every category
-    ngram_max: int = 8
+    ngram_max: int = NGRAM_MAX_N
     # llama.cpp's batched kernels round differently from its one-token kernels (on CPU,
     # every width past 256 cached tokens), so a verified greedy token can differ from plain
     # decoding where the target's two best logits are within that rounding. True caps
@@ -121,8 +122,8 @@ class ModelSettings:
     # 0: every core; more than the cores is capped where the flag is read (apps/flags.py)
     num_threads: int = field(default=0, metadata=in_range("--threads", 0, 2**31 - 1, is_integer=True))
     max_context: int = field(default=4096, metadata=in_range("--max-context", 64, MAX_CONTEXT, is_integer=True))
-    n_batch: int = 512
-    n_ubatch: int = 512
+    n_batch: int = N_BATCH
+    n_ubatch: int = N_BATCH
     kv_type: str = LLAMA_KV_TYPES[0]  # one of LLAMA_KV_TYPES
     max_logits_rows: int = MAX_GAMMA + 1  # verify width: max_gamma + 1
     use_mmap: bool = True
@@ -170,6 +171,22 @@ class ModelSettings:
         if self.backend != "torch" or len(self.devices) > 1:
             return False
         return self.decode_step == "static" or (self.decode_step == AUTO and self.is_on_gpu)
+
+
+def draft_settings_for(target_settings: ModelSettings, draft_max_context: int | None = None,
+                       draft_device: str | None = None, draft_kv_type: str = "f16") -> ModelSettings:
+    """The draft follows the target's context unless the plan gives it a shorter window.
+
+    It keeps its own KV type (f16 unless a memory plan quantized it: SpeculationSettings.draft_kv_type)
+    and one logits row: it only ever reads its last position. When the target is split over several
+    devices, the draft runs whole on one: the plan's choice, else the first.
+    """
+    devices = (draft_device or target_settings.devices[0],) if target_settings.devices else ()
+    # a draft decodes the way its target does: a target that verifies on the host takes host distributions
+    decode_step = target_settings.decode_step if target_settings.uses_static_step else "dynamic"
+    return replace(target_settings, max_context=draft_max_context or target_settings.max_context,
+                   kv_type=draft_kv_type, max_logits_rows=1, devices=devices, layers_per_device=(),
+                   decode_step=decode_step)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import same_distribution_pvalue
-from pocketspec.backends.torch_backend import _load_tokenizer
+from pocketspec.backends.torch_backend import load_tokenizer
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.engine import BatchEngine
@@ -30,19 +30,19 @@ from pocketspec.batch.sequence import Request
 from pocketspec.settings import BatchSettings, SamplingSettings, SpeculationSettings
 from pocketspec.torch_model.invariant import TileShape, make_batch_invariant
 from pocketspec.torch_model.load import load_model
-from tiny_models import _vocabulary, write_near_tie_model, write_tiny_pair
+from tiny_models import tiny_vocabulary, write_near_tie_model, write_tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 DRAFTERS = ("none", "ngram", "model", "self-skip")
-MAX_TOKEN = len(_vocabulary()[0]) - 1
+MAX_TOKEN = len(tiny_vocabulary()[0]) - 1
 
 
 class Models:
     """A tiny target wrapped for batch invariance, a same-vocabulary draft, and engines over them."""
 
     def __init__(self, target_path, draft_path, max_context: int = 256, device: str = "cpu"):
-        self.vocab_model, self.tokenizer = _load_tokenizer(target_path)
+        self.vocab_model, self.tokenizer = load_tokenizer(target_path)
         self.max_context = max_context
         self.settings = BatchSettings()
         self.tiles = TileShape(self.settings.row_tile)

@@ -103,8 +103,8 @@ def test_the_plan_keeps_the_users_kv_type_and_quantizes_only_the_draft(qwen_targ
     from pocketspec.budget.llama_plan import apply_plan
     from memplanner.planner import Workload, plan
     from memplanner.shapes import shape_from_gguf
-    from pocketspec.loader import ModelChoice, draft_settings_for
-    from pocketspec.settings import ModelSettings, SpeculationSettings
+    from pocketspec.loader import ModelChoice
+    from pocketspec.settings import ModelSettings, SpeculationSettings, draft_settings_for
 
     choice = ModelChoice(qwen_target_path, qwen_draft_path, "auto")
     full = plan(1 << 40, shape_from_gguf(qwen_target_path), shape_from_gguf(qwen_draft_path), Workload(4096),

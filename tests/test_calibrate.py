@@ -7,7 +7,7 @@ import pytest
 from memplanner.measured_costs import MeasuredCosts
 from pocketspec.calibrate import cached_costs, calibrated_costs, cost_key
 from pocketspec.cost_samples import disagreeing_share, is_trusted
-from pocketspec.loader import ModelChoice, _draft_cannot_pay
+from pocketspec.loader import ModelChoice, draft_cannot_pay
 from pocketspec.settings import ModelSettings, SpeculationSettings
 
 
@@ -59,7 +59,7 @@ NEARLY_FREE_VERIFY = {width: 0.020 * (1 + 0.02 * (width - 1)) for width in range
 def test_a_pairs_draft_model_is_loaded_only_where_it_can_pay(home, qwen_target_path, qwen_draft_path, seconds, loaded):
     target_costs = MeasuredCosts("measured", {0: dict(seconds)}, weight_bytes=1_111_370_240)
     choice = ModelChoice(qwen_target_path, qwen_draft_path, "auto")
-    reason = _draft_cannot_pay(choice, target_costs, ModelSettings(), SpeculationSettings())
+    reason = draft_cannot_pay(choice, target_costs, ModelSettings(), SpeculationSettings())
     assert (reason is None) == loaded
     if reason is not None:
         assert qwen_draft_path.name in reason and "--draft" in reason
@@ -82,14 +82,14 @@ def test_a_draft_model_predicted_within_the_tables_noise_of_plain_decoding_is_no
                                             SpeculationSettings().max_gamma)
     assert 1.0 < predicted < DRAFT_MODEL_MIN_SPEEDUP
     choice = ModelChoice(qwen_target_path, qwen_draft_path, "auto")
-    reason = _draft_cannot_pay(choice, target_costs, ModelSettings(), SpeculationSettings())
+    reason = draft_cannot_pay(choice, target_costs, ModelSettings(), SpeculationSettings())
     assert reason is not None and f"{predicted:.2f}x" in reason
 
 
 def test_a_named_draft_model_is_always_loaded(home, qwen_target_path, qwen_draft_path):
     target_costs = MeasuredCosts("measured", {0: dict(STEPPED_CPU)}, weight_bytes=1_111_370_240)
     choice = ModelChoice(qwen_target_path, qwen_draft_path, "auto", draft_is_explicit=True)
-    assert _draft_cannot_pay(choice, target_costs, ModelSettings(), SpeculationSettings()) is None
+    assert draft_cannot_pay(choice, target_costs, ModelSettings(), SpeculationSettings()) is None
 
 
 @pytest.mark.real_model

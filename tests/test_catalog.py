@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pocketspec.catalog import (
-    load_catalog, model_path, pocketspec_home, resolve_model, resolve_pair,
-)
+from pocketspec.catalog import load_catalog, model_path, pocketspec_home, resolve_pair
+from pocketspec.model_files import resolve_model
 from pocketspec.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]

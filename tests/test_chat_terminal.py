@@ -296,3 +296,21 @@ def test_ctrl_c_on_a_piped_reply_is_recorded_as_interrupted(chat_home):
     assert process.wait(timeout=TIMEOUT_SECONDS) == 130 and "Traceback" not in stderr, stderr
     replies = [record for record in read_records(_only_transcript(chat_home)) if record["type"] == "assistant"]
     assert [(reply["cut"], reply["stop_reason"]) for reply in replies] == [(True, "interrupted")]
+
+
+def test_the_banner_names_the_drafter_that_runs(tmp_path, qwen_target_path, qwen_draft_path):
+    """A pair whose draft model cannot pay on this machine is left unloaded (the loader says so); the banner
+    then names the n-gram drafter that runs, not the pair's draft."""
+    home = home_with_measurements(tmp_path / "home")
+    child = pexpect.spawn(str(POCKETSPEC), ["chat", "--pair", "qwen-coder", "--threads", "1", "--max-context", "1024"],
+                          env=_env(home), encoding="utf-8", timeout=300, dimensions=(50, 200))
+    child.logfile_read = io.StringIO()
+    child.expect("/help for commands")
+    screen = _screen(child)
+    banner = next(line for line in screen.splitlines() if line.startswith("chat with "))
+    if f"draft model {qwen_draft_path.name} not loaded" in screen:
+        assert "(draft: ngram)" in banner, screen
+    else:
+        assert f"(draft: {qwen_draft_path.stem})" in banner, screen
+    child.sendeof()
+    child.expect(pexpect.EOF)

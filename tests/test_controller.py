@@ -2,7 +2,8 @@
 
 import pytest
 
-from pocketspec.controller import AcceptanceEstimate, GammaController, expected_tokens_per_step
+from memplanner.acceptance import expected_tokens_per_step
+from pocketspec.controller import AcceptanceEstimate, GammaController
 from pocketspec.costs import EXPLORATION, EXPLORE_AFTER_PASSES, CostTable
 from pocketspec.settings import SpeculationSettings
 

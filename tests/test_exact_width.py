@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from pocketspec.backends.exact_width import _cache_key, wider_exact_advice
+from pocketspec.backends.exact_width import exact_width_cache_key, wider_exact_advice
 from pocketspec.settings import ModelSettings
 
 
@@ -27,11 +27,11 @@ def test_the_width_cache_key_tells_devices_and_splits_apart(smollm2_path, monkey
                   dict(devices=("cuda:0", "cuda:1"), layers_per_device=(14, 16)),
                   dict(devices=("cuda:0", "cuda:1"), layers_per_device=(16, 14)),
                   dict(devices=("cuda:0", "cuda:1"), split_mode="row")]
-    keys = [_cache_key(Loaded(smollm2_path, ModelSettings(**placement)), 8) for placement in placements]
+    keys = [exact_width_cache_key(Loaded(smollm2_path, ModelSettings(**placement)), 8) for placement in placements]
     assert len(set(keys)) == len(keys)
-    assert _cache_key(Loaded(smollm2_path, ModelSettings(devices=("cuda:0",))), 8) == keys[1]
+    assert exact_width_cache_key(Loaded(smollm2_path, ModelSettings(devices=("cuda:0",))), 8) == keys[1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    assert _cache_key(Loaded(smollm2_path, ModelSettings(devices=("cuda:0",))), 8) != keys[1]
+    assert exact_width_cache_key(Loaded(smollm2_path, ModelSettings(devices=("cuda:0",))), 8) != keys[1]
 
 
 @pytest.mark.parametrize("settings, width, advised", [

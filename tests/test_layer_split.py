@@ -13,7 +13,7 @@ from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
 from memplanner.split import even_layer_counts
-from pocketspec.torch_model.layer_split import LayerSplit, _hop_to
+from pocketspec.torch_model.layer_split import LayerSplit, hop_to
 from tiny_models import write_tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -48,7 +48,7 @@ def test_even_counts_and_refusals():
 
 
 def test_hop_moves_every_tensor_argument():
-    args, kwargs = _hop_to(torch.device("meta"))(None, (torch.ones(2), "cache", 3), {"sin": torch.zeros(1)})
+    args, kwargs = hop_to(torch.device("meta"))(None, (torch.ones(2), "cache", 3), {"sin": torch.zeros(1)})
     assert args[0].is_meta and args[1:] == ("cache", 3) and kwargs["sin"].is_meta
 
 

@@ -10,7 +10,8 @@ import pytest
 from memplanner import terms
 from memplanner.shapes import shape_from_gguf
 from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
-from pocketspec.loader import ModelChoice, draft_settings_for, load_engine
+from pocketspec.loader import ModelChoice, load_engine
+from pocketspec.settings import draft_settings_for
 from pocketspec.settings import ModelSettings, SpeculationSettings
 
 MIB = 2**20

@@ -79,3 +79,26 @@ def test_bad_budgets_are_one_line_with_exit_code_2(budget, message):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
     assert "Traceback" not in result.output
+
+
+@needs_qwen
+@pytest.mark.parametrize("memory_budget, draft, options", [
+    ("3GiB", None, {}),
+    ("1400MiB", None, {"max_gamma": 4}),
+    ("1300MiB", "ngram", {}),
+    ("2GiB", "none", {}),
+])
+def test_plan_previews_the_plan_that_generate_runs(memory_budget, draft, options):
+    """`pocketspec plan` and a session's planning, on the same settings, give the same plan: one resolution of
+    the flags, one split test, one workload and one planner call."""
+    from pocketspec.budget import apply_budget
+    from pocketspec.budget.preview import preview_plan
+    from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
+
+    settings = SessionSettings(pair="qwen-coder", draft=draft, memory_budget=memory_budget, max_context=2048,
+                               max_new_tokens=256, options=options)
+    previewed = preview_plan(settings)
+    choice, target_settings, speculation = settings_for(settings)
+    applied = apply_budget(choice, memory_budget, target_settings, speculation, max_new_tokens=256,
+                           temperature=settings.sampling.temperature, repack=repack_allowed(settings.repack))
+    assert previewed.result.to_dict() == applied.planner_result.to_dict()

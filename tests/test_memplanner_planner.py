@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from memplanner import costs, terms
+from memplanner.acceptance import expected_tokens_per_step
 from memplanner.options import candidate_settings, draftless_gammas, settings_terms
 from memplanner.planner import (REPACK_EITHER, Workload, generation_bytes, min_budget_any, min_budget_keep,
                                 naive_generation_bytes, plan)
@@ -189,8 +190,8 @@ def test_naive_allocation_costs_more_than_the_lower_bound():
 
 
 def test_cost_model():
-    assert costs.expected_tokens_per_step(0.8, 1) == pytest.approx(1.8)
-    assert costs.expected_tokens_per_step(1.0, 4) == 5
+    assert expected_tokens_per_step(0.8, 1) == pytest.approx(1.8)
+    assert expected_tokens_per_step(1.0, 4) == 5
     assert costs.forward_seconds(TARGET, 4) == pytest.approx(0.1615, rel=1e-3)  # between 3 and 5
     assert costs.forward_seconds(DRAFT, 1) == pytest.approx(0.042)
     plain = costs.tokens_per_second(TARGET, None, "none", 0)

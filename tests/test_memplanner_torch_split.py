@@ -16,7 +16,7 @@ from memplanner.torch_split import TorchLayout, plan_layer_split, plan_row_split
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.backends.torch_open import open_backend, open_self_draft
 from pocketspec.settings import ModelSettings, SpeculationSettings
-from tiny_models import _vocabulary, _weights, write_tiny_model
+from tiny_models import tiny_vocabulary, tiny_weights, write_tiny_model
 
 SHAPE = dict(dim=96, num_layers=4, num_heads=6, num_kv_heads=3, ffn_dim=130)
 MIB = 2**20
@@ -25,7 +25,7 @@ MIB = 2**20
 @pytest.fixture(scope="module")
 def uneven_model(tmp_path_factory):
     """qwen2 (q/k/v biases), untied, F32; 3 KV heads and 130 columns split unevenly over 2 ranks."""
-    tensors = _weights(np.random.default_rng(5), len(_vocabulary()[0]), has_qkv_bias=True, **SHAPE)
+    tensors = tiny_weights(np.random.default_rng(5), len(tiny_vocabulary()[0]), has_qkv_bias=True, **SHAPE)
     return write_tiny_model(tmp_path_factory.mktemp("torch_split") / "uneven.gguf", tensors, arch="qwen2",
                             quant=None, **SHAPE)
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pocketspec.catalog import get_model, resolve_model
+from pocketspec.catalog import get_model
+from pocketspec.model_files import resolve_model
 from pocketspec.errors import UserError
 from pocketspec.pull import check_unchanged, pull, stamp_path
 

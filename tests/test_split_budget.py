@@ -76,8 +76,8 @@ def test_the_plan_puts_the_draft_model_on_its_own_device(qwen_target_path, qwen_
     plan put it, with llama.cpp's split mode none on that device."""
     from pocketspec.budget.split_plan import apply_split
     from pocketspec.backends.llama_split import llama_split
-    from pocketspec.loader import ModelChoice, draft_settings_for
-    from pocketspec.settings import ModelSettings, SpeculationSettings
+    from pocketspec.loader import ModelChoice
+    from pocketspec.settings import ModelSettings, SpeculationSettings, draft_settings_for
 
     choice = ModelChoice(qwen_target_path, qwen_draft_path, "auto")
     applied = apply_split(choice, "cpu:0=1.2GiB,cpu:1=1.6GiB", ModelSettings(max_context=4096),

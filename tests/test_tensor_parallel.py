@@ -13,7 +13,7 @@ from pocketspec.torch_model.kv_cache import StaticKVCache
 from pocketspec.torch_model.load import load_model
 from pocketspec.torch_model.model import ModelConfig, rope_angles
 from pocketspec.torch_model.tensor_parallel import TensorShard, shard_bounds
-from tiny_models import _weights, _vocabulary, write_tiny_model
+from tiny_models import tiny_weights, tiny_vocabulary, write_tiny_model
 
 SHAPE = dict(dim=96, num_layers=1, num_heads=6, num_kv_heads=3, ffn_dim=130)  # 3 KV groups over 2 ranks: 2 + 1
 CONFIG = ModelConfig("llama", num_layers=2, dim=96, num_heads=6, num_kv_heads=3, head_dim=16, ffn_dim=130,
@@ -23,7 +23,7 @@ CONFIG = ModelConfig("llama", num_layers=2, dim=96, num_heads=6, num_kv_heads=3,
 @pytest.fixture(scope="module")
 def qwen2_f32(tmp_path_factory):
     """A one-block qwen2 model (q/k/v biases), F32, whose heads and columns split unevenly over 2 ranks."""
-    tensors = _weights(np.random.default_rng(3), len(_vocabulary()[0]), has_qkv_bias=True, **SHAPE)
+    tensors = tiny_weights(np.random.default_rng(3), len(tiny_vocabulary()[0]), has_qkv_bias=True, **SHAPE)
     return write_tiny_model(tmp_path_factory.mktemp("tp") / "uneven.gguf", tensors, arch="qwen2", quant=None,
                             **SHAPE)
 

@@ -9,7 +9,7 @@ from memplanner.shapes import shape_from_gguf
 from memplanner.torch_sizes import gguf_layout, torch_kv_bytes, torch_weight_bytes
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.settings import ModelSettings
-from tiny_models import _vocabulary, _weights, write_tiny_model
+from tiny_models import tiny_vocabulary, tiny_weights, write_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -19,10 +19,10 @@ SHAPE = dict(dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=128)
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory) -> dict[str, object]:
     folder = tmp_path_factory.mktemp("tiny_sizes")
-    vocab_size = len(_vocabulary()[0])
+    vocab_size = len(tiny_vocabulary()[0])
     models = {}
     for arch in ("llama", "qwen2"):
-        tensors = _weights(np.random.default_rng(1), vocab_size, **SHAPE, has_qkv_bias=arch == "qwen2")
+        tensors = tiny_weights(np.random.default_rng(1), vocab_size, **SHAPE, has_qkv_bias=arch == "qwen2")
         if arch == "qwen2":
             del tensors["output.weight"]  # tied embeddings
         models[arch] = write_tiny_model(folder / f"{arch}.gguf", tensors, arch=arch, quant=None, **SHAPE)

@@ -16,7 +16,7 @@ WORDS = tuple(dict.fromkeys(("the a of to and in is it that for on with as was b
                              "def return if else while import print class self true false none list dict int str").split()))
 
 
-def _vocabulary() -> tuple[list[str], list[float], list[int]]:
+def tiny_vocabulary() -> tuple[list[str], list[float], list[int]]:
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{byte:02X}>" for byte in range(256)] + ["▁" + word for word in WORDS]
     types = ([gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
              + [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * len(WORDS))
@@ -24,7 +24,7 @@ def _vocabulary() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(kind) for kind in types]
 
 
-def _weights(rng: np.random.Generator, vocab_size: int, dim: int, num_layers: int, num_heads: int,
+def tiny_weights(rng: np.random.Generator, vocab_size: int, dim: int, num_layers: int, num_heads: int,
              num_kv_heads: int, ffn_dim: int, has_qkv_bias: bool = False) -> dict[str, np.ndarray]:
     head_dim = dim // num_heads
 
@@ -57,7 +57,7 @@ def write_tiny_model(path: Path, tensors: dict[str, np.ndarray], *, dim: int, nu
                      num_kv_heads: int, ffn_dim: int, context_length: int = 1024, arch: str = "llama",
                      quant: gguf.GGMLQuantizationType | None = QUANT, rope_base: float = 10000.0) -> Path:
     """quant=None writes every tensor as F32 (no quantization noise, for torch-vs-llama.cpp checks)."""
-    tokens, scores, types = _vocabulary()
+    tokens, scores, types = tiny_vocabulary()
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(path.stem)
     writer.add_context_length(context_length)
@@ -98,8 +98,8 @@ def write_tiny_pair(folder: Path, seed: int = 0, draft_noise: float = 0.3, *, ar
     """
     shape = dict(dim=64, num_layers=num_layers, num_heads=4, num_kv_heads=2, ffn_dim=128)
     rng = np.random.default_rng(seed)
-    vocab_size = len(_vocabulary()[0])
-    target_tensors = _weights(rng, vocab_size, shape["dim"], shape["num_layers"], shape["num_heads"],
+    vocab_size = len(tiny_vocabulary()[0])
+    target_tensors = tiny_weights(rng, vocab_size, shape["dim"], shape["num_layers"], shape["num_heads"],
                               shape["num_kv_heads"], shape["ffn_dim"], has_qkv_bias=arch == "qwen2")
     draft_tensors = {name: (array + draft_noise * array.std() * rng.standard_normal(array.shape)).astype(np.float32)
                      if array.ndim == 2 else array for name, array in target_tensors.items()}
@@ -118,7 +118,7 @@ def write_near_tie_model(path: Path, seed: int = 0, relative_gap: float = 1e-6) 
     """
     shape = dict(dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=128)
     rng = np.random.default_rng(seed)
-    tensors = _weights(rng, len(_vocabulary()[0]), **shape)
+    tensors = tiny_weights(rng, len(tiny_vocabulary()[0]), **shape)
     head = tensors["output.weight"]
     num_twins = len(head) // 2
     noise = relative_gap * np.random.default_rng(seed + 1).standard_normal(head[1::2][:num_twins].shape)
@@ -137,7 +137,7 @@ def write_header_variant(path: Path, arch: str = "llama", drop: tuple[str, ...] 
     `drop` leaves SHAPE_KEYS out; `arch` renames the architecture. The tensors keep their shape.
     """
     shape = dict(dim=64, num_layers=2, num_heads=4, num_kv_heads=2, ffn_dim=128)
-    tokens, scores, types = _vocabulary()
+    tokens, scores, types = tiny_vocabulary()
     header = dict(zip(SHAPE_KEYS, (1024, shape["dim"], shape["num_layers"], shape["ffn_dim"], shape["num_heads"],
                                    shape["num_kv_heads"], shape["dim"] // shape["num_heads"])))
     header.update({key.replace("__", "."): value for key, value in values.items() if not key.startswith("token_")})
@@ -154,7 +154,7 @@ def write_header_variant(path: Path, arch: str = "llama", drop: tuple[str, ...] 
     writer.add_bos_token_id(values.get("token_bos", 1))
     writer.add_eos_token_id(values.get("token_eos", 2))
     writer.add_unk_token_id(0)
-    for name, array in _weights(np.random.default_rng(0), len(tokens), **shape).items():
+    for name, array in tiny_weights(np.random.default_rng(0), len(tokens), **shape).items():
         writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -27,7 +27,7 @@ LONG_CONTEXT_PROBE = 320
 VISIBLE_DEVICES_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 
-def _cache_key(backend, max_width: int) -> str:
+def exact_width_cache_key(backend, max_width: int) -> str:
     """The model file, the build and every setting that changes which kernels run where: the devices,
     the split over them and which physical GPUs those ordinals are."""
     stat = os.stat(backend.model_path)
@@ -70,7 +70,7 @@ def probe_exact_width(backend, max_width: int) -> int:
 
 def exact_width(backend, max_width: int) -> int:
     """The cached probe result for this model, build and settings; probes on a miss (one process at a time)."""
-    cache_file = exact_widths_dir() / f"{_cache_key(backend, max_width)}.json"
+    cache_file = exact_widths_dir() / f"{exact_width_cache_key(backend, max_width)}.json"
     cached = read_json(cache_file)
     if isinstance(cached, int):
         return cached

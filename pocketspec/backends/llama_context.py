@@ -37,7 +37,7 @@ KV_TYPES = {name: GGML_TYPE_BF16 if name == "bf16" else getattr(llama_cpp, f"GGM
 _backend_ready = False
 
 
-def _init_llama() -> None:
+def init_llama() -> None:
     global _backend_ready
     if not _backend_ready:
         llama_logs.install()
@@ -68,7 +68,7 @@ class LlamaModelContext:
     def __init__(self, model_path: Path | str, settings: ModelSettings = ModelSettings(), num_sequences: int = 1):
         if settings.kv_type not in KV_TYPES:
             raise UserError(f"unknown KV type {settings.kv_type!r}: use one of {', '.join(KV_TYPES)}")
-        _init_llama()
+        init_llama()
         self.settings = settings
         self.num_sequences = num_sequences
         model_params = llama_cpp.llama_model_default_params()

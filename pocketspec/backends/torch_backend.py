@@ -61,18 +61,18 @@ def _layer_split(model_path: Path, settings: ModelSettings) -> LayerSplit | None
     return LayerSplit.of(settings.devices, settings.layers_per_device, num_layers)
 
 
-def _load_tokenizer(path: Path):
+def load_tokenizer(path: Path):
     """llama.cpp's tokenizer for this GGUF, without loading its weights."""
     import llama_cpp
     from llama_cpp._internals import LlamaModel
 
-    from pocketspec.backends.llama_context import _init_llama
+    from pocketspec.backends.llama_context import init_llama
     from pocketspec.tokenizer import Tokenizer
 
     if path.is_dir():
         raise UserError(f"{path} is a Hugging Face folder: --backend torch reads its tokenizer from a GGUF, "
                         "so give the model's GGUF (load_model() reads HF folders from Python)")
-    _init_llama()
+    init_llama()
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     try:
@@ -119,7 +119,7 @@ class TorchBackend(CachedTokens):
         if device.type == "cpu" and settings.num_threads:
             torch.set_num_threads(settings.num_threads)
         model_path = Path(model_path)
-        vocab_model, tokenizer = _load_tokenizer(model_path) if with_tokenizer else (None, None)
+        vocab_model, tokenizer = load_tokenizer(model_path) if with_tokenizer else (None, None)
         split = _layer_split(model_path, settings)
         try:
             model = load_model(model_path, resolve_weights_format(settings.weights, device), device,

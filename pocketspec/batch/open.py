@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from pocketspec.backends.torch_backend import _load_tokenizer, resolve_kv_dtype, resolve_weights_format
+from pocketspec.backends.torch_backend import load_tokenizer, resolve_kv_dtype, resolve_weights_format
 from pocketspec.backends.torch_open import self_skip_layers
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
@@ -46,7 +46,7 @@ def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, sp
     device = resolve_device(target_settings.device)
     if device.type == "cpu" and target_settings.num_threads:
         torch.set_num_threads(target_settings.num_threads)
-    vocab_model, tokenizer = _load_tokenizer(choice.target_path)
+    vocab_model, tokenizer = load_tokenizer(choice.target_path)
     weights = resolve_weights_format(target_settings.weights, device)
     model = load_model(choice.target_path, weights, device)
     batch = replace(batch, is_batch_invariant=batch.batch_invariance_on(device.type))

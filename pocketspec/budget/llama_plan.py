@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from memplanner.device import DeviceInfo, read_device
+from memplanner.device import DeviceInfo
 from memplanner.options import PlanSettings
 from memplanner.planner import REPACK_EITHER, Plan, Workload, plan
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
+from pocketspec.budget.device_memory import read_device
 from pocketspec.budget.memory_plan import MemoryPlan, parse_budget, peak_line
 from pocketspec.calibrate import machine_costs
 from pocketspec.errors import UserError
-from pocketspec.loader import ModelChoice, draft_settings_for
-from pocketspec.settings import ModelSettings, SpeculationSettings
+from pocketspec.loader import ModelChoice
+from pocketspec.settings import ModelSettings, SpeculationSettings, draft_settings_for
 
 
 def describe(plan_: Plan) -> str:
@@ -50,17 +51,32 @@ def planned_device_name(settings: ModelSettings) -> str:
     return "cuda:0" if settings.gpu_layers != 0 else "cpu"
 
 
-def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSettings,
-               speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
-               repack: tuple[bool, ...] = REPACK_EITHER, device: DeviceInfo | None = None) -> MemoryPlan:
-    """The plan for one device: `device` as described, or the one the settings name, read now."""
-    budget_bytes = parse_budget(memory_budget)
+@dataclass(frozen=True)
+class DevicePlan:
+    """The planner's answer for one device, before it is put into the runtime's settings."""
+
+    plan: Plan
+    device: DeviceInfo
+    budget_bytes: int  # what was planned for: the budget, or what is free when that is less
+    uses_measured_costs: bool  # speed from this machine's cost table, else from the reference tables
+    notes: list[str]
+
+
+def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_settings: ModelSettings,
+                   speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
+                   repack: tuple[bool, ...] = REPACK_EITHER, device: DeviceInfo | None = None) -> DevicePlan:
+    """The plan for the device the settings run on (or `device` as described), within `budget_bytes`
+    (None: what is free there). `pocketspec plan` shows this; `apply_plan` runs it."""
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
     workload = workload_for(choice, target_settings, speculation, max_new_tokens, temperature)
     device = device or read_device(planned_device_name(target_settings))
     notes = []
-    if device.free_bytes is None:
+    if budget_bytes is None:
+        if device.free_bytes is None:
+            raise UserError(f"cannot read {device.name}'s free memory (torch sees no such GPU); pass --memory-budget")
+        budget_bytes = device.free_bytes
+    elif device.free_bytes is None:
         notes.append(f"memory plan: cannot read {device.name}'s free memory (torch sees no such GPU); "
                      f"planning for the whole --memory-budget {format_bytes(budget_bytes)}")
     elif budget_bytes > device.free_bytes:
@@ -68,15 +84,27 @@ def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSe
                      f"{format_bytes(device.free_bytes)} free now; planning for what is free")
         budget_bytes = device.free_bytes
     costs = machine_costs(choice.target_path, choice.draft_path, target_settings, draft_settings_for(target_settings))
-    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=speculation.expected_acceptance, repack=repack,
-                 costs=costs)
+    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=speculation.expected_acceptance,
+                 repack=repack, costs=costs)
     if not plan_.feasible:
-        raise UserError(plan_.reason)
-    notes += [describe(plan_)] + [f"memory plan: {step}" for step in plan_.degradations]
+        raise UserError(f"{plan_.reason}; raise --memory-budget or lower --max-context")
+    return DevicePlan(plan_, device, budget_bytes, costs is not None, notes)
+
+
+def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSettings,
+               speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
+               repack: tuple[bool, ...] = REPACK_EITHER, device: DeviceInfo | None = None) -> MemoryPlan:
+    """The plan for one device put into the runtime's settings: `device` as described, or the one the settings
+    name, read now."""
+    planned = plan_on_device(choice, parse_budget(memory_budget), target_settings, speculation, max_new_tokens,
+                             temperature, repack, device)
+    plan_ = planned.plan
+    notes = planned.notes + [describe(plan_)] + [f"memory plan: {step}" for step in plan_.degradations]
     choice, target_settings, speculation, draft_max_context = settings_from_plan(
         plan_.settings, choice, target_settings, speculation)
-    return MemoryPlan(choice, target_settings, speculation, budget_bytes, notes, draft_max_context=draft_max_context,
-                      predicted_peak_bytes=plan_.predicted_peak_bytes, planner_result=plan_)
+    return MemoryPlan(choice, target_settings, speculation, planned.budget_bytes, notes,
+                      draft_max_context=draft_max_context, predicted_peak_bytes=plan_.predicted_peak_bytes,
+                      planner_result=plan_)
 
 
 def settings_from_plan(settings: PlanSettings, choice: ModelChoice, target_settings: ModelSettings,

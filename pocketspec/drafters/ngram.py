@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from memplanner.defaults import NGRAM_MAX_N, NGRAM_MIN_N
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.drafters.suffix_index import MAX_MATCH_LENGTH, SuffixIndex
@@ -46,7 +47,7 @@ class NgramDrafter:
     name = "ngram"
     has_probs = False
 
-    def __init__(self, min_n: int = 2, max_n: int = 6, corpus: OutputCorpus | None = None):
+    def __init__(self, min_n: int = NGRAM_MIN_N, max_n: int = NGRAM_MAX_N, corpus: OutputCorpus | None = None):
         """corpus: earlier outputs to draft from, shared with other drafters (a new one when None)."""
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")

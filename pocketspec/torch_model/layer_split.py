@@ -67,7 +67,7 @@ class LayerSplit:
         return resolve_device(self.device_name_for(parameter_name))
 
 
-def _hop_to(device: torch.device):
+def hop_to(device: torch.device):
     """A forward pre-hook that moves every tensor argument to `device`."""
     def move(value):
         return value.to(device) if isinstance(value, torch.Tensor) else value
@@ -89,10 +89,10 @@ def install_layer_split(model: Transformer, split: LayerSplit) -> None:
     previous = split.first_device
     for block, name in zip(model.layers, split.layer_device_names):
         if name != previous:
-            block.register_forward_pre_hook(_hop_to(resolve_device(name)), with_kwargs=True)
+            block.register_forward_pre_hook(hop_to(resolve_device(name)), with_kwargs=True)
         previous = name
     # always: a layer-skip draft reaches the head from a block on any device
-    model.norm.register_forward_pre_hook(_hop_to(resolve_device(split.last_device)), with_kwargs=True)
+    model.norm.register_forward_pre_hook(hop_to(resolve_device(split.last_device)), with_kwargs=True)
     model.layer_split = split
 
 
