@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 from apps.report import markdown_table, write_results  # noqa: E402
 from memplanner.measured_costs import MeasuredCosts, load_measured_costs  # noqa: E402
 from pocketspec.backends.base import CachedTokens  # noqa: E402
+from pocketspec.draft_limits import requested_draft_limits  # noqa: E402
 from pocketspec.drafters.ngram import NgramDrafter  # noqa: E402
 from pocketspec.engine import SpeculativeEngine  # noqa: E402
 from pocketspec.prefix import common_prefix_length  # noqa: E402
@@ -161,7 +162,7 @@ def open_replay(costs: MeasuredCosts, speculation: SpeculationSettings, vocab_si
     engine's controller is given `calibrated` as its table (default: the same costs), so a table
     that is off can be replayed against the machine it was measured on."""
     clock = VirtualClock()
-    target = ReplayTarget(costs, clock, vocab_size, max_logits_rows=speculation.verify_width(),
+    target = ReplayTarget(costs, clock, vocab_size, max_logits_rows=requested_draft_limits(speculation).verify_width,
                           exact_width=exact_width, exact_until=exact_until)
     engine = SpeculativeEngine(target, speculation=speculation, target_costs=calibrated or costs, clock=clock)
     return engine, target
@@ -188,6 +189,7 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
     chain_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
     tree_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
     earlier_pairs: set[tuple[int, int]] = set()
+    widest = requested_draft_limits(speculation).widest
     rows = []
     for trace in traces:
         prompt, output = trace["prompt_tokens"], trace["output_tokens"]
@@ -197,12 +199,9 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
         rows.append({"prompt_id": trace["prompt_id"], "category": trace["category"], "turn": trace.get("turn", 1),
                      "num_tokens": len(output), "decode_seconds": stats.decode_seconds,
                      "plain_seconds": plain_seconds(costs, len(prompt), len(output)),
-                     "oracle_seconds": oracle_seconds(chain_drafter, costs, prompt, output,
-                                                      speculation.verify_width() - 1),
-                     "tree_oracle_seconds": oracle_seconds(tree_drafter, costs, prompt, output,
-                                                           speculation.verify_width() - 1, max_branches),
-                     "copy_bound_seconds": copy_bound_seconds(costs, prompt, output, speculation.verify_width() - 1,
-                                                              earlier_pairs),
+                     "oracle_seconds": oracle_seconds(chain_drafter, costs, prompt, output, widest),
+                     "tree_oracle_seconds": oracle_seconds(tree_drafter, costs, prompt, output, widest, max_branches),
+                     "copy_bound_seconds": copy_bound_seconds(costs, prompt, output, widest, earlier_pairs),
                      "num_steps": stats.num_steps, "num_drafted": stats.num_drafted,
                      "num_accepted": stats.num_accepted, "widths": dict(target.widths),
                      "past_match_seconds": target.past_match_seconds, "stayed_exact": target.stayed_exact})

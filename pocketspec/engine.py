@@ -17,6 +17,7 @@ from memplanner.measured_costs import MeasuredCosts
 from pocketspec.backends.exact_width import wider_exact_advice
 from pocketspec.controller import Choice, GammaController
 from pocketspec.costs import CostTable
+from pocketspec.draft_limits import DraftLimits, requested_draft_limits
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.drafters.model import ModelDrafter
@@ -62,17 +63,15 @@ class SpeculativeEngine:
         self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max) if uses_ngram else None
         self.model = ModelDrafter(draft_backend, sampling, self.rng) if uses_model else None
         self.notes: list[str] = []
-        max_gamma = self._exact_max_gamma(speculation)
-        fixed_gamma = speculation.gamma
-        if fixed_gamma is not None and fixed_gamma > max_gamma:
-            self.notes.append(
-                f"--gamma {fixed_gamma} lowered to {max_gamma}: with --exact-verify, only verify batches that "
-                "round exactly like one-token decoding on this backend are used"
-            )
-            fixed_gamma = max_gamma
-        model_max_gamma = min(max_gamma, max(speculation.max_gamma, fixed_gamma or 0))
+        requested = requested_draft_limits(speculation, drafts=self.ngram is not None or self.model is not None)
+        self.limits = requested.within(self._widest_draft(speculation, requested))
+        if requested.fixed is not None and self.limits.fixed < requested.fixed:
+            why = ("with --exact-verify, only verify batches that round exactly like one-token decoding on this "
+                   "backend are used" if speculation.exact_verify else
+                   f"the target verifies at most {self.target.max_logits_rows} rows (the memory plan's logits rows)")
+            self.notes.append(f"--gamma {requested.fixed} lowered to {self.limits.fixed}: {why}")
         self.controller = GammaController(
-            model_max_gamma, fixed_gamma=fixed_gamma, max_draftless_gamma=max_gamma,
+            self.limits.model, fixed_gamma=self.limits.fixed, max_draftless_gamma=self.limits.draftless,
             target_costs=CostTable(target_costs), draft_costs=CostTable(draft_costs))
         self._unused = UnusedProposal()  # the last n-gram proposal a step did not draft, scored later
 
@@ -122,12 +121,11 @@ class SpeculativeEngine:
         if self.model is not None:
             self.model.rng = self.rng
 
-    def _exact_max_gamma(self, speculation: SpeculationSettings) -> int:
-        """Largest γ whose verify pass (γ + 1 rows) reproduces one-token logits exactly."""
-        if self.ngram is None and self.model is None:
-            return 0
-        max_width = min(speculation.verify_width(), self.target.max_logits_rows)
-        if not speculation.exact_verify:
+    def _widest_draft(self, speculation: SpeculationSettings, requested: DraftLimits) -> int:
+        """The longest draft the target can verify: its logits rows allow it, and with --exact-verify its
+        verify pass (γ + 1 rows) reproduces one-token logits exactly."""
+        max_width = min(requested.verify_width, self.target.max_logits_rows)
+        if not speculation.exact_verify or requested.widest == 0:
             return max_width - 1
         exact_width = self.target.exact_verify_width(max_width)
         settings = getattr(self.target, "settings", None)

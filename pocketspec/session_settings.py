@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
 from memplanner.split import parse_devices
+from pocketspec.draft_limits import requested_draft_limits
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, choose_models, trained_context_limit
 from pocketspec.settings import GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings
@@ -96,5 +97,6 @@ def settings_for(settings: SessionSettings) -> tuple[ModelChoice, ModelSettings,
     if target_settings.backend != "llama.cpp" and settings.kv_type is not None:
         raise UserError(f"--kv-type {settings.kv_type} sets llama.cpp's KV cache; with --backend "
                         f"{target_settings.backend} use --torch-kv-type")
-    target_settings = replace(target_settings, max_logits_rows=speculation.verify_width(choice.drafter != "none"))
+    target_settings = replace(target_settings, max_logits_rows=requested_draft_limits(
+        speculation, choice.drafter != "none").verify_width)
     return choice, target_settings, speculation

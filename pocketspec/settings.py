@@ -95,16 +95,6 @@ class SpeculationSettings:
     # The planner's guess at the draft model's per-token acceptance (None: memplanner's default)
     expected_acceptance: float | None = field(default=None, metadata=in_range("--alpha", 0.0, 1.0))
 
-    def verify_width(self, drafts: bool = True) -> int:
-        """The widest verify a step may run: the target's logits rows (1 when nothing drafts)."""
-        if not drafts or self.drafter == "none":
-            return 1
-        if self.gamma is not None:
-            return self.gamma + 1
-        if self.drafter == "model":
-            return self.max_gamma + 1
-        return max(self.max_gamma, self.max_draftless_gamma) + 1
-
     def skip_layers_kept(self, num_layers: int) -> int:
         """The layers a self-skip draft runs for a target of num_layers (not yet checked against it)."""
         return self.self_skip_layers or max(1, num_layers // 2)

@@ -65,6 +65,17 @@ def qwen_draft_path() -> Path:
     return require_model("qwen2.5-coder-0.5b-instruct")
 
 
+CATALOG_MODEL_FIXTURES = {"smollm2_path", "qwen_target_path", "qwen_draft_path"}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Every test that reaches a catalog model through its fixtures, directly or through another fixture,
+    is marked real_model (`-m "not real_model"` runs the rest), so no test can forget the marker."""
+    for item in items:
+        if CATALOG_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real_model)
+
+
 @contextlib.contextmanager
 def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, temperature=0.0, seed=0,
                  max_context=1024, top_k=0, top_p=1.0, max_gamma=None, draft_max_context=None, exact_verify=False,

@@ -160,8 +160,9 @@ def test_with_an_adaptive_gamma_each_row_drafts_by_its_match_evidence(tiny):
     num_drafted = sum(result.stats.num_drafted for result in again)
     num_accepted = sum(result.stats.num_accepted for result in again)
     assert num_accepted > 0.8 * num_drafted > 0
-    assert len(engine._controllers) > 1
-    assert all(controller.match_acceptance is engine.match_acceptance for controller in engine._controllers.values())
+    group_sizes = set(engine.rows_per_step)
+    assert len(group_sizes) > 1
+    assert all(engine.controller_for(size).match_acceptance is engine.match_acceptance for size in group_sizes)
 
 
 def test_a_request_drafts_from_the_outputs_of_requests_that_finished_before_it(tiny):

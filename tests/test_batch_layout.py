@@ -3,7 +3,6 @@ sees, and that attend writes keys at (row, position) and attends per row."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 import torch
@@ -84,15 +83,17 @@ def test_a_layout_copies_its_indices_to_the_device_once():
 
 
 class _FakeEvent:
-    """torch.cuda.Event on the host clock, counting synchronizations."""
+    """torch.cuda.Event on a scripted clock that moves 10 ms at every record, counting synchronizations."""
 
     num_synchronized = 0
+    num_recorded = 0
 
     def __init__(self, enable_timing: bool):
         assert enable_timing
 
     def record(self):
-        self.at = time.perf_counter()
+        self.at = 0.01 * _FakeEvent.num_recorded
+        _FakeEvent.num_recorded += 1
 
     def synchronize(self):
         _FakeEvent.num_synchronized += 1
@@ -107,8 +108,7 @@ def test_gpu_timing_records_events_and_waits_only_when_read(monkeypatch):
     timer = AlignmentTimer(uses_events=True)
     for _ in range(3):
         started = timer.now()
-        time.sleep(0.01)
         timer.add("kv_and_padding", started, timer.now())
     assert _FakeEvent.num_synchronized == 0 and len(timer.pending) == 3
-    assert 0.03 <= timer.seconds["kv_and_padding"] < 0.5 and timer.seconds["layout"] == 0.0
+    assert timer.seconds["kv_and_padding"] == pytest.approx(0.03) and timer.seconds["layout"] == 0.0
     assert _FakeEvent.num_synchronized == 1 and not timer.pending  # read once, then kept as totals

@@ -20,6 +20,7 @@ from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.pool import BatchPool
 from pocketspec.batch.sequence import BatchResult, Request, SequenceState
 from pocketspec.controller import Choice, GammaController, pooled_acceptance
+from pocketspec.draft_limits import requested_draft_limits
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.drafters.ngram import NgramDrafter, Proposal
@@ -40,22 +41,23 @@ class BatchEngine:
         self.sampling, self.speculation, self.batch = sampling, speculation, batch
         self.uses_ngram = speculation.drafter in ("auto", "ngram")
         self.uses_model = draft is not None and speculation.drafter in ("auto", "model")
-        self.max_gamma = speculation.max_gamma if (self.uses_ngram or self.uses_model) else 0
+        # every row's verify rows are planned for --max-gamma drafts (budget/batch_plan.py; a fixed --gamma raises it)
+        self.limits = requested_draft_limits(speculation, drafts=self.uses_ngram or self.uses_model).within(
+            speculation.max_gamma)
         self.max_batch = min(batch.max_batch, target.num_rows)
         self.corpus = OutputCorpus(speculation.ngram_min, speculation.ngram_max)  # every finished output, for all rows
         self._controllers: dict[int, GammaController] = {}
-        first = self._controller(1)
+        first = self.controller_for(1)
         self.acceptance, self.match_acceptance = first.acceptance, first.match_acceptance
         self.seconds = dict.fromkeys(TIMED_PARTS, 0.0)
         self.num_steps = 0
         self.rows_per_step: list[int] = []
 
-    def _controller(self, group_size: int) -> GammaController:
+    def controller_for(self, group_size: int) -> GammaController:
         """The controller for forwards of `group_size` rows; all of them share one acceptance estimate."""
         if group_size not in self._controllers:
-            fixed_gamma = self.speculation.gamma if self.max_gamma > 0 else None
-            controller = GammaController(self.max_gamma, fixed_gamma=None if fixed_gamma is None
-                                         else min(fixed_gamma, self.max_gamma))
+            controller = GammaController(self.limits.model, fixed_gamma=self.limits.fixed,
+                                         max_draftless_gamma=self.limits.draftless)
             if self._controllers:
                 controller.acceptance, controller.match_acceptance = self.acceptance, self.match_acceptance
             self._controllers[group_size] = controller
@@ -115,7 +117,7 @@ class BatchEngine:
     def step(self, group: list[SequenceState]) -> None:
         """One draft + verify step for `group`, every row in one target forward."""
         step_started = time.perf_counter()
-        controller = self._controller(len(group))
+        controller = self.controller_for(len(group))
         caps = [max(0, sequence.max_gamma(self.target.max_context, self.target.num_cached(sequence.row)))
                 for sequence in group]
         max_gamma = min(max(caps), controller.max_gamma)

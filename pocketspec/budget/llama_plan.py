@@ -12,6 +12,7 @@ from memplanner.sizes import format_bytes
 from pocketspec.budget.device_memory import read_device
 from pocketspec.budget.memory_plan import MemoryPlan, parse_budget, peak_line
 from pocketspec.calibrate import machine_costs
+from pocketspec.draft_limits import requested_draft_limits
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import ModelSettings, SpeculationSettings, draft_settings_for
@@ -32,15 +33,10 @@ def workload_for(choice: ModelChoice, target_settings: ModelSettings, speculatio
                  max_new_tokens: int, temperature: float) -> Workload:
     """What the user asked for, the target's KV type included (the plan keeps it as it is)."""
     # `--draft none` asks for plain decoding: plan no draft buffers at all (γ = 0); a fixed --gamma caps both
-    if choice.drafter == "none":
-        max_gamma = max_draftless_gamma = 0
-    elif speculation.gamma is not None:
-        max_gamma = max_draftless_gamma = speculation.gamma
-    else:
-        max_gamma, max_draftless_gamma = speculation.max_gamma, speculation.max_draftless_gamma
+    limits = requested_draft_limits(speculation, drafts=choice.drafter != "none")
     return Workload(max_context=target_settings.max_context, max_new_tokens=max_new_tokens,
-                    max_gamma=max_gamma, temperature=temperature, target_kv_type=target_settings.kv_type,
-                    max_draftless_gamma=max_draftless_gamma)
+                    max_gamma=limits.model, temperature=temperature, target_kv_type=target_settings.kv_type,
+                    max_draftless_gamma=limits.draftless)
 
 
 def planned_device_name(settings: ModelSettings) -> str:
