@@ -42,16 +42,6 @@ class DeviceBudget:
         return "cuda" if is_gpu(self.name) else "cpu"
 
 
-def is_per_device_budget(memory_budget: str | None) -> bool:
-    """A budget that names devices (cuda:0=6GiB,...) or gives one size per device (6GiB,4GiB)."""
-    return memory_budget is not None and ("," in memory_budget or "=" in memory_budget)
-
-
-def is_split(devices: tuple[str, ...], memory_budget: str | None) -> bool:
-    """Whether the target is split: several devices, or a per-device budget."""
-    return len(devices) > 1 or is_per_device_budget(memory_budget)
-
-
 def device_ordinal(name: str) -> int:
     """cuda:2 -> 2; cuda, rocm or cpu alone -> 0."""
     _, _, index = name.partition(":")

@@ -60,8 +60,8 @@ def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
         raise UserError(f"--devices {','.join(target_settings.devices)}: the batching pool runs on one device; "
                         "give one --device, or decode one prompt at a time on the split")
     plan = None
-    if settings.memory_budget is not None:
-        plan = apply_batch_plan(choice, settings.memory_budget, target_settings, speculation, batch)
+    if settings.budget is not None:
+        plan = apply_batch_plan(choice, settings.budget.total_bytes, target_settings, speculation, batch)
         batch = plan.batch
         if batch.max_batch < min_rows:
             raise UserError(f"--max-concurrency {min_rows} does not fit --memory-budget {settings.memory_budget}: "

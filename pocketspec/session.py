@@ -19,7 +19,7 @@ from typing import Callable
 
 import psutil
 
-from memplanner.split import is_split
+from memplanner.memory_budget import is_split
 from pocketspec.backends.device_check import check_devices
 from pocketspec.backends.torch_open import open_backend
 from pocketspec.budget import MemoryPlan, apply_budget
@@ -118,11 +118,11 @@ def open_session(settings: SessionSettings, *, num_sequences: int = 1, on_note: 
     choice, target_settings, speculation = settings_for(settings)
     if num_sequences > 1 and target_settings.backend != "llama.cpp":
         raise ValueError("several sequences of one context are a llama.cpp feature")
-    if not is_split(target_settings.devices, settings.memory_budget):
+    if not is_split(target_settings.devices, settings.budget):
         check_devices(target_settings)  # a split checks the devices its budget may name
     all_sequences = replace(target_settings, max_context=target_settings.max_context * num_sequences)
     try:
-        plan = apply_budget(choice, settings.memory_budget, all_sequences, speculation,
+        plan = apply_budget(choice, settings.budget, all_sequences, speculation,
                             max_new_tokens=settings.max_new_tokens, temperature=settings.sampling.temperature,
                             repack=repack_allowed(settings.repack))
     except UserError as error:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
+from memplanner.memory_budget import MemoryBudget, parse_memory_budget
 from memplanner.split import parse_devices
 from pocketspec.draft_limits import requested_draft_limits
 from pocketspec.errors import UserError
@@ -42,6 +43,16 @@ class SessionSettings:
     options: Mapping[str, object] = field(default_factory=dict)
     draft_window: int | None = None  # the draft model's KV cache in tokens; None: the plan's, else the target's
     pull_if_missing: bool = False
+    # memory_budget parsed for the devices asked for, once, as the settings are made; None without one
+    budget: MemoryBudget | None = field(init=False, default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.memory_budget is not None:
+            try:
+                budget = parse_memory_budget(self.memory_budget, requested_devices(self))
+            except ValueError as error:
+                raise UserError(str(error)) from None
+            object.__setattr__(self, "budget", budget)
 
 
 def repack_allowed(repack: bool | None) -> tuple[bool, ...]:

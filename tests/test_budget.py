@@ -111,7 +111,7 @@ def test_the_plan_keeps_the_users_kv_type_and_quantizes_only_the_draft(qwen_targ
                 alpha=0.95).predicted_peak_bytes
     draft_kv_types = set()
     for budget in range(full, full - 300 * 2**20, -5 * 2**20):
-        applied = apply_plan(choice, str(budget), ModelSettings(max_context=4096, kv_type="q8_0"),
+        applied = apply_plan(choice, budget, ModelSettings(max_context=4096, kv_type="q8_0"),
                              SpeculationSettings(expected_acceptance=0.95), 64, 0.0)
         assert applied.target_settings.kv_type == applied.planner_result.settings.target_kv_type == "q8_0"
         draft_kv_type = applied.speculation.draft_kv_type
@@ -149,7 +149,7 @@ def test_one_named_gpu_is_planned_as_that_gpu_with_its_own_free_memory(smollm2_p
     assert planned_device_name(settings) == "cuda:1"
     assert planned_device_name(ModelSettings(gpu_layers=-1)) == "cuda:0" and planned_device_name(ModelSettings()) == "cpu"
     described = DeviceInfo("cuda", "cuda:1 (described)", 8 * 2**30, 700 * 2**20)
-    applied = apply_plan(ModelChoice(smollm2_path, None, "ngram"), "6GiB", settings, SpeculationSettings(), 64, 0.0,
+    applied = apply_plan(ModelChoice(smollm2_path, None, "ngram"), 6 * 2**30, settings, SpeculationSettings(), 64, 0.0,
                          device=described)
     assert applied.planner_result.settings.target_device == "cuda" and applied.budget_bytes == 700 * 2**20
     assert applied.planner_result.terms["runtime_overhead"] == constants.ESTIMATED_CUDA_OVERHEAD_BYTES
@@ -162,7 +162,7 @@ def test_a_gpu_this_process_cannot_read_is_planned_for_the_whole_budget(smollm2_
     from pocketspec.loader import ModelChoice
     from pocketspec.settings import ModelSettings, SpeculationSettings
 
-    applied = apply_plan(ModelChoice(smollm2_path, None, "ngram"), "3GiB", ModelSettings(devices=("cuda:7",)),
+    applied = apply_plan(ModelChoice(smollm2_path, None, "ngram"), 3 * 2**30, ModelSettings(devices=("cuda:7",)),
                          SpeculationSettings(), 64, 0.0)
     assert applied.planner_result.settings.target_device == "cuda" and applied.budget_bytes == 3 * 2**30
     assert any("cannot read cuda:7's free memory" in note for note in applied.lines)

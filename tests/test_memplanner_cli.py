@@ -99,6 +99,6 @@ def test_plan_previews_the_plan_that_generate_runs(memory_budget, draft, options
                                max_new_tokens=256, options=options)
     previewed = preview_plan(settings)
     choice, target_settings, speculation = settings_for(settings)
-    applied = apply_budget(choice, memory_budget, target_settings, speculation, max_new_tokens=256,
+    applied = apply_budget(choice, settings.budget, target_settings, speculation, max_new_tokens=256,
                            temperature=settings.sampling.temperature, repack=repack_allowed(settings.repack))
     assert previewed.result.to_dict() == applied.planner_result.to_dict()

@@ -77,10 +77,11 @@ def test_the_plan_puts_the_draft_model_on_its_own_device(qwen_target_path, qwen_
     from pocketspec.budget.split_plan import apply_split
     from pocketspec.backends.llama_split import llama_split
     from pocketspec.loader import ModelChoice
+    from memplanner.memory_budget import parse_memory_budget
     from pocketspec.settings import ModelSettings, SpeculationSettings, draft_settings_for
 
     choice = ModelChoice(qwen_target_path, qwen_draft_path, "auto")
-    applied = apply_split(choice, "cpu:0=1.2GiB,cpu:1=1.6GiB", ModelSettings(max_context=4096),
+    applied = apply_split(choice, parse_memory_budget("cpu:0=1.2GiB,cpu:1=1.6GiB"), ModelSettings(max_context=4096),
                           SpeculationSettings(expected_acceptance=0.95), 128, 0.0)  # a draft this good pays
     assert applied.choice.draft_path == qwen_draft_path and applied.draft_device in ("cpu:0", "cpu:1")
     assert sum(applied.target_settings.layers_per_device) == 28

@@ -27,6 +27,7 @@ from apps.flags import (MODEL, SPECULATION, backend_options, kv_type_option, mod
 from apps.bench.peers import PEERS, parse_peers
 from apps.bench.peers.llama_speculative import default_tools_dir, missing_binary
 from apps.bench.peers.transformers_assisted import missing_requirement as transformers_missing
+from memplanner.memory_budget import parse_memory_budget
 from pocketspec.backends.device_check import check_devices
 from pocketspec.catalog import resolve_pair
 from pocketspec.errors import UserError
@@ -70,9 +71,10 @@ def _parse_drafters(text: str, backend: str, draft_path, draft_from_pair: bool =
 def _parse_budgets(text: str | None) -> list[tuple[str | None, int | None]]:
     if text is None:
         return [(None, None)]
-    from pocketspec.budget import parse_budget
-
-    return [(budget, parse_budget(budget)) for budget in _split((text,))]
+    try:  # each is one run's budget: the bench compares systems at several
+        return [(budget, parse_memory_budget(budget).total_bytes) for budget in _split((text,))]
+    except ValueError as error:
+        raise UserError(str(error)) from None
 
 
 def _peer_system(peer: str, job: BenchJob) -> System:

@@ -2,6 +2,6 @@
 whichever backend, split or batch planned it. The planning itself is memplanner's."""
 
 from pocketspec.budget.apply import apply_budget
-from pocketspec.budget.memory_plan import MemoryPlan, parse_budget
+from pocketspec.budget.memory_plan import MemoryPlan
 
-__all__ = ["MemoryPlan", "apply_budget", "parse_budget"]
+__all__ = ["MemoryPlan", "apply_budget"]

@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 from memplanner.planner import REPACK_EITHER
-from memplanner.split import is_split
+from memplanner.memory_budget import MemoryBudget, is_split
 from pocketspec.budget.memory_plan import MemoryPlan
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import ModelSettings, SpeculationSettings
 
 
-def apply_budget(choice: ModelChoice, memory_budget: str | None, target_settings: ModelSettings,
+def apply_budget(choice: ModelChoice, budget: MemoryBudget | None, target_settings: ModelSettings,
                  speculation: SpeculationSettings, *, max_new_tokens: int, temperature: float,
                  repack: tuple[bool, ...] = REPACK_EITHER) -> MemoryPlan | None:
     """The plan for these settings (None: no budget and no split); UserError when nothing fits."""
-    if is_split(target_settings.devices, memory_budget):
+    if is_split(target_settings.devices, budget):
         from pocketspec.budget.split_plan import apply_split
 
-        return apply_split(choice, memory_budget, target_settings, speculation, max_new_tokens, temperature,
+        return apply_split(choice, budget, target_settings, speculation, max_new_tokens, temperature,
                            repack=repack)
-    if memory_budget is None:
+    if budget is None:
         return None
     if target_settings.backend == "torch":
         from pocketspec.budget.torch_plan import apply_torch_plan
 
-        return apply_torch_plan(choice, memory_budget, target_settings, speculation)
+        return apply_torch_plan(choice, budget.total_bytes, target_settings, speculation)
     from pocketspec.budget.llama_plan import apply_plan
 
-    return apply_plan(choice, memory_budget, target_settings, speculation, max_new_tokens, temperature, repack=repack)
+    return apply_plan(choice, budget.total_bytes, target_settings, speculation, max_new_tokens, temperature,
+                      repack=repack)

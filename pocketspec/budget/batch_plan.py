@@ -9,15 +9,14 @@ from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import round_up
 from memplanner.torch_peak import heap_reserve_bytes
 from memplanner.torch_sizes import gguf_layout, resolve_weights_format
-from pocketspec.budget.memory_plan import MemoryPlan, parse_budget, peak_line, sizes_text
+from pocketspec.budget.memory_plan import MemoryPlan, peak_line, sizes_text
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import BatchSettings, ModelSettings, SpeculationSettings
 
 
-def apply_batch_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSettings,
+def apply_batch_plan(choice: ModelChoice, budget_bytes: int, target_settings: ModelSettings,
                      speculation: SpeculationSettings, batch: BatchSettings) -> MemoryPlan:
-    budget_bytes = parse_budget(memory_budget)
     on_gpu = target_settings.is_on_gpu
     weights = resolve_weights_format(target_settings.weights, on_gpu)
     shape = shape_from_gguf(choice.target_path)

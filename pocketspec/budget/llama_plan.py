@@ -10,7 +10,7 @@ from memplanner.planner import REPACK_EITHER, Plan, Workload, plan
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
 from pocketspec.budget.device_memory import read_device
-from pocketspec.budget.memory_plan import MemoryPlan, parse_budget, peak_line
+from pocketspec.budget.memory_plan import MemoryPlan, peak_line
 from pocketspec.calibrate import machine_costs
 from pocketspec.draft_limits import requested_draft_limits
 from pocketspec.errors import UserError
@@ -87,12 +87,12 @@ def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_setting
     return DevicePlan(plan_, device, budget_bytes, costs is not None, notes)
 
 
-def apply_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSettings,
+def apply_plan(choice: ModelChoice, budget_bytes: int, target_settings: ModelSettings,
                speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
                repack: tuple[bool, ...] = REPACK_EITHER, device: DeviceInfo | None = None) -> MemoryPlan:
     """The plan for one device put into the runtime's settings: `device` as described, or the one the settings
     name, read now."""
-    planned = plan_on_device(choice, parse_budget(memory_budget), target_settings, speculation, max_new_tokens,
+    planned = plan_on_device(choice, budget_bytes, target_settings, speculation, max_new_tokens,
                              temperature, repack, device)
     plan_ = planned.plan
     notes = planned.notes + [describe(plan_)] + [f"memory plan: {step}" for step in plan_.degradations]

@@ -35,16 +35,6 @@ class MemoryPlan:
         return "\n".join(self.lines)
 
 
-def parse_budget(text: str) -> int:
-    try:
-        budget_bytes = parse_size(text)
-    except ValueError as error:
-        raise UserError(f"--memory-budget {text!r}: {error}") from None
-    if budget_bytes <= 0:
-        raise UserError(f"--memory-budget must be positive, got {text!r}")
-    return budget_bytes
-
-
 def sizes_text(terms: dict[str, int]) -> str:
     """"weights 1.2 GiB, KV cache 56 MiB, ..." """
     return ", ".join(f"{name} {format_bytes(size)}" for name, size in terms.items())

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
-from memplanner.split import is_split, parse_device_budgets, plan_split
+from memplanner.memory_budget import is_split
+from memplanner.split import plan_split
 from pocketspec.budget.llama_plan import plan_on_device, workload_for
-from pocketspec.budget.memory_plan import parse_budget
 from pocketspec.errors import UserError
 from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
 
@@ -28,9 +28,9 @@ def preview_plan(settings: SessionSettings) -> PlanPreview:
     """The plan `generate` runs on these settings: the same resolution of the flags (settings_for), the same
     split test, workload and planner call, with the device's free memory as the budget when none is given."""
     choice, target_settings, speculation = settings_for(settings)
-    memory_budget, max_context = settings.memory_budget, target_settings.max_context
-    is_split_run = is_split(target_settings.devices, memory_budget)
-    if is_split_run and memory_budget is None:
+    budget, max_context = settings.budget, target_settings.max_context
+    is_split_run = is_split(target_settings.devices, budget)
+    if is_split_run and budget is None:
         raise UserError("--devices needs --memory-budget: one size per device, e.g. 6GiB,4GiB")
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path else None
@@ -38,19 +38,16 @@ def preview_plan(settings: SessionSettings) -> PlanPreview:
     pair_name = target_shape.name + (f" + {draft_shape.name}" if draft_shape else f" ({drafting})")
     temperature, repack = settings.sampling.temperature, repack_allowed(settings.repack)
     if is_split_run:
-        try:
-            budgets = parse_device_budgets(",".join(target_settings.devices) or None, memory_budget)
-        except ValueError as error:
-            raise UserError(str(error)) from None
+        budgets = budget.per_device
         workload = workload_for(choice, target_settings, speculation, settings.max_new_tokens, temperature)
-        result = plan_split(budgets, target_shape, draft_shape, workload, alpha=speculation.expected_acceptance,
+        result = plan_split(list(budgets), target_shape, draft_shape, workload, alpha=speculation.expected_acceptance,
                             repack=repack)
         if not result.feasible:
             raise UserError(result.reason)
         title = (f"plan for {pair_name}, max context {max_context}, split over "
                  f"{', '.join(budget.name for budget in budgets)}")
         return PlanPreview(result, title, True, False)
-    budget_bytes = parse_budget(memory_budget) if memory_budget is not None else None
+    budget_bytes = None if budget is None else budget.total_bytes  # none given: what the device has free
     planned = plan_on_device(choice, budget_bytes, target_settings, speculation, settings.max_new_tokens, temperature,
                              repack)
     title = (f"plan for {pair_name}, max context {max_context}, budget {format_bytes(planned.budget_bytes)} "

@@ -14,7 +14,8 @@ from dataclasses import replace
 from memplanner.planner import REPACK_EITHER
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
-from memplanner.split import DeviceBudget, layer_counts, parse_device_budgets, plan_split
+from memplanner.memory_budget import MemoryBudget
+from memplanner.split import DeviceBudget, layer_counts, plan_split
 from pocketspec.backends.device_check import check_devices
 from pocketspec.budget.llama_plan import settings_from_plan, workload_for
 from pocketspec.budget.memory_plan import MemoryPlan, sizes_text
@@ -69,16 +70,13 @@ def _llama_split(applied: MemoryPlan, budgets: list[DeviceBudget], max_new_token
     return applied
 
 
-def apply_split(choice: ModelChoice, memory_budget: str | None, target_settings: ModelSettings,
+def apply_split(choice: ModelChoice, budget: MemoryBudget | None, target_settings: ModelSettings,
                 speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
                 repack: tuple[bool, ...] = REPACK_EITHER) -> MemoryPlan:
     """The devices (from --devices or the budget's names), each one's blocks, and the notes that show them."""
     budgets = None
-    if memory_budget is not None:
-        try:
-            budgets = parse_device_budgets(",".join(target_settings.devices) or None, memory_budget)
-        except ValueError as error:
-            raise UserError(str(error)) from None
+    if budget is not None:
+        budgets = list(budget.per_device)
         target_settings = replace(target_settings, devices=tuple(budget.name for budget in budgets))
     check_devices(target_settings)  # the budget may have named the devices
     applied = MemoryPlan(choice, target_settings, speculation, shown_after_loading=True)

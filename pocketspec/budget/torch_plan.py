@@ -15,7 +15,7 @@ from dataclasses import replace
 from memplanner.batch_rows import kv_dtype_for
 from memplanner.shapes import ModelShape, shape_from_gguf
 from memplanner.sizes import format_bytes
-from pocketspec.budget.memory_plan import MemoryPlan, parse_budget, peak_line, sizes_text
+from pocketspec.budget.memory_plan import MemoryPlan, peak_line, sizes_text
 from memplanner.torch_peak import heap_reserve_bytes, torch_peak_terms
 from memplanner.torch_sizes import gguf_layout, resolve_weights_format, torch_memory_terms, torch_tensor_sizes
 from memplanner.torch_split import TorchLayout
@@ -68,11 +68,10 @@ def torch_reserve_bytes(target_settings: ModelSettings) -> int:
     return heap_reserve_bytes(target_settings.is_on_gpu)
 
 
-def apply_torch_plan(choice: ModelChoice, memory_budget: str, target_settings: ModelSettings,
+def apply_torch_plan(choice: ModelChoice, budget_bytes: int, target_settings: ModelSettings,
                      speculation: SpeculationSettings) -> MemoryPlan:
     """The settings sized to the budget (smaller prompt chunks first) and the lines that show them;
     UserError when nothing fits."""
-    budget_bytes = parse_budget(memory_budget)
     reserve = torch_reserve_bytes(target_settings)
     for n_batch in [target_settings.n_batch] + [n for n in N_BATCH_CHOICES if n < target_settings.n_batch]:
         sized = replace(target_settings, n_batch=n_batch, n_ubatch=min(n_batch, target_settings.n_ubatch))

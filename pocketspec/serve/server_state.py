@@ -8,8 +8,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memplanner.sizes import parse_size
-from memplanner.split import is_per_device_budget, parse_device_budgets
 from pocketspec.catalog import resolve_pair
 from pocketspec.serve.api_errors import APIError
 from pocketspec.serve.generation import Slots
@@ -28,14 +26,7 @@ def served_model_id(settings: SessionSettings) -> str:
 
 def budget_bytes(settings: SessionSettings) -> int | None:
     """--memory-budget in bytes (a per-device budget: summed over the devices); None without one."""
-    budget = settings.memory_budget
-    if budget is None:
-        return None
-    if not is_per_device_budget(budget):
-        return parse_size(budget)
-    devices = settings.options.get("devices") or None
-    devices = ",".join(devices) if isinstance(devices, tuple) else devices
-    return sum(device.budget_bytes for device in parse_device_budgets(devices, budget))
+    return None if settings.budget is None else settings.budget.total_bytes
 
 
 class Admission:
