@@ -80,8 +80,8 @@ def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_setting
                      f"{format_bytes(device.free_bytes)} free now; planning for what is free")
         budget_bytes = device.free_bytes
     costs = machine_costs(choice.target_path, choice.draft_path, target_settings, draft_settings_for(target_settings))
-    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device, alpha=speculation.expected_acceptance,
-                 repack=repack, costs=costs)
+    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device,
+                 alpha=speculation.expected_acceptance, repack=repack, costs=costs)
     if not plan_.feasible:
         raise UserError(f"{plan_.reason}; raise --memory-budget or lower --max-context")
     return DevicePlan(plan_, device, budget_bytes, costs is not None, notes)
