@@ -16,7 +16,8 @@ from pocketspec.settings import SpeculationSettings
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from replay_drafting import by_category, copy_bound_seconds, replay  # noqa: E402
+from replay_bounds import copy_bound_seconds  # noqa: E402
+from replay_drafting import by_category, replay  # noqa: E402
 
 TRACES = ROOT / "benchmarks" / "results" / "traces"
 
