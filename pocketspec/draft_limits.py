@@ -5,7 +5,8 @@ drafter; else --max-gamma for a draft model and the draftless ceiling for n-gram
 target then narrows that to the widest verify it can run (DraftLimits.within): its logits rows, which
 a memory plan sizes, and with --exact-verify the widest batch that rounds like one-token decoding.
 The verify width a run allocates, the planner's workload and both engines' controllers read these
-values and compute no limits of their own.
+values. A memory plan's own choice of γ enters earlier, as settings (budget/llama_plan.py,
+settings_from_plan), and --batch with a fixed --gamma raises --max-gamma to it (batch_session.py).
 """
 
 from __future__ import annotations
