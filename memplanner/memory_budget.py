@@ -15,7 +15,6 @@ from memplanner.split import DeviceBudget, parse_device_budgets
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    text: str  # as the user typed it, for messages
     total_bytes: int  # the whole process's budget, or the sum of the devices' budgets
     per_device: tuple[DeviceBudget, ...] = ()  # empty: one budget for the whole process (no split)
 
@@ -24,14 +23,14 @@ def parse_memory_budget(text: str, devices: tuple[str, ...] = ()) -> MemoryBudge
     """The budget for a run on `devices` (empty: one device); ValueError with a one-line message when bad."""
     if len(devices) > 1 or "," in text or "=" in text:
         shares = tuple(parse_device_budgets(",".join(devices) or None, text))
-        return MemoryBudget(text, sum(share.budget_bytes for share in shares), shares)
+        return MemoryBudget(sum(share.budget_bytes for share in shares), shares)
     try:
         total_bytes = parse_size(text)
     except ValueError as error:
         raise ValueError(f"--memory-budget {text!r}: {error}") from None
     if total_bytes <= 0:
         raise ValueError(f"--memory-budget must be positive, got {text!r}")
-    return MemoryBudget(text, total_bytes)
+    return MemoryBudget(total_bytes)
 
 
 def is_split(devices: tuple[str, ...], budget: MemoryBudget | None) -> bool:

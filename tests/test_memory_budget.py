@@ -14,14 +14,14 @@ GIB = 2**30
 
 
 @pytest.mark.parametrize("text, devices, expected", [
-    ("3GiB", (), MemoryBudget("3GiB", 3 * GIB)),
-    ("3.5G", ("cuda:1",), MemoryBudget("3.5G", 7 * GIB // 2)),
-    ("6GiB", ("cuda:0", "cuda:1"), MemoryBudget("6GiB", 12 * GIB, (DeviceBudget("cuda:0", 6 * GIB),
-                                                                   DeviceBudget("cuda:1", 6 * GIB)))),
-    ("6GiB,4GiB", ("cuda:0", "cuda:1"), MemoryBudget("6GiB,4GiB", 10 * GIB, (DeviceBudget("cuda:0", 6 * GIB),
-                                                                             DeviceBudget("cuda:1", 4 * GIB)))),
-    ("cpu:0=1GiB,cpu:1=2GiB", (), MemoryBudget("cpu:0=1GiB,cpu:1=2GiB", 3 * GIB, (DeviceBudget("cpu:0", GIB),
-                                                                                  DeviceBudget("cpu:1", 2 * GIB)))),
+    ("3GiB", (), MemoryBudget(3 * GIB)),
+    ("3.5G", ("cuda:1",), MemoryBudget(7 * GIB // 2)),
+    ("6GiB", ("cuda:0", "cuda:1"), MemoryBudget(12 * GIB, (DeviceBudget("cuda:0", 6 * GIB),
+                                                           DeviceBudget("cuda:1", 6 * GIB)))),
+    ("6GiB,4GiB", ("cuda:0", "cuda:1"), MemoryBudget(10 * GIB, (DeviceBudget("cuda:0", 6 * GIB),
+                                                                DeviceBudget("cuda:1", 4 * GIB)))),
+    ("cpu:0=1GiB,cpu:1=2GiB", (), MemoryBudget(3 * GIB, (DeviceBudget("cpu:0", GIB),
+                                                         DeviceBudget("cpu:1", 2 * GIB)))),
 ])
 def test_a_budget_is_the_whole_process_or_one_per_device(text, devices, expected):
     budget = parse_memory_budget(text, devices)
