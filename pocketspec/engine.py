@@ -15,19 +15,20 @@ import numpy as np
 
 from memplanner.measured_costs import MeasuredCosts
 from pocketspec.backends.exact_width import wider_exact_advice
-from pocketspec.controller import Choice, GammaController
+from pocketspec.controller import GammaController
 from pocketspec.costs import CostTable
 from pocketspec.draft_limits import DraftLimits, requested_draft_limits
-from pocketspec.drafters.base import Draft
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.drafters.model import ModelDrafter
-from pocketspec.drafters.ngram import NgramDrafter, Proposal
+from pocketspec.drafters.ngram import NgramDrafter
 from pocketspec.drafters.unused import UnusedProposal
 from pocketspec.errors import UserError
+from pocketspec.one_sequence import BackendTarget, OneDraftModel, OneSequence
 from pocketspec.prefix import common_prefix_length
 from pocketspec.sampling import choose_token
 from pocketspec.settings import DRAFTERS, SamplingSettings, SpeculationSettings
 from pocketspec.stats import GenerationStats, peak_rss_bytes
+from pocketspec.step import run_step
 
 
 @dataclass
@@ -74,6 +75,8 @@ class SpeculativeEngine:
             self.limits.model, fixed_gamma=self.limits.fixed, max_draftless_gamma=self.limits.draftless,
             target_costs=CostTable(target_costs), draft_costs=CostTable(draft_costs))
         self._unused = UnusedProposal()  # the last n-gram proposal a step did not draft, scored later
+        self._step_target = BackendTarget(target)
+        self._step_drafter = None if self.model is None else OneDraftModel(self.model)
 
     @property
     def tokenizer(self):
@@ -161,56 +164,15 @@ class SpeculativeEngine:
         self._unused.clear()
         return self._pick(logits)
 
-    def _draft(self, choice: Choice, context: list[int], proposal: Proposal) -> Draft:
-        if choice.drafter == "ngram":
-            return Draft(tokens=proposal.tokens[: choice.gamma])
-        if choice.drafter == "model":
-            draft = self.model.propose(context, choice.gamma)
-            for width, seconds in draft.forward_timings:
-                self.controller.draft_costs.observe(width, seconds, self.model.backend.num_cached)
-            return draft
-        return Draft(tokens=[])
-
     def _step(self, context: list[int], max_gamma: int, stats: GenerationStats) -> list[int]:
-        """One draft + verify step; returns the tokens it adds to the context."""
-        step_started = self.clock()
-        max_gamma = min(max_gamma, self.controller.widest_gamma)
-        num_cached = self.target.num_cached
-        proposal = Proposal()
-        controller = self.controller
-        rows_beside = self.target.rows_beside
-        if self.ngram is not None:
-            proposal = self.ngram.propose_scored(
-                context, min(max_gamma, controller.max_draftless_gamma), controller.match_acceptance.probability,
-                min_first=controller.min_first_acceptance(num_cached, rows_beside),
-                min_survival=controller.min_proposal_survival)
-        model_lag = None
-        if self.model is not None and self.model.fits(context, max_gamma):
-            model_lag = self.model.lag(context)
-        choice = controller.choose(ngram_probs=proposal.probabilities, model_lag=model_lag, max_gamma=max_gamma,
-                                   depth=num_cached, rows_beside=rows_beside)
-        if choice.drafter != "ngram":
-            self._unused.hold(len(context), proposal)
-        draft = self._draft(choice, context, proposal)
-
-        rows = [context[-1], *draft.tokens]
-        verify_started = self.clock()
-        verdict = self.target.verify(rows, draft.probs, self.sampling, self.rng)
-        verify_seconds = self.clock() - verify_started
-        self.target.rollback(num_cached + 1 + verdict.num_accepted)
-
-        shared_decode = self.target.last_round  # with other sequences: the decode's own width and time
-        if shared_decode is None:
-            self.controller.target_costs.observe(len(rows), verify_seconds, num_cached)
-        else:
-            self.controller.target_costs.observe(shared_decode.width, shared_decode.seconds, num_cached)
-        self.controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted,
-                                     evidence=proposal.evidence if choice.drafter == "ngram" else None)
-        step_seconds = self.clock() - step_started
-        self.controller.observe_overhead(step_seconds - verify_seconds - draft.seconds)
-        stats.record_step(choice.drafter, len(draft), verdict.num_accepted, step_seconds,
-                          verify_seconds + draft.seconds)
-        return verdict.emitted(draft.tokens)
+        """One draft + verify step (pocketspec/step.py, as a group of one); returns the tokens it adds to the context."""
+        sequence = OneSequence(context, self.ngram, self._unused, self.sampling, self.rng)
+        step = run_step([sequence], [max_gamma], controller=self.controller, target=self._step_target,
+                        drafter=self._step_drafter, clock=self.clock)
+        (draft,), (num_accepted,) = step.drafts, step.num_accepted
+        stats.record_step(step.choice.drafter, len(draft), num_accepted, step.seconds,
+                          step.verify_seconds + draft.seconds)
+        return step.emitted[0]
 
     def generate(
         self,
@@ -233,7 +195,6 @@ class SpeculativeEngine:
         context = list(prompt)
         while new_tokens:
             context.extend(new_tokens)
-            self._unused.score(context, self.controller)
             num_before = len(emitted)
             for token in new_tokens:
                 if is_end(token):

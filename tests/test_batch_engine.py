@@ -252,7 +252,7 @@ def test_batched_sampling_keeps_each_request_distribution(tiny, plain_counts, dr
 
 def test_the_distribution_check_rejects_a_wrong_rule(tiny, plain_counts, monkeypatch):
     """Accepting every draft token samples the draft's distribution, not the target's: the check must see it."""
-    import pocketspec.batch.engine as engine_module
+    import pocketspec.batch.rows_target as engine_module
     from pocketspec.verify import Verdict
 
     monkeypatch.setattr(engine_module, "verify_logits", lambda tokens, probs, logits, sampling, rng: Verdict(

@@ -56,9 +56,6 @@ def test_blocks_caches_and_head_sit_where_the_split_says(tiny_pair):
     target, _ = tiny_pair
     settings = ModelSettings(max_context=256, **TORCH, **SPLIT)
     with TorchBackend.open(target, settings) as split, TorchBackend.open(target, ModelSettings(max_context=256, **TORCH)) as whole:
-        hooked = [index for index, block in enumerate(split.model.layers) if block._forward_pre_hooks]
-        assert hooked == [1]  # only where cpu:0 hands over to cpu:1
-        assert split.model.norm._forward_pre_hooks
         by_device = split.memory_by_device()
         assert set(by_device) == {"cpu:0", "cpu:1"}
         assert by_device["cpu:1"]["kv_cache"] == 3 * by_device["cpu:0"]["kv_cache"]

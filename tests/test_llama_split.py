@@ -14,7 +14,7 @@ from test_memplanner_split import TARGET
 from memplanner.planner import Workload
 from memplanner.split import DeviceBudget, even_layer_counts, plan_split
 from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
-from pocketspec.backends.llama_split import LlamaSplit, is_cpu_planned, llama_split
+from pocketspec.backends.llama_split import LlamaSplit, apply_llama_split, is_cpu_planned, llama_split
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
 
@@ -175,8 +175,11 @@ def test_a_cpu_build_given_gpu_split_parameters_generates_the_same_tokens(smollm
         settings = ModelSettings(**{**base.__dict__, "devices": devices, "layers_per_device": layers,
                                     "split_mode": split_mode})
         with LlamaCppBackend(smollm2_path, settings) as backend:
-            if devices == ("cuda:0", "cuda:1"):
-                assert list(backend.native._tensor_split)[:3] == [12.0, 19.0, 0.0]  # 18 blocks and the head
+            if devices == ("cuda:0", "cuda:1"):  # what the load was given: 18 blocks and the head on cuda:1
+                params = llama_cpp.llama_model_default_params()
+                shares = apply_llama_split(params, llama_split(settings, 30, llama_cpp.llama_max_devices()))
+                assert shares is not None and params.tensor_split[:3] == [12.0, 19.0, 0.0]
+                assert params.n_gpu_layers == 31 and params.split_mode == LAYER
             tokens = [int(np.argmax(backend.prefill(backend.tokenizer.encode("The capital of France is", add_bos=True))))]
             while len(tokens) < 16:
                 tokens.append(int(np.argmax(backend.forward(tokens[-1:], [0])[0])))

@@ -10,7 +10,7 @@ exact whatever it proposes, so it runs the fast kernels.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -22,8 +22,8 @@ from pocketspec.sampling import choose_with_probs
 
 
 class BatchModelDrafter:
-    def __init__(self, draft: BatchedModel):
-        self.draft = draft
+    def __init__(self, draft: BatchedModel, clock: Callable[[], float] = time.perf_counter):
+        self.draft, self.clock = draft, clock
 
     def admit(self, row: int, prompt: Sequence[int]) -> None:
         """Prefill a new request's prompt, keeping what the row holds of it from an earlier request."""
@@ -35,17 +35,21 @@ class BatchModelDrafter:
         cached = self.draft.cached[sequence.row]
         return min(common_prefix_length(cached, sequence.context), len(sequence.context) - 1)
 
-    def lag(self, sequence: SequenceState) -> int:
-        """Tokens the draft must feed before its first proposal for this sequence."""
-        return len(sequence.context) - self._num_kept(sequence) - 1
+    def lag(self, sequences: Sequence[SequenceState]) -> int:
+        """Tokens the draft must feed before its first proposal, the most over `sequences`."""
+        return max(len(sequence.context) - self._num_kept(sequence) - 1 for sequence in sequences)
 
-    def fits(self, sequence: SequenceState, gamma: int) -> bool:
-        return len(sequence.context) + gamma <= self.draft.max_context
+    def fits(self, sequences: Sequence[SequenceState], gamma: int) -> bool:
+        return all(len(sequence.context) + gamma <= self.draft.max_context for sequence in sequences)
+
+    def num_cached(self, sequences: Sequence[SequenceState]) -> int:
+        """The deepest of the sequences' draft rows (its forward timings are observed at that depth)."""
+        return max(self.draft.num_cached(sequence.row) for sequence in sequences)
 
     def _timed_forward(self, rows, tokens, timings: list[tuple[int, float]]) -> list[np.ndarray]:
-        started = time.perf_counter()
+        started = self.clock()
         logits = self.draft.forward(rows, tokens, [1] * len(rows))
-        timings.append((max(len(row_tokens) for row_tokens in tokens), time.perf_counter() - started))
+        timings.append((max(len(row_tokens) for row_tokens in tokens), self.clock() - started))
         return logits
 
     def propose(self, sequences: Sequence[SequenceState], gamma: int) -> list[Draft]:

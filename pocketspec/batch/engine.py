@@ -19,16 +19,16 @@ from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.pool import BatchPool
 from pocketspec.batch.sequence import BatchResult, Request, SequenceState
-from pocketspec.controller import Choice, GammaController, pooled_acceptance
+from pocketspec.batch.rows_target import RowsTarget
+from pocketspec.controller import GammaController
 from pocketspec.draft_limits import requested_draft_limits
-from pocketspec.drafters.base import Draft
 from pocketspec.drafters.corpus import OutputCorpus
-from pocketspec.drafters.ngram import NgramDrafter, Proposal
+from pocketspec.drafters.ngram import NgramDrafter
 from pocketspec.errors import UserError
 from pocketspec.sampling import choose_token
 from pocketspec.settings import BatchSettings, SamplingSettings, SpeculationSettings
 from pocketspec.stats import peak_rss_bytes
-from pocketspec.verify import verify_logits
+from pocketspec.step import run_step
 
 TIMED_PARTS = ("prefill", "draft", "target_forward", "verification", "scheduling")
 
@@ -36,8 +36,10 @@ TIMED_PARTS = ("prefill", "draft", "target_forward", "verification", "scheduling
 class BatchEngine:
     def __init__(self, target: BatchedModel, *, is_end: Callable[[int], bool], draft: BatchModelDrafter | None = None,
                  sampling: SamplingSettings = SamplingSettings(),
-                 speculation: SpeculationSettings = SpeculationSettings(), batch: BatchSettings = BatchSettings()):
-        self.target, self.draft, self.is_end = target, draft, is_end
+                 speculation: SpeculationSettings = SpeculationSettings(), batch: BatchSettings = BatchSettings(),
+                 clock: Callable[[], float] = time.perf_counter):
+        """clock: seconds for every timing the controllers learn from and the engine reports."""
+        self.target, self.draft, self.is_end, self.clock = target, draft, is_end, clock
         self.sampling, self.speculation, self.batch = sampling, speculation, batch
         self.uses_ngram = speculation.drafter in ("auto", "ngram")
         self.uses_model = draft is not None and speculation.drafter in ("auto", "model")
@@ -50,6 +52,7 @@ class BatchEngine:
         first = self.controller_for(1)
         self.acceptance, self.match_acceptance = first.acceptance, first.match_acceptance
         self.seconds = dict.fromkeys(TIMED_PARTS, 0.0)
+        self._step_target = RowsTarget(target, self.seconds, clock)
         self.num_steps = 0
         self.rows_per_step: list[int] = []
 
@@ -74,14 +77,14 @@ class BatchEngine:
         if request.max_new_tokens <= 0:
             sequence.stop_reason = "max_tokens"
             return sequence
-        started = time.perf_counter()
+        started = self.clock()
         num_reused = self.target.reusable_prefix(row, request.prompt)
         self.target.rollback(row, num_reused)
         logits = self.target.prefill(row, request.prompt[num_reused:], should_stop)
         sequence.stats.num_reused_tokens = num_reused
         if self.uses_model and logits is not None:
             self.draft.admit(row, request.prompt)
-        sequence.stats.prefill_seconds = time.perf_counter() - started
+        sequence.stats.prefill_seconds = self.clock() - started
         self.seconds["prefill"] += sequence.stats.prefill_seconds
         if logits is None:
             sequence.stop_reason = "interrupted"
@@ -89,73 +92,16 @@ class BatchEngine:
             sequence.accept([choose_token(logits, sequence.sampling, sequence.rng)], self.is_end)
         return sequence
 
-    def _proposals(self, controller: GammaController, group: Sequence[SequenceState],
-                   caps: list[int]) -> list[Proposal]:
-        """Each row's n-gram proposal, scored token by token from its match evidence; a walk stops where
-        its rest cannot pay (pocketspec/drafters/ngram.py), so a step that drafts nothing costs lookups."""
-        if not self.uses_ngram:
-            return [Proposal() for _ in group]
-        min_first = controller.min_first_acceptance()
-        proposals = []
-        for sequence, cap in zip(group, caps):
-            sequence.unused.score(sequence.context, controller)
-            proposals.append(sequence.ngram.propose_scored(
-                sequence.context, min(cap, controller.max_draftless_gamma), controller.match_acceptance.probability,
-                min_first=min_first, min_survival=controller.min_proposal_survival))
-        return proposals
-
-    def _drafts(self, choice: Choice, group: Sequence[SequenceState], proposals: list[Proposal],
-                caps: list[int]) -> list[Draft]:
-        if choice.drafter == "ngram":
-            return [Draft(tokens=proposal.tokens[:min(choice.gamma, cap)]) for proposal, cap in zip(proposals, caps)]
-        if choice.drafter != "model":
-            return [Draft(tokens=[]) for _ in group]
-        drafts = self.draft.propose(group, choice.gamma)
-        return [Draft(draft.tokens[:cap], None if draft.probs is None else draft.probs[:cap], draft.forward_timings)
-                for draft, cap in zip(drafts, caps)]
-
     def step(self, group: list[SequenceState]) -> None:
-        """One draft + verify step for `group`, every row in one target forward."""
-        step_started = time.perf_counter()
-        controller = self.controller_for(len(group))
+        """One draft + verify step for `group` (pocketspec/step.py), every row in one target forward."""
         caps = [max(0, sequence.max_gamma(self.target.max_context, self.target.num_cached(sequence.row)))
                 for sequence in group]
-        max_gamma = min(max(caps), controller.max_gamma)
-        proposals = self._proposals(controller, group, caps)
-        model_lag = None
-        if self.uses_model and all(self.draft.fits(sequence, max_gamma) for sequence in group):
-            model_lag = max(self.draft.lag(sequence) for sequence in group)
-        choice = controller.choose(ngram_probs=pooled_acceptance([proposal.probabilities for proposal in proposals]),
-                                   model_lag=model_lag, max_gamma=max_gamma)
-        draft_started = time.perf_counter()
-        drafts = self._drafts(choice, group, proposals, caps)
-        draft_seconds = time.perf_counter() - draft_started
-        for width, seconds in (drafts[0].forward_timings if choice.drafter == "model" else []):
-            controller.draft_costs.observe(width, seconds)
-
-        num_cached = [self.target.num_cached(sequence.row) for sequence in group]
-        feeds = [[sequence.context[-1], *draft.tokens] for sequence, draft in zip(group, drafts)]
-        forward_started = time.perf_counter()
-        logits = self.target.forward([sequence.row for sequence in group], feeds, [len(feed) for feed in feeds])
-        verify_started = time.perf_counter()
-        num_accepted = []
-        for sequence, draft, proposal, row_logits, kept in zip(group, drafts, proposals, logits, num_cached):
-            verdict = verify_logits(draft.tokens, draft.probs, row_logits, sequence.sampling, sequence.rng)
-            self.target.rollback(sequence.row, kept + 1 + verdict.num_accepted)
-            if choice.drafter != "ngram":
-                sequence.unused.hold(len(sequence.context), proposal)
-            sequence.accept(verdict.emitted(draft.tokens), self.is_end)
-            controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted,
-                                    evidence=proposal.evidence if choice.drafter == "ngram" else None)
-            num_accepted.append(verdict.num_accepted)
-        verified = time.perf_counter()
-        for sequence, draft, accepted in zip(group, drafts, num_accepted):
-            sequence.record_step(self.num_steps, choice.drafter, len(draft), accepted, verified - step_started)
-        self.seconds["draft"] += draft_seconds
-        self.seconds["target_forward"] += verify_started - forward_started
-        self.seconds["verification"] += verified - verify_started
-        controller.target_costs.observe(max(map(len, feeds)), verified - forward_started)
-        controller.observe_overhead(verified - step_started - (verified - forward_started) - draft_seconds)
+        step = run_step(group, caps, controller=self.controller_for(len(group)), target=self._step_target,
+                        drafter=self.draft if self.uses_model else None, clock=self.clock)
+        for sequence, draft, num_accepted, emitted in zip(group, step.drafts, step.num_accepted, step.emitted):
+            sequence.accept(emitted, self.is_end)
+            sequence.record_step(self.num_steps, step.choice.drafter, len(draft), num_accepted, step.seconds)
+        self.seconds["draft"] += step.draft_seconds
         self.num_steps += 1
         self.rows_per_step.append(len(group))
 

@@ -1,0 +1,70 @@
+"""A single request as a step's group of one (pocketspec/step.py): its sequence, its Backend as the
+step's target, and its ModelDrafter as the step's draft model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from pocketspec.drafters.base import Draft
+from pocketspec.drafters.model import ModelDrafter
+from pocketspec.drafters.ngram import NgramDrafter
+from pocketspec.drafters.unused import UnusedProposal
+from pocketspec.settings import SamplingSettings
+from pocketspec.verify import Verdict
+
+
+@dataclass
+class OneSequence:
+    context: list[int]  # ends with the pending token
+    ngram: NgramDrafter | None
+    unused: UnusedProposal
+    sampling: SamplingSettings
+    rng: np.random.Generator
+
+
+class BackendTarget:
+    """A Backend (one KV cache) verifying its one sequence; on llama.cpp its decode may carry other
+    sequences' tokens too (pocketspec/backends/llama_sequences.py)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def num_cached(self, sequence: OneSequence) -> int:
+        return self.backend.num_cached
+
+    def verify(self, group: Sequence[OneSequence], feeds: list[list[int]], drafts: list[Draft]) -> list[Verdict]:
+        (sequence,), (feed,), (draft,) = group, feeds, drafts
+        return [self.backend.verify(feed, draft.probs, sequence.sampling, sequence.rng)]
+
+    def rollback(self, sequence: OneSequence, num_kept: int) -> None:
+        self.backend.rollback(num_kept)
+
+    @property
+    def rows_beside(self) -> int:
+        return self.backend.rows_beside
+
+    @property
+    def last_decode(self):
+        return self.backend.last_round
+
+
+class OneDraftModel:
+    """ModelDrafter drafting for a group of one."""
+
+    def __init__(self, model: ModelDrafter):
+        self.model = model
+
+    def fits(self, group: Sequence[OneSequence], max_gamma: int) -> bool:
+        return self.model.fits(group[0].context, max_gamma)
+
+    def lag(self, group: Sequence[OneSequence]) -> int:
+        return self.model.lag(group[0].context)
+
+    def propose(self, group: Sequence[OneSequence], gamma: int) -> list[Draft]:
+        return [self.model.propose(group[0].context, gamma)]
+
+    def num_cached(self, group: Sequence[OneSequence]) -> int:
+        return self.model.backend.num_cached
