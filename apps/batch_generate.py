@@ -24,7 +24,7 @@ from apps.terminal import note
 from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
 from pocketspec.batch.sequence import BatchResult, Request
 from pocketspec.batch_session import open_batch_session
-from pocketspec.chat_template import FALLBACK_NOTE
+from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.session_settings import SessionSettings

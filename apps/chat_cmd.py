@@ -12,14 +12,14 @@ from apps.flags import (backend_options, model_choice_options, runtime_options, 
                         setting_option)
 from apps.terminal import note, progress_line
 from apps.text_input import as_text, read_piped_stdin
-from pocketspec.catalog import models_dir
-from pocketspec.chat import Chat
-from pocketspec.chat_template import FALLBACK_NOTE
-from pocketspec.conversation import Conversation, Replayed, assistant_record, header_record
+from pocketspec.models.catalog import models_dir
+from pocketspec.conversation.chat import Chat
+from pocketspec.conversation.chat_template import FALLBACK_NOTE
+from pocketspec.conversation.conversation import Conversation, Replayed, assistant_record, header_record
 from pocketspec.errors import UserError
 from pocketspec.session import open_session
 from pocketspec.settings import GenerationSettings
-from pocketspec.transcript import TranscriptWriter, find_transcript, load_transcript, new_transcript_path
+from pocketspec.conversation.transcript import TranscriptWriter, find_transcript, load_transcript, new_transcript_path
 
 NUM_MESSAGES_SHOWN_ON_RESUME = 6
 

@@ -21,7 +21,7 @@ from prompt_toolkit.key_binding import KeyBindings
 from prompt_toolkit.output import create_output
 from prompt_toolkit.utils import is_dumb_terminal
 
-from pocketspec.catalog import pocketspec_home
+from pocketspec.models.catalog import pocketspec_home
 
 PROMPT = "> "
 CONTINUATION = ". "  # before the second and later lines of a message; as wide as PROMPT

@@ -1,4 +1,4 @@
-"""The chat's interactive loop (Repl) around the runtime's Chat (pocketspec/chat.py).
+"""The chat's interactive loop (Repl) around the runtime's Chat (pocketspec/conversation/chat.py).
 
 Repl reads messages (through apps/chat_prompt.py in a terminal), runs commands and turns
 Ctrl-C during a reply into a clean stop.
@@ -16,10 +16,10 @@ import click
 from apps.terminal import note
 from apps.text_input import as_text
 from pocketspec.atomic_file import is_same_file
-from pocketspec.chat import Chat, Turn
+from pocketspec.conversation.chat import Chat, Turn
 from pocketspec.errors import UserError
 from memplanner import format_bytes
-from pocketspec.transcript import save_conversation
+from pocketspec.conversation.transcript import save_conversation
 
 def stats_line(stats, session) -> str:
     budget = format_bytes(session.budget_bytes) if session.budget_bytes is not None else "no budget"

@@ -15,7 +15,7 @@ from apps.flags import (backend_options, batch_options, model_choice_options, ru
 from apps.terminal import note, progress_line
 from apps.text_input import as_text, read_text_file
 from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
-from pocketspec.chat_template import FALLBACK_NOTE
+from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.errors import UserError
 from pocketspec.session import open_session
 from pocketspec.settings import GenerationSettings

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from pocketspec.catalog import get_model, load_catalog, model_path
-from pocketspec.model_files import resolve_model
-from pocketspec.pull import pull
+from pocketspec.models.catalog import get_model, load_catalog, model_path
+from pocketspec.models.model_files import resolve_model
+from pocketspec.models.pull import pull
 
 
 def _human_bytes(num_bytes: int) -> str:

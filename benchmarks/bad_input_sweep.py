@@ -261,7 +261,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
     from apps.report import write_results
-    from pocketspec.catalog import model_path
+    from pocketspec.models.catalog import model_path
 
     smollm2 = model_path("smollm2-135m-instruct")
     if not smollm2.exists():

@@ -41,8 +41,8 @@ from pocketspec.batch.batched_model import BatchedModel  # noqa: E402
 from pocketspec.batch.drafting import BatchModelDrafter  # noqa: E402
 from pocketspec.batch.engine import BatchEngine  # noqa: E402
 from pocketspec.batch.sequence import Request  # noqa: E402
-from pocketspec.catalog import model_path  # noqa: E402
-from pocketspec.chat_template import encode_chat, template_for  # noqa: E402
+from pocketspec.models.catalog import model_path  # noqa: E402
+from pocketspec.conversation.chat_template import encode_chat, template_for  # noqa: E402
 from pocketspec.settings import BatchSettings, SpeculationSettings  # noqa: E402
 from pocketspec.torch_model.device import resolve_device  # noqa: E402
 from pocketspec.torch_model.invariant import TileShape, make_batch_invariant  # noqa: E402

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from apps.bench.peers.llama_speculative import default_tools_dir  # noqa: E402
 from apps.report import write_results  # noqa: E402
 from pocketspec.calibrate import measure_costs  # noqa: E402
-from pocketspec.catalog import model_path  # noqa: E402
+from pocketspec.models.catalog import model_path  # noqa: E402
 from pocketspec.settings import ModelSettings  # noqa: E402
 
 WIDTHS = (1, 2, 4, 8, 16, 32)

@@ -39,8 +39,8 @@ def load_conversations(limit: int | None) -> list[PromptRow]:
 
 def worker(config: dict) -> dict:
     """Replay the conversations on one engine; returns per-turn rows and the peak memory."""
-    from pocketspec.chat import Chat
-    from pocketspec.conversation import Conversation
+    from pocketspec.conversation.chat import Chat
+    from pocketspec.conversation.conversation import Conversation
     from pocketspec.session import open_session
     from pocketspec.session_settings import SessionSettings
 

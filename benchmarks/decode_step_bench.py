@@ -40,7 +40,7 @@ def _questions(num_prompts: int) -> list[str]:
 
 def _open_backends(args) -> dict:
     from pocketspec.backends.torch_backend import TorchBackend
-    from pocketspec.catalog import model_path
+    from pocketspec.models.catalog import model_path
     from pocketspec.settings import ModelSettings
 
     variants = {"dynamic": ("dynamic", False), "static": ("static", False)}
@@ -70,8 +70,8 @@ def _host_transfers(step, stats, vocab_size: int) -> dict:
 def run(args) -> dict:
     import torch
 
-    from pocketspec.chat_template import encode_chat, template_for
-    from pocketspec.engine import SpeculativeEngine
+    from pocketspec.conversation.chat_template import encode_chat, template_for
+    from pocketspec.speculation.engine import SpeculativeEngine
     from pocketspec.settings import SamplingSettings, SpeculationSettings
 
     backends = _open_backends(args)

@@ -40,7 +40,7 @@ def plan_as_uncalibrated() -> None:
     this process gets a POCKETSPEC_HOME of its own (the models linked in, no cost tables). Where
     the measured costs say the draft model cannot pay, the planner would never pick it, and its
     memory terms would go unchecked."""
-    from pocketspec.catalog import models_dir
+    from pocketspec.models.catalog import models_dir
 
     home = Path(tempfile.mkdtemp(prefix="memory-grid-home-"))
     atexit.register(shutil.rmtree, home, ignore_errors=True)
@@ -110,7 +110,7 @@ def grid(quick: bool) -> list[dict]:
     from memplanner.planner import Workload, min_budget_any, plan
     from memplanner.shapes import shape_from_gguf
     from memplanner.sizes import format_bytes
-    from pocketspec.catalog import model_path
+    from pocketspec.models.catalog import model_path
 
     models = {name: shape_from_gguf(model_path(name)) for name in
               ("smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")}

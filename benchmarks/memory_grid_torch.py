@@ -52,7 +52,7 @@ def predicted_terms(model: str, device: str, weights: str, context: int, kv: str
 def prompt_text(model: str, num_tokens: int) -> str:
     """Spec-Bench text cut to about num_tokens tokens of this model's tokenizer."""
     from pocketspec.backends.torch_backend import load_tokenizer
-    from pocketspec.catalog import model_path
+    from pocketspec.models.catalog import model_path
 
     text = (ROOT / "benchmarks" / "data" / "spec_bench.jsonl").read_text()
     vocab_model, tokenizer = load_tokenizer(model_path(model))

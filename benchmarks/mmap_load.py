@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     from apps.report import write_results
-    from pocketspec.catalog import model_path
+    from pocketspec.models.catalog import model_path
 
     path = str(model_path(args.model))
     records, can_drop = [], drop_page_cache()

@@ -51,8 +51,8 @@ def chosen_rows(args: argparse.Namespace):
 
 
 def main(argv=None) -> None:
-    from pocketspec.chat import Chat
-    from pocketspec.conversation import Conversation
+    from pocketspec.conversation.chat import Chat
+    from pocketspec.conversation.conversation import Conversation
     from pocketspec.session import open_session
     from pocketspec.session_settings import SessionSettings
 

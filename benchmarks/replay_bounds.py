@@ -8,7 +8,7 @@ import math
 
 from memplanner.measured_costs import MeasuredCosts
 from pocketspec.drafters.ngram import NgramDrafter
-from pocketspec.prefix import common_prefix_length
+from pocketspec.speculation.prefix import common_prefix_length
 
 
 def oracle_seconds(drafter: NgramDrafter, costs: MeasuredCosts, prompt: list[int], output: list[int],

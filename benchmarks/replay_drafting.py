@@ -4,7 +4,7 @@
         [--gamma auto|N] [--max-gamma 31] [--out benchmarks/results/replay_code_edit]
 
 At temperature 0 a speculative run emits exactly what plain decoding emitted
-(benchmarks/record_traces.py keeps that). So the real engine (pocketspec/engine.py: its
+(benchmarks/record_traces.py keeps that). So the real engine (pocketspec/speculation/engine.py: its
 drafter, controller and verification) runs here on a stand-in target whose logits pick the
 recorded next token, and whose forwards take the calibrated cost of their width at their
 depth on a virtual clock instead of running the model. The speedup it reports is the
@@ -54,10 +54,10 @@ sys.path.insert(0, str(ROOT))
 from apps.report import markdown_table, write_results  # noqa: E402
 from memplanner.measured_costs import MeasuredCosts, load_measured_costs  # noqa: E402
 from pocketspec.backends.base import CachedTokens  # noqa: E402
-from pocketspec.draft_limits import requested_draft_limits  # noqa: E402
+from pocketspec.speculation.draft_limits import requested_draft_limits  # noqa: E402
 from pocketspec.drafters.ngram import NgramDrafter  # noqa: E402
-from pocketspec.engine import SpeculativeEngine  # noqa: E402
-from pocketspec.prefix import common_prefix_length  # noqa: E402
+from pocketspec.speculation.engine import SpeculativeEngine  # noqa: E402
+from pocketspec.speculation.prefix import common_prefix_length  # noqa: E402
 from pocketspec.settings import SpeculationSettings  # noqa: E402
 from replay_bounds import copy_bound_seconds, oracle_seconds  # noqa: E402
 

@@ -42,8 +42,8 @@ from apps.bench.peers.llama_speculative import default_tools_dir  # noqa: E402
 from apps.prompt_file import read_prompt_rows  # noqa: E402
 from apps.report import write_results  # noqa: E402
 from memplanner import parse_size  # noqa: E402
-from pocketspec.catalog import resolve_pair  # noqa: E402
-from pocketspec.model_files import resolve_model  # noqa: E402
+from pocketspec.models.catalog import resolve_pair  # noqa: E402
+from pocketspec.models.model_files import resolve_model  # noqa: E402
 from pocketspec.stats import vm_hwm_bytes  # noqa: E402
 from serve_bench_results import merge_rounds, plot, summarize, summarize_requests  # noqa: E402
 

@@ -37,7 +37,7 @@ HUGE_BUDGET = 1 << 50  # the plan's bytes per device, not a fit
 
 def _prompts(tokenizer, num_prompts: int) -> list[list[int]]:
     """The first turn of one Spec-Bench question per category, in the model's chat template."""
-    from pocketspec.chat_template import encode_chat, template_for
+    from pocketspec.conversation.chat_template import encode_chat, template_for
 
     rows = read_prompt_rows(DATA_PATH, "Spec-Bench")
     firsts = list({row.category: row for row in reversed(rows)}.values())[::-1][:num_prompts]
@@ -60,7 +60,7 @@ def _planned(config: dict, settings, target_path: Path) -> dict[str, int]:
 
 
 def _run(engine_target, draft, drafter: str, prompts, config: dict) -> dict:
-    from pocketspec.engine import SpeculativeEngine
+    from pocketspec.speculation.engine import SpeculativeEngine
     from pocketspec.settings import SpeculationSettings
 
     speculation = SpeculationSettings(drafter={"none": "none", "ngram": "ngram"}.get(drafter, "model"),
@@ -80,7 +80,7 @@ def _run(engine_target, draft, drafter: str, prompts, config: dict) -> dict:
 def worker(config: dict) -> dict:
     from pocketspec.backends.torch_backend import TorchBackend
     from pocketspec.backends.torch_open import open_backend, open_self_draft
-    from pocketspec.model_files import resolve_model
+    from pocketspec.models.model_files import resolve_model
     from pocketspec.settings import draft_settings_for
     from pocketspec.settings import ModelSettings, SpeculationSettings
 
@@ -152,7 +152,7 @@ def main() -> None:
     parser.add_argument("--name", default="shard_bench", help="results file stem under benchmarks/results")
     args = parser.parse_args()
     from apps.report import write_results
-    from pocketspec.catalog import resolve_pair
+    from pocketspec.models.catalog import resolve_pair
 
     target, draft = args.target, args.draft
     if args.pair is not None:

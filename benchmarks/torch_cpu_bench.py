@@ -61,9 +61,9 @@ def _token_ms(backend, num_kept: int, num_repeats: int = 8) -> float:
 def worker(config: dict) -> dict:
     from pocketspec.backends.torch_backend import TorchBackend
     from pocketspec.backends.torch_open import open_self_draft
-    from pocketspec.catalog import model_path
-    from pocketspec.chat_template import encode_chat, template_for
-    from pocketspec.engine import SpeculativeEngine
+    from pocketspec.models.catalog import model_path
+    from pocketspec.conversation.chat_template import encode_chat, template_for
+    from pocketspec.speculation.engine import SpeculativeEngine
     from pocketspec.settings import ModelSettings, SpeculationSettings
     from pocketspec.stats import peak_rss_bytes
 

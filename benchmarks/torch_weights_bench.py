@@ -60,9 +60,9 @@ def run(args) -> dict:
     import torch
 
     from pocketspec.backends.torch_backend import TorchBackend
-    from pocketspec.catalog import model_path
-    from pocketspec.chat_template import encode_chat, template_for
-    from pocketspec.engine import SpeculativeEngine
+    from pocketspec.models.catalog import model_path
+    from pocketspec.conversation.chat_template import encode_chat, template_for
+    from pocketspec.speculation.engine import SpeculativeEngine
     from pocketspec.settings import ModelSettings, SpeculationSettings
 
     backends = {}

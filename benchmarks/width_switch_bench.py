@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from apps.report import write_results  # noqa: E402
 from pocketspec.backends.llama_cpp_backend import LlamaCppBackend  # noqa: E402
-from pocketspec.catalog import model_path  # noqa: E402
+from pocketspec.models.catalog import model_path  # noqa: E402
 from pocketspec.settings import ModelSettings  # noqa: E402
 
 PATTERNS = {"1 repeated": (1,), "2 repeated": (2,), "4 repeated": (4,), "1, 2 alternating": (1, 2),

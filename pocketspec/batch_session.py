@@ -9,7 +9,7 @@ from typing import Callable
 
 from pocketspec.backends.device_check import check_devices
 from pocketspec.budget import MemoryPlan
-from pocketspec.chat_template import encode_prompt, template_for
+from pocketspec.conversation.chat_template import encode_prompt, template_for
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.session_settings import SessionSettings, settings_for

@@ -10,11 +10,11 @@ from memplanner.measured_costs import MachineCosts, best_draft_model_speedup
 from memplanner.shapes import shape_from_gguf
 from pocketspec.backends.torch_open import check_self_draft, open_backend, open_self_draft
 from pocketspec.calibrate import cached_costs, calibrated_costs
-from pocketspec.catalog import resolve_pair
-from pocketspec.model_files import resolve_model
-from pocketspec.engine import SpeculativeEngine
+from pocketspec.models.catalog import resolve_pair
+from pocketspec.models.model_files import resolve_model
+from pocketspec.speculation.engine import SpeculativeEngine
 from pocketspec.errors import UserError
-from pocketspec.gguf_check import check_gguf, check_same_vocab
+from pocketspec.models.gguf_check import check_gguf, check_same_vocab
 from pocketspec.settings import DRAFTLESS, SELF_DRAFTS, ModelSettings, SamplingSettings, SpeculationSettings
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from pocketspec.catalog import folder_problem, load_catalog, model_path, models_dir, pocketspec_home
+from pocketspec.models.catalog import folder_problem, load_catalog, model_path, models_dir, pocketspec_home
 
 CPU_FLAGS_OF_INTEREST = ("avx", "avx2", "avx512f", "avx512_vnni", "amx_tile", "f16c", "fma")
 BUILD_STAMP_NAME = "pocketspec-llama-build.json"

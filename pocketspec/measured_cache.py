@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-from pocketspec.catalog import pocketspec_home
+from pocketspec.models.catalog import pocketspec_home
 
 
 def costs_dir() -> Path:

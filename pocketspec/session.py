@@ -24,7 +24,7 @@ from pocketspec.backends.device_check import check_devices
 from pocketspec.backends.torch_open import open_backend
 from pocketspec.budget import MemoryPlan, apply_budget
 from pocketspec.budget.sequences_plan import per_sequence_plan
-from pocketspec.chat_template import encode_chat, encode_prompt, template_for
+from pocketspec.conversation.chat_template import encode_chat, encode_prompt, template_for
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, load_engine

@@ -12,7 +12,7 @@ from typing import Mapping
 
 from memplanner.memory_budget import MemoryBudget, parse_memory_budget
 from memplanner.split import parse_devices
-from pocketspec.draft_limits import requested_draft_limits
+from pocketspec.speculation.draft_limits import requested_draft_limits
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, choose_models, trained_context_limit
 from pocketspec.settings import GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings

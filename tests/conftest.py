@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pocketspec.catalog import model_path, pocketspec_home
+from pocketspec.models.catalog import model_path, pocketspec_home
 
 # The home `make test` pulled the models into; the cost tables and exact widths measured in it
 # are this test session's, shared by the fresh homes tests make (home_with_measurements).

@@ -253,7 +253,7 @@ def test_batched_sampling_keeps_each_request_distribution(tiny, plain_counts, dr
 def test_the_distribution_check_rejects_a_wrong_rule(tiny, plain_counts, monkeypatch):
     """Accepting every draft token samples the draft's distribution, not the target's: the check must see it."""
     import pocketspec.batch.rows_target as engine_module
-    from pocketspec.verify import Verdict
+    from pocketspec.speculation.verify import Verdict
 
     monkeypatch.setattr(engine_module, "verify_logits", lambda tokens, probs, logits, sampling, rng: Verdict(
         len(tokens), int(np.argmax(logits[len(tokens)]))))
@@ -275,7 +275,7 @@ SMOLLM2_PROMPTS = [
 
 @pytest.mark.real_model
 def test_smollm2_batched_equals_each_prompt_alone(smollm2_path):
-    from pocketspec.chat_template import encode_chat, template_for
+    from pocketspec.conversation.chat_template import encode_chat, template_for
 
     models = Models(smollm2_path, smollm2_path, max_context=512)
     try:

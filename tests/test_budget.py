@@ -34,7 +34,7 @@ def test_draft_none_plans_plain_decoding():
 def test_a_tight_budget_degrades_and_is_announced():
     from memplanner.planner import Workload, min_budget_any
     from memplanner.shapes import shape_from_gguf
-    from pocketspec.catalog import model_path
+    from pocketspec.models.catalog import model_path
 
     minimum = min_budget_any(shape_from_gguf(model_path("smollm2-135m-instruct")), Workload(max_context=4096))
     output, notes = _generate_json("--draft", "ngram", "--memory-budget", str(minimum), "--max-context", "4096")
@@ -46,7 +46,7 @@ def test_the_repacked_target_runs_at_the_minimum_read_without_mmap():
     """Repacked weights held once (no mmap) fit where the mapped file plus the repacked copy did not."""
     from memplanner.planner import Workload, min_budget_any
     from memplanner.shapes import shape_from_gguf
-    from pocketspec.catalog import model_path
+    from pocketspec.models.catalog import model_path
 
     shape, workload = shape_from_gguf(model_path("qwen2.5-coder-1.5b-instruct")), Workload(max_context=512)
     repacked, unrepacked = (min_budget_any(shape, workload, repack=(choice,)) for choice in (True, False))
@@ -86,7 +86,7 @@ def test_a_budget_that_fits_only_a_quantized_target_kv_is_refused_and_names_the_
 
     from memplanner.planner import Workload, min_budget_any
     from memplanner.shapes import shape_from_gguf
-    from pocketspec.catalog import model_path
+    from pocketspec.models.catalog import model_path
 
     shape, workload = shape_from_gguf(model_path("smollm2-135m-instruct")), Workload(max_context=8192)
     budget = min_budget_any(shape, replace(workload, target_kv_type="q8_0"))

@@ -1,4 +1,4 @@
-"""Tests for pocketspec.catalog and the `pocketspec models` commands."""
+"""Tests for pocketspec.models.catalog and the `pocketspec models` commands."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pocketspec.catalog import load_catalog, model_path, pocketspec_home, resolve_pair
-from pocketspec.model_files import resolve_model
+from pocketspec.models.catalog import load_catalog, model_path, pocketspec_home, resolve_pair
+from pocketspec.models.model_files import resolve_model
 from pocketspec.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]

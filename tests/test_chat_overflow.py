@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pocketspec.chat import Chat
+from pocketspec.conversation.chat import Chat
 from conftest import built_engine
-from pocketspec.chat_template import encode_chat
-from pocketspec.conversation import Conversation
+from pocketspec.conversation.chat_template import encode_chat
+from pocketspec.conversation.conversation import Conversation
 
 SYSTEM = "You are a helpful assistant. Answer in one or two sentences."
 QUESTIONS = [

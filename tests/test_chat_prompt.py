@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from apps.chat_prompt import KeptHistory
-from pocketspec.transcript import load_transcript, read_records
+from pocketspec.conversation.transcript import load_transcript, read_records
 from test_chat_terminal import LONG_REQUEST, POCKETSPEC, SMOLLM2, TIMEOUT_SECONDS, chat_home  # noqa: F401 (fixture)
 
 pexpect = pytest.importorskip("pexpect")

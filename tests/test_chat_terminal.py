@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import home_with_measurements
-from pocketspec.transcript import load_transcript, read_records
+from pocketspec.conversation.transcript import load_transcript, read_records
 
 pexpect = pytest.importorskip("pexpect")
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pocketspec.catalog import model_path
+from pocketspec.models.catalog import model_path
 
 LONG_PROMPT = "word " * 400
 
@@ -123,7 +123,7 @@ def test_generate_json_has_the_documented_keys(smollm2_path):
 
 
 def test_a_context_past_the_trained_length_is_refused_as_plan_refuses_it(smollm2_path):
-    from pocketspec.gguf_check import check_gguf
+    from pocketspec.models.gguf_check import check_gguf
 
     too_long = str(check_gguf(smollm2_path).context_length + 1)
     lines = []

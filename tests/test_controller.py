@@ -3,8 +3,8 @@
 import pytest
 
 from memplanner.acceptance import expected_tokens_per_step
-from pocketspec.controller import AcceptanceEstimate, GammaController
-from pocketspec.costs import EXPLORATION, EXPLORE_AFTER_PASSES, CostTable
+from pocketspec.speculation.controller import AcceptanceEstimate, GammaController
+from pocketspec.speculation.costs import EXPLORATION, EXPLORE_AFTER_PASSES, CostTable
 from pocketspec.settings import SpeculationSettings
 
 

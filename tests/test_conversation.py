@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pocketspec.conversation import (
+from pocketspec.conversation.conversation import (
     Conversation, PromptTooLong, TranscriptError, assistant_record, chunk_record, header_record, replay,
     reset_record, system_record, user_record)
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from pocketspec.sampling import distribution, sample
+from pocketspec.speculation.sampling import distribution, sample
 from pocketspec.settings import SamplingSettings
 from pocketspec.torch_model import device_sampling
-from pocketspec.verify import verify_greedy
+from pocketspec.speculation.verify import verify_greedy
 
 NUM_DRAWS = 20_000
 

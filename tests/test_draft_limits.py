@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import built_engine
-from pocketspec.draft_limits import DraftLimits, requested_draft_limits
+from pocketspec.speculation.draft_limits import DraftLimits, requested_draft_limits
 from pocketspec.settings import MAX_DRAFTLESS_GAMMA, MAX_GAMMA, SpeculationSettings
 from tiny_models import write_tiny_pair
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_matches_plain, built_engine
-from pocketspec.chat_template import encode_chat, template_for
+from pocketspec.conversation.chat_template import encode_chat, template_for
 
 REPETITIVE_PROMPT = (
     "Copy this list exactly, twice:\n"

@@ -1,4 +1,4 @@
-"""Tests for pocketspec.gguf_check on the real cached models and damaged copies of them."""
+"""Tests for pocketspec.models.gguf_check on the real cached models and damaged copies of them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pocketspec.errors import UserError
-from pocketspec.gguf_check import check_gguf, check_same_vocab
+from pocketspec.models.gguf_check import check_gguf, check_same_vocab
 
 CACHE = Path.home() / ".cache" / "pocketspec" / "models"
 SMOLLM2 = CACHE / "smollm2-135m-instruct.gguf"

@@ -17,7 +17,7 @@ from memplanner.gguf_header import read_gguf_header
 from memplanner.gguf_sanity import header_problem
 from memplanner.shapes import shape_from_gguf
 from pocketspec.errors import UserError
-from pocketspec.gguf_check import check_gguf
+from pocketspec.models.gguf_check import check_gguf
 from tiny_models import SHAPE_KEYS, write_header_variant as write_model
 
 MALFORMED = {

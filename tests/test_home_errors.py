@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pocketspec.catalog import folder_problem, writable_home_folder
+from pocketspec.models.catalog import folder_problem, writable_home_folder
 from pocketspec.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]

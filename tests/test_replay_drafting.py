@@ -189,10 +189,10 @@ def test_without_optimism_the_inflated_widths_would_never_heal(monkeypatch):
     """The same replay with the controller choosing on the table alone: 16 rows keep their wrong cost."""
     from replay_drafting import open_replay, replay_trace
 
-    import pocketspec.costs
+    import pocketspec.speculation.costs
     from memplanner.measured_costs import load_measured_costs
 
-    monkeypatch.setattr(pocketspec.costs, "EXPLORATION", 0.0)
+    monkeypatch.setattr(pocketspec.speculation.costs, "EXPLORATION", 0.0)
     truth = load_measured_costs(TRACES / "costs_qwen2.5-coder-1.5b_2threads.json")
     engine, target = open_replay(truth, SpeculationSettings(drafter="ngram"), vocab_size=151936,
                                  calibrated=_inflated_from(truth, 5, 1.5))

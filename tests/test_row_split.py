@@ -14,8 +14,8 @@ import torch
 from conftest import built_engine
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.backends.torch_open import open_backend
-from pocketspec.chat_template import encode_chat, template_for
-from pocketspec.engine import SpeculativeEngine
+from pocketspec.conversation.chat_template import encode_chat, template_for
+from pocketspec.speculation.engine import SpeculativeEngine
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings, SpeculationSettings
 from tiny_models import write_tiny_pair

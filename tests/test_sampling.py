@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from pocketspec.sampling import choose_token, distribution, sample
+from pocketspec.speculation.sampling import choose_token, distribution, sample
 from pocketspec.settings import SamplingSettings
 
 

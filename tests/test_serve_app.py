@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from pocketspec.chat_template import ChatTemplate
+from pocketspec.conversation.chat_template import ChatTemplate
 from pocketspec.errors import UserError
 from pocketspec.serve.app import build_app, is_authorized
 from pocketspec.serve.generation import GenerationOutcome, Slots

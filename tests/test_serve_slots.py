@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from pocketspec.chat_template import encode_chat
+from pocketspec.conversation.chat_template import encode_chat
 from pocketspec.serve.generation import GenerationRequest
 from pocketspec.serve.open import open_slots
 from pocketspec.session_settings import SessionSettings

@@ -15,7 +15,7 @@ from apps.cli import main
 from apps.flags import SettingValue
 from pocketspec import settings as settings_module
 from pocketspec.errors import UserError
-from pocketspec.sampling import distribution
+from pocketspec.speculation.sampling import distribution
 from pocketspec.setting_ranges import Range, parse_setting
 from pocketspec.settings import SamplingSettings
 

@@ -1,4 +1,4 @@
-"""One request and a batch of one run the same step (pocketspec/step.py): driven by the same scripted
+"""One request and a batch of one run the same step (pocketspec/speculation/step.py): driven by the same scripted
 model and the same virtual clock, both engines make the same calls to it, in the same order."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from pocketspec.backends.base import CachedTokens
 from pocketspec.batch.engine import BatchEngine
 from pocketspec.batch.sequence import Request
-from pocketspec.engine import SpeculativeEngine
+from pocketspec.speculation.engine import SpeculativeEngine
 from pocketspec.settings import BatchSettings, SpeculationSettings
 
 VOCAB = 64

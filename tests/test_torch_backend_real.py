@@ -9,8 +9,8 @@ import pytest
 from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.backends.torch_open import open_self_draft
-from pocketspec.chat_template import encode_chat, template_for
-from pocketspec.engine import SpeculativeEngine
+from pocketspec.conversation.chat_template import encode_chat, template_for
+from pocketspec.speculation.engine import SpeculativeEngine
 from f32_copy import write_f32_copy
 from pocketspec.settings import ModelSettings, SpeculationSettings
 

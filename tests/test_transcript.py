@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from pocketspec.conversation import Conversation, assistant_record, chunk_record, header_record, user_record
+from pocketspec.conversation.conversation import (Conversation, assistant_record, chunk_record, header_record,
+                                                  user_record)
 from pocketspec.errors import UserError
-from pocketspec.transcript import (
+from pocketspec.conversation.transcript import (
     TranscriptWriter, chats_dir, find_transcript, load_transcript, new_transcript_path, read_records,
     save_conversation)
 

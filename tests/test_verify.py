@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from pocketspec.sampling import sample
+from pocketspec.speculation.sampling import sample
 from pocketspec.settings import SamplingSettings
-from pocketspec.verify import Verdict, verify_deterministic, verify_greedy, verify_logits, verify_sampled
+from pocketspec.speculation.verify import Verdict, verify_deterministic, verify_greedy, verify_logits, verify_sampled
 
 NUM_DRAWS = 40_000
 
@@ -124,7 +124,7 @@ def test_verify_logits_picks_the_rule_for_the_sampling_and_the_draft():
 
 
 def test_a_rejection_at_the_first_row_never_computes_the_rows_after_it(monkeypatch):
-    import pocketspec.verify as verify
+    import pocketspec.speculation.verify as verify
 
     computed = []
     real = verify.distribution

@@ -29,7 +29,7 @@ from apps.bench.peers.llama_speculative import default_tools_dir, missing_binary
 from apps.bench.peers.transformers_assisted import missing_requirement as transformers_missing
 from memplanner.memory_budget import parse_memory_budget
 from pocketspec.backends.device_check import check_devices
-from pocketspec.catalog import resolve_pair
+from pocketspec.models.catalog import resolve_pair
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models
 from pocketspec.session_settings import apply_backend_options

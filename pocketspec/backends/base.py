@@ -13,9 +13,9 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from pocketspec.errors import ContextFullError
-from pocketspec.sampling import choose_with_probs
+from pocketspec.speculation.sampling import choose_with_probs
 from pocketspec.settings import SamplingSettings
-from pocketspec.verify import Verdict, verify_logits
+from pocketspec.speculation.verify import Verdict, verify_logits
 
 
 class Backend(Protocol):
@@ -50,7 +50,7 @@ class Backend(Protocol):
 
     def verify(self, tokens: Sequence[int], draft_probs, sampling: SamplingSettings,
                rng: np.random.Generator) -> Verdict:
-        """Append tokens = [pending, *draft] and return the verdict on the draft (pocketspec/verify.py's
+        """Append tokens = [pending, *draft] and return the verdict on the draft (pocketspec/speculation/verify.py's
         rule; a torch static step applies it on the device and reads back two integers)."""
 
     def choose(self, tokens: Sequence[int], sampling: SamplingSettings,

@@ -29,7 +29,7 @@ from pocketspec.torch_model.layer_split import LayerSplit, install_layer_split, 
 from pocketspec.torch_model.load import load_model
 from pocketspec.torch_model.model import Transformer
 from pocketspec.torch_model.static_step import StaticDecodeStep
-from pocketspec.verify import Verdict
+from pocketspec.speculation.verify import Verdict
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 

@@ -24,7 +24,7 @@ import torch
 from memplanner.sizes import round_up
 from pocketspec.batch.layout import AlignmentTimer, AttentionShape, BatchLayout, RowInput
 from pocketspec.errors import ContextFullError
-from pocketspec.prefix import common_prefix_length
+from pocketspec.speculation.prefix import common_prefix_length
 from pocketspec.settings import BatchSettings
 from pocketspec.torch_model.invariant import TileShape
 from pocketspec.torch_model.kv_cache import StaticKVCache

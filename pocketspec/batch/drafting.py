@@ -17,8 +17,8 @@ import numpy as np
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.sequence import SequenceState
 from pocketspec.drafters.base import Draft
-from pocketspec.prefix import common_prefix_length
-from pocketspec.sampling import choose_with_probs
+from pocketspec.speculation.prefix import common_prefix_length
+from pocketspec.speculation.sampling import choose_with_probs
 
 
 class BatchModelDrafter:

@@ -3,7 +3,7 @@
 Each step the scheduler picks the sequences that run; the adaptive controller picks
 one drafter and one γ for them all (one controller per group size, since a forward's
 cost depends on how many rows it holds; acceptance is shared). Every row is then
-verified on its own by the pure rules of pocketspec/verify.py with its own generator,
+verified on its own by the pure rules of pocketspec/speculation/verify.py with its own generator,
 and rolled back on its own. A finished sequence frees its row for the next request; a new
 request takes the free row that has the longest exact prefix of its prompt cached
 (BatchedModel.reusable_prefix), in the target and in the draft. Every row's n-gram drafter
@@ -20,15 +20,15 @@ from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.pool import BatchPool
 from pocketspec.batch.sequence import BatchResult, Request, SequenceState
 from pocketspec.batch.rows_target import RowsTarget
-from pocketspec.controller import GammaController
-from pocketspec.draft_limits import requested_draft_limits
+from pocketspec.speculation.controller import GammaController
+from pocketspec.speculation.draft_limits import requested_draft_limits
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.drafters.ngram import NgramDrafter
 from pocketspec.errors import UserError
-from pocketspec.sampling import choose_token
+from pocketspec.speculation.sampling import choose_token
 from pocketspec.settings import BatchSettings, SamplingSettings, SpeculationSettings
 from pocketspec.stats import peak_rss_bytes
-from pocketspec.step import run_step
+from pocketspec.speculation.step import run_step
 
 TIMED_PARTS = ("prefill", "draft", "target_forward", "verification", "scheduling")
 
@@ -93,7 +93,7 @@ class BatchEngine:
         return sequence
 
     def step(self, group: list[SequenceState]) -> None:
-        """One draft + verify step for `group` (pocketspec/step.py), every row in one target forward."""
+        """One draft + verify step for `group` (pocketspec/speculation/step.py), every row in one target forward."""
         caps = [max(0, sequence.max_gamma(self.target.max_context, self.target.num_cached(sequence.row)))
                 for sequence in group]
         step = run_step(group, caps, controller=self.controller_for(len(group)), target=self._step_target,

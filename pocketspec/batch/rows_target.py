@@ -1,5 +1,5 @@
-"""A BatchedModel as a step's target (pocketspec/step.py): the group's rows in one forward, then each
-row verified on its own by the pure rules of pocketspec/verify.py with its own generator."""
+"""A BatchedModel as a step's target (pocketspec/speculation/step.py): the group's rows in one forward, then each
+row verified on its own by the pure rules of pocketspec/speculation/verify.py with its own generator."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.sequence import SequenceState
 from pocketspec.drafters.base import Draft
-from pocketspec.verify import Verdict, verify_logits
+from pocketspec.speculation.verify import Verdict, verify_logits
 
 
 class RowsTarget:

@@ -12,7 +12,7 @@ from memplanner.sizes import format_bytes
 from pocketspec.budget.device_memory import read_device
 from pocketspec.budget.memory_plan import MemoryPlan, peak_line
 from pocketspec.calibrate import machine_costs
-from pocketspec.draft_limits import requested_draft_limits
+from pocketspec.speculation.draft_limits import requested_draft_limits
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import ModelSettings, SpeculationSettings, draft_settings_for

@@ -16,7 +16,7 @@ import numpy as np
 
 from memplanner.defaults import ATTENTION_SINK_TOKENS, SLIDE_SLACK_TOKENS
 from pocketspec.drafters.base import Draft
-from pocketspec.prefix import common_prefix_length
+from pocketspec.speculation.prefix import common_prefix_length
 from pocketspec.settings import SamplingSettings
 
 

@@ -1,7 +1,7 @@
 """An n-gram proposal a step did not draft, checked later against the tokens that really came.
 
 Steps that draft nothing are most steps of ordinary text, and they would teach the
-controller's match acceptance nothing. So a sequence (pocketspec/engine.py, and each row of
+controller's match acceptance nothing. So a sequence (pocketspec/speculation/engine.py, and each row of
 pocketspec/batch/engine.py) holds its last unused proposal and scores it once the context
 has either left it or run past its end.
 """
@@ -9,7 +9,7 @@ has either left it or run past its end.
 from __future__ import annotations
 
 from pocketspec.drafters.ngram import Proposal
-from pocketspec.prefix import common_prefix_length
+from pocketspec.speculation.prefix import common_prefix_length
 
 
 class UnusedProposal:
@@ -25,7 +25,7 @@ class UnusedProposal:
         self._held = None
 
     def score(self, context: list[int], controller) -> None:
-        """Tell the controller (pocketspec.controller.GammaController) how much of the held proposal
+        """Tell the controller (pocketspec.speculation.controller.GammaController) how much of the held proposal
         the context confirms, once that is settled."""
         if self._held is None:
             return

@@ -11,7 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from pocketspec.chat_template import encode_chat, encode_prompt
+from pocketspec.conversation.chat_template import encode_chat, encode_prompt
 from pocketspec.errors import UserError
 from pocketspec.serve.api_errors import APIError, bad_request, error_body, from_validation
 from pocketspec.serve.api_requests import ChatCompletionRequest, CompletionRequest

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 
-from pocketspec.prefix import common_prefix_length
+from pocketspec.speculation.prefix import common_prefix_length
 from pocketspec.serve.generation import GenerationOutcome, PendingGeneration, Slots, cancel_waiting
 
 _STOP = object()

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pocketspec.catalog import resolve_pair
+from pocketspec.models.catalog import resolve_pair
 from pocketspec.serve.api_errors import APIError
 from pocketspec.serve.generation import Slots
 from pocketspec.serve.metrics import ServerMetrics

@@ -1,4 +1,5 @@
-"""Choosing and verifying tokens on the model's device: pocketspec/sampling.py's and verify.py's rules over torch tensors.
+"""Choosing and verifying tokens on the model's device: the rules of pocketspec/speculation/sampling.py
+and verify.py over torch tensors.
 
 The logits never leave the device. A verify step returns one small tensor, [number accepted,
 next token], that the caller reads in one transfer; nothing here branches on a device value

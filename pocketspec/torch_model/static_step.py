@@ -34,7 +34,7 @@ import torch
 from pocketspec.settings import SamplingSettings
 from pocketspec.torch_model import device_sampling
 from pocketspec.torch_model.model import masked_attention, rope_angles
-from pocketspec.verify import Verdict
+from pocketspec.speculation.verify import Verdict
 
 
 def bucket_widths(max_width: int) -> list[int]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pocketspec.machine_report import read_build_stamp
 from apps.bench.peers.process import ChildRun, executable
-from pocketspec.catalog import pocketspec_home
+from pocketspec.models.catalog import pocketspec_home
 
 TOOL = "llama-speculative-simple"
 # It prints "\n\n", the prompt, the generated text, then "\n\n" twice (after the loop and at exit).

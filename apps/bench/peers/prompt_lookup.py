@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from apps.bench.worker import emit, measured_row
-from pocketspec.prefix import common_prefix_length
+from pocketspec.speculation.prefix import common_prefix_length
 from pocketspec.stats import peak_rss_bytes
 
 # LlamaPromptLookupDecoding runs with its defaults: max_ngram_size 2, num_pred_tokens 10

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from pocketspec.chat_template import encode_chat, template_for
-from pocketspec.conversation import (
+from pocketspec.conversation.chat_template import encode_chat, template_for
+from pocketspec.conversation.conversation import (
     Conversation, PromptTooLong, assistant_record, chunk_record, reset_record, system_record, user_record)
 from pocketspec.errors import UserError
-from pocketspec.transcript import TranscriptWriter
+from pocketspec.conversation.transcript import TranscriptWriter
 
 CUT_STOP_REASONS = ("interrupted", "context_full")
 

@@ -2,7 +2,7 @@
 
 The catalog is data (models/catalog.json; POCKETSPEC_CATALOG overrides the path). Model
 files are cached under POCKETSPEC_HOME/models/<name>.gguf (default ~/.cache/pocketspec).
-pocketspec/model_files.py turns what a user typed (a catalog name or a path) into a checked file.
+pocketspec/models/model_files.py turns what a user typed (a catalog name or a path) into a checked file.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pocketspec.errors import UserError
 
-DEFAULT_CATALOG_PATH = Path(__file__).resolve().parents[1] / "models" / "catalog.json"
+DEFAULT_CATALOG_PATH = Path(__file__).resolve().parents[2] / "models" / "catalog.json"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pocketspec.sampling import distribution, sample
+from pocketspec.speculation.sampling import distribution, sample
 from pocketspec.settings import SamplingSettings
 
 

@@ -1,6 +1,6 @@
 """One draft + verify step for a group of sequences; a single request is a group of one.
 
-Both engines run their steps here: SpeculativeEngine (pocketspec/engine.py, one sequence on a
+Both engines run their steps here: SpeculativeEngine (pocketspec/speculation/engine.py, one sequence on a
 Backend) and BatchEngine (pocketspec/batch/engine.py, several rows of a BatchedModel in one
 forward). A step, for every sequence of the group:
 
@@ -24,11 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from pocketspec.controller import Choice, GammaController, pooled_acceptance
+from pocketspec.speculation.controller import Choice, GammaController, pooled_acceptance
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.ngram import NgramDrafter, Proposal
 from pocketspec.drafters.unused import UnusedProposal
-from pocketspec.verify import Verdict
+from pocketspec.speculation.verify import Verdict
 
 
 class StepSequence(Protocol):

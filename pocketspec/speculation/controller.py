@@ -4,7 +4,7 @@ A draft model's tokens are accepted with one per-token rate α, so a step of γ 
 yields (1 − α^(γ+1)) / (1 − α) tokens. A draftless proposal is scored token by token from its
 match evidence (pocketspec/drafters/ngram.py): with p_i the probability that token i is
 accepted, a step verifying its first γ tokens yields 1 + Σ_{i≤γ} Π_{j≤i} p_j. Costs are this
-machine's calibrated forward costs at the current depth (pocketspec/costs.py), so a width on a
+machine's calibrated forward costs at the current depth (pocketspec/speculation/costs.py), so a width on a
 flat step of the cost curve loses to the widest width of that step. γ = 0 (plain decoding) is
 always an option, so speculation never makes generation meaningfully slower. A sequence that
 shares its decode with other sequences (a server's concurrent requests) counts what its rows
@@ -20,7 +20,7 @@ from typing import Sequence
 
 from memplanner.acceptance import expected_tokens_per_step
 from memplanner.defaults import ACCEPTANCE_PRIORS, MAX_GAMMA
-from pocketspec.costs import CostTable
+from pocketspec.speculation.costs import CostTable
 from pocketspec.drafters.ngram import MatchEvidence
 
 MIN_MARGINAL_SHARE = 0.01  # a shared decode's extra rows cost at least this share of one token's forward
@@ -162,7 +162,7 @@ class GammaController:
 
     def _verify_seconds(self, rows_beside: int):
         """Seconds a verify of w rows adds: alone, its forward, as optimistic as the width is little
-        timed (pocketspec/costs.py: so a width the table makes look bad is still tried where it comes
+        timed (pocketspec/speculation/costs.py: so a width the table makes look bad is still tried where it comes
         near the best); in a decode shared with rows_beside other sequences' tokens, what its rows add
         to that decode (never under 1 % of one token's forward), so that a draft is worth its rows to
         every sequence, not only to its own."""

@@ -1,4 +1,4 @@
-"""A single request as a step's group of one (pocketspec/step.py): its sequence, its Backend as the
+"""A single request as a step's group of one (pocketspec/speculation/step.py): its sequence, its Backend as the
 step's target, and its ModelDrafter as the step's draft model."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pocketspec.drafters.model import ModelDrafter
 from pocketspec.drafters.ngram import NgramDrafter
 from pocketspec.drafters.unused import UnusedProposal
 from pocketspec.settings import SamplingSettings
-from pocketspec.verify import Verdict
+from pocketspec.speculation.verify import Verdict
 
 
 @dataclass

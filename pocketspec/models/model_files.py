@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pocketspec.catalog import folder_problem, get_model, home_error, model_path
+from pocketspec.models.catalog import folder_problem, get_model, home_error, model_path
 from pocketspec.errors import UserError
-from pocketspec.gguf_check import check_gguf
-from pocketspec.pull import check_unchanged, pull
+from pocketspec.models.gguf_check import check_gguf
+from pocketspec.models.pull import check_unchanged, pull
 
 
 def _looks_like_path(name_or_path: str) -> bool:

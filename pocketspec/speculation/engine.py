@@ -15,20 +15,20 @@ import numpy as np
 
 from memplanner.measured_costs import MeasuredCosts
 from pocketspec.backends.exact_width import wider_exact_advice
-from pocketspec.controller import GammaController
-from pocketspec.costs import CostTable
-from pocketspec.draft_limits import DraftLimits, requested_draft_limits
+from pocketspec.speculation.controller import GammaController
+from pocketspec.speculation.costs import CostTable
+from pocketspec.speculation.draft_limits import DraftLimits, requested_draft_limits
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.drafters.model import ModelDrafter
 from pocketspec.drafters.ngram import NgramDrafter
 from pocketspec.drafters.unused import UnusedProposal
 from pocketspec.errors import UserError
-from pocketspec.one_sequence import BackendTarget, OneDraftModel, OneSequence
-from pocketspec.prefix import common_prefix_length
-from pocketspec.sampling import choose_token
+from pocketspec.speculation.one_sequence import BackendTarget, OneDraftModel, OneSequence
+from pocketspec.speculation.prefix import common_prefix_length
+from pocketspec.speculation.sampling import choose_token
 from pocketspec.settings import DRAFTERS, SamplingSettings, SpeculationSettings
 from pocketspec.stats import GenerationStats, peak_rss_bytes
-from pocketspec.step import run_step
+from pocketspec.speculation.step import run_step
 
 
 @dataclass
@@ -165,7 +165,8 @@ class SpeculativeEngine:
         return self._pick(logits)
 
     def _step(self, context: list[int], max_gamma: int, stats: GenerationStats) -> list[int]:
-        """One draft + verify step (pocketspec/step.py, as a group of one); returns the tokens it adds to the context."""
+        """One draft + verify step (pocketspec/speculation/step.py, as a group of one); the tokens it adds to
+        the context."""
         sequence = OneSequence(context, self.ngram, self._unused, self.sampling, self.rng)
         step = run_step([sequence], [max_gamma], controller=self.controller, target=self._step_target,
                         drafter=self._step_drafter, clock=self.clock)

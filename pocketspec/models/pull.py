@@ -27,9 +27,9 @@ from pathlib import Path
 
 import click
 
-from pocketspec.catalog import ModelEntry, get_model, model_path, pocketspec_home, writable_home_folder
+from pocketspec.models.catalog import ModelEntry, get_model, model_path, pocketspec_home, writable_home_folder
 from pocketspec.errors import UserError
-from pocketspec.pull_work import die_with_parent, owned_work_folder, remove_stale_work_folders
+from pocketspec.models.pull_work import die_with_parent, owned_work_folder, remove_stale_work_folders
 
 CHUNK_BYTES = 8 * 1024 * 1024
 PIP_POLL_SECONDS = 0.2

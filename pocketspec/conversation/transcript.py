@@ -2,7 +2,7 @@
 
 Every record is written with one write() and flushed at once, so a killed process loses
 nothing already shown; the end of each turn is also fsynced, so a finished turn survives
-a power cut. The record types are described in pocketspec/conversation.py.
+a power cut. The record types are described in pocketspec/conversation/conversation.py.
 
 A file whose last line was cut mid-write (a crash, a full disk) is never appended to as
 it is: the writer first copies it aside, then truncates it to its last whole line, so
@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from pocketspec.atomic_file import replaced_on_success
-from pocketspec.catalog import pocketspec_home, writable_home_folder
-from pocketspec.conversation import Conversation, Replayed, TranscriptError, header_record, replay
+from pocketspec.models.catalog import pocketspec_home, writable_home_folder
+from pocketspec.conversation.conversation import Conversation, Replayed, TranscriptError, header_record, replay
 from pocketspec.errors import UserError
 
 

@@ -1,0 +1,1 @@
+"""The model catalog: names, downloads from wheels, and checks of GGUF files."""

@@ -1,0 +1,1 @@
+"""Speculative decoding itself: the step, the engine around it, the controller that picks γ, verification."""
