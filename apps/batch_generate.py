@@ -1,4 +1,4 @@
-"""`pocketspec generate --prompt-file FILE.jsonl --batch N`: many prompts decoded together (torch backend).
+"""`pocketspec generate --prompt-file FILE.jsonl --batch N`: many prompts decoded together (torch or llama.cpp).
 
 Outputs are JSONL, one line per prompt in input order, each written as soon as it and
 every prompt before it are done. The first Ctrl-C stops after the current forward:
@@ -50,21 +50,18 @@ class OrderedWriter:
             self.next_index += 1
 
 
-def refuse_single_prompt_flags(*, kv_type: str | None, repack: bool | None, exact_verify: bool) -> None:
-    """The llama.cpp and one-prompt flags that batched decoding on torch has no use for: refused, not dropped."""
-    if kv_type is not None:
-        raise UserError(f"--kv-type {kv_type} sizes llama.cpp's KV cache and --batch runs on torch: "
-                        "use --torch-kv-type instead")
-    if repack is not None:
-        flag = "--repack" if repack else "--no-repack"
-        raise UserError(f"{flag} applies to llama.cpp's weights and --batch runs on torch: leave it out")
-    if exact_verify:
+def refuse_single_prompt_flags(settings: SessionSettings) -> None:
+    """The flags batched decoding has no use for: refused, not dropped (settings_for refuses --kv-type on torch)."""
+    if settings.repack is not None and settings.options.get("backend") == "torch":
+        flag = "--repack" if settings.repack else "--no-repack"
+        raise UserError(f"{flag} applies to llama.cpp's weights, not --backend torch: leave it out")
+    if settings.exact_verify:
         raise UserError("--exact-verify applies to one prompt at a time, not --batch: leave it out "
-                        "(--batch-invariant keeps each prompt's tokens independent of the batch)")
+                        "(on --backend torch, --batch-invariant keeps each prompt's tokens independent of the batch)")
 
 
 def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, batch_args: dict) -> None:
-    refuse_single_prompt_flags(kv_type=settings.kv_type, repack=settings.repack, exact_verify=settings.exact_verify)
+    refuse_single_prompt_flags(settings)
     if prompt is not None or prompt_file is None:
         raise UserError("--batch reads its prompts from --prompt-file FILE (one JSON object per line), not --prompt")
     lines = read_batch_prompts(prompt_file)

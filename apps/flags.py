@@ -171,14 +171,14 @@ def batch_options(function):
     options = [
         setting_option("--batch", BatchSettings, "max_batch", default=None,
                        help="Decode the prompts of a JSONL --prompt-file (one {\"prompt\": ...} per line) N at a "
-                            "time with continuous batching (--backend torch); writes one JSON line per prompt."),
+                            "time with continuous batching (torch or llama.cpp); writes one JSON line per prompt."),
         click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
                      help="Write the output here instead of stdout (the JSONL lines with --batch); "
                           "the file appears once it is complete."),
         click.option("--scheduler", type=click.Choice(SCHEDULERS), default=BATCH.scheduler, show_default=True,
                      help="--batch: step the longest-waiting rows together (pad) or equal-length rows (group)."),
         click.option("--batch-invariant/--fast-batch", "batch_invariant", default=BATCH.is_batch_invariant,
-                     show_default="invariant on a CPU, fast on a GPU", help="--batch: kernels whose result for a token does not depend on the rest "
+                     show_default="invariant on a CPU, fast on a GPU", help="--batch on torch: kernels whose result for a token does not depend on the rest "
                                              "of the batch (greedy output = each prompt alone), or faster ones."),
         setting_option("--pool-rows", BatchSettings, "num_rows", show_default=True,
                        help="--batch: sequences held at once, from which each step picks (0: the batch size)."),

@@ -1,5 +1,5 @@
-"""The batched front door (torch): SessionSettings and BatchSettings to a BatchEngine whose rows
---memory-budget sized, the way pocketspec/session.py opens a single-sequence engine."""
+"""The batched front door: SessionSettings and BatchSettings to a BatchEngine whose rows --memory-budget
+sized (torch, or llama.cpp), the way pocketspec/session.py opens a single-sequence engine."""
 
 from __future__ import annotations
 
@@ -44,21 +44,22 @@ class BatchSession:
 
 def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
                        on_note: Callable[[str], None] | None = None, min_rows: int = 0) -> BatchSession:
-    """Resolve, plan the rows (pocketspec/budget/batch_plan.py), load. A fixed --gamma is every row's
-    longest draft. on_note(line): the memory plan's lines. min_rows: the sequences that must run at
-    once (a server's --max-concurrency); a budget that fits fewer is refused before loading."""
-    from pocketspec.batch.open import open_batch_engine
-    from pocketspec.budget.batch_plan import apply_batch_plan
-
+    """Resolve, plan the rows, load. A fixed --gamma is every row's longest draft. on_note(line): the
+    memory plan's lines. min_rows: the sequences that must run at once (a server's --max-concurrency); a
+    budget that fits fewer is refused before loading. torch plans its rows (pocketspec/budget/batch_plan.py);
+    llama.cpp plans a context of --batch sequences as a server's (plan_sequences)."""
     choice, target_settings, speculation = settings_for(settings)
-    if settings.gamma is not None:
-        speculation = replace(speculation, max_gamma=settings.gamma)
-    check_devices(target_settings)
-    if target_settings.backend != "torch":
-        raise UserError("--batch decodes on --backend torch only; add --backend torch")
     if len(target_settings.devices) > 1:
         raise UserError(f"--devices {','.join(target_settings.devices)}: the batching pool runs on one device; "
                         "give one --device, or decode one prompt at a time on the split")
+    if target_settings.backend == "llama.cpp":
+        return _open_llama(settings, batch, on_note or (lambda line: None))
+    from pocketspec.batch.open import open_batch_engine
+    from pocketspec.budget.batch_plan import apply_batch_plan
+
+    if settings.gamma is not None:
+        speculation = replace(speculation, max_gamma=settings.gamma)
+    check_devices(target_settings)
     plan = None
     if settings.budget is not None:
         plan = apply_batch_plan(choice, settings.budget.total_bytes, target_settings, speculation, batch)
@@ -72,3 +73,21 @@ def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
     opened = open_batch_engine(choice, target_settings=target_settings, speculation=speculation,
                                sampling=settings.sampling, batch=batch)
     return BatchSession(opened, choice, plan, target_settings.max_context)
+
+
+def _open_llama(settings: SessionSettings, batch: BatchSettings, on_note: Callable[[str], None]) -> BatchSession:
+    from pocketspec.batch.open_llama import open_llama_batch_engine
+    from pocketspec.session import plan_sequences
+
+    if batch.is_batch_invariant:
+        raise UserError("--batch-invariant sets the torch backend's kernels; add --backend torch or leave it out")
+    planned = plan_sequences(settings, batch.num_rows or batch.max_batch, count_flag="--batch")
+    speculation = planned.speculation
+    if settings.gamma is not None:
+        speculation = replace(speculation, max_gamma=settings.gamma)
+    for line in planned.plan.lines if planned.plan is not None else []:
+        on_note(line)
+    opened = open_llama_batch_engine(planned.choice, target_settings=planned.target_settings,
+                                     draft_settings=planned.draft_settings, speculation=speculation,
+                                     sampling=settings.sampling, batch=batch)
+    return BatchSession(opened, planned.choice, planned.plan, planned.target_settings.max_context)

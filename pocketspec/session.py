@@ -13,7 +13,7 @@ context per model (pocketspec/backends/llama_sequences.py), which decode togethe
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Callable
 
@@ -28,7 +28,7 @@ from pocketspec.conversation.chat_template import encode_chat, encode_prompt, te
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, load_engine
-from pocketspec.settings import draft_settings_for
+from pocketspec.settings import ModelSettings, SpeculationSettings, draft_settings_for
 from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
 from pocketspec.stats import GenerationStats, gpu_allocator_peaks, peak_rss_bytes
 
@@ -109,15 +109,23 @@ class Session:
         self.close()
 
 
-def open_session(settings: SessionSettings, *, num_sequences: int = 1, on_note: Notify | None = None,
-                 on_progress: Notify | None = None) -> Session:
-    """Resolve, plan, load. on_note(line): each line of the memory plan and the loader's notes, as soon as
-    it is final; on_progress(line): told before a first-time cost measurement (seconds to a minute).
-    num_sequences > 1 (llama.cpp only): that many engines, each with settings.max_context tokens."""
-    notify = on_note or (lambda line: None)
+@dataclass(frozen=True)
+class PlannedSequences:
+    """What --memory-budget (if given) makes of the settings for num_sequences sequences of one context."""
+
+    choice: ModelChoice
+    target_settings: ModelSettings  # each sequence's
+    draft_settings: ModelSettings
+    speculation: SpeculationSettings
+    plan: MemoryPlan | None
+
+
+def plan_sequences(settings: SessionSettings, num_sequences: int = 1,
+                   count_flag: str = "--max-concurrency") -> PlannedSequences:
+    """Resolve the models and apply --memory-budget to a context of num_sequences x --max-context (the
+    KV cache is the same bytes whoever holds the tokens; per_sequence_plan adds every sequence's logits).
+    count_flag: the flag that asked for num_sequences, named when they do not fit."""
     choice, target_settings, speculation = settings_for(settings)
-    if num_sequences > 1 and target_settings.backend != "llama.cpp":
-        raise ValueError("several sequences of one context are a llama.cpp feature")
     if not is_split(target_settings.devices, settings.budget):
         check_devices(target_settings)  # a split checks the devices its budget may name
     all_sequences = replace(target_settings, max_context=target_settings.max_context * num_sequences)
@@ -128,17 +136,31 @@ def open_session(settings: SessionSettings, *, num_sequences: int = 1, on_note: 
     except UserError as error:
         if num_sequences == 1:
             raise
-        raise UserError(f"--max-concurrency {num_sequences} with {target_settings.max_context} tokens each: {error}; "
-                        "lower --max-concurrency or --max-context") from None
+        raise UserError(f"{count_flag} {num_sequences} with {target_settings.max_context} tokens each: {error}; "
+                        f"or lower {count_flag}") from None
     if plan is not None:
         plan = per_sequence_plan(plan, num_sequences)
         choice, target_settings, speculation = plan.choice, plan.target_settings, plan.speculation
+    draft_max_context = plan.draft_max_context if plan is not None else settings.draft_window
+    draft_device = plan.draft_device if plan is not None else None
+    draft_settings = draft_settings_for(target_settings, draft_max_context, draft_device, speculation.draft_kv_type)
+    return PlannedSequences(choice, target_settings, draft_settings, speculation, plan)
+
+
+def open_session(settings: SessionSettings, *, num_sequences: int = 1, on_note: Notify | None = None,
+                 on_progress: Notify | None = None) -> Session:
+    """Resolve, plan, load. on_note(line): each line of the memory plan and the loader's notes, as soon as
+    it is final; on_progress(line): told before a first-time cost measurement (seconds to a minute).
+    num_sequences > 1 (llama.cpp only): that many engines, each with settings.max_context tokens."""
+    notify = on_note or (lambda line: None)
+    planned = plan_sequences(settings, num_sequences)
+    if num_sequences > 1 and planned.target_settings.backend != "llama.cpp":
+        raise ValueError("several sequences of one context are a llama.cpp feature")
+    choice, plan = planned.choice, planned.plan
     notes = list(plan.lines) if plan is not None else []
     if plan is not None and not plan.shown_after_loading:
         for line in notes:
             notify(line)
-    draft_max_context = plan.draft_max_context if plan is not None else settings.draft_window
-    draft_device = plan.draft_device if plan is not None else None
     shared_contexts = None
     if num_sequences > 1:
         from pocketspec.backends.llama_sequences import SharedContexts
@@ -149,11 +171,10 @@ def open_session(settings: SessionSettings, *, num_sequences: int = 1, on_note: 
         for _ in range(num_sequences):
             engines.append(load_engine(
                 choice,
-                target_settings=target_settings,
-                draft_settings=draft_settings_for(target_settings, draft_max_context, draft_device,
-                                                  speculation.draft_kv_type),
+                target_settings=planned.target_settings,
+                draft_settings=planned.draft_settings,
                 sampling=settings.sampling,
-                speculation=speculation,
+                speculation=planned.speculation,
                 notify=on_progress,
                 open_model=shared_contexts.open_backend if shared_contexts is not None else open_backend,
             ))
@@ -161,7 +182,7 @@ def open_session(settings: SessionSettings, *, num_sequences: int = 1, on_note: 
         Session(engines, choice, plan, notes, settings, shared_contexts).close()
         raise
     if num_sequences > 1:  # every sequence drafts from every request's earlier outputs
-        corpus = OutputCorpus(speculation.ngram_min, speculation.ngram_max)
+        corpus = OutputCorpus(planned.speculation.ngram_min, planned.speculation.ngram_max)
         for engine in engines:
             engine.share_corpus(corpus)
     if plan is not None and plan.shown_after_loading:

@@ -53,7 +53,6 @@ def test_outputs_come_in_input_order_and_equal_each_prompt_alone(tiny_target, pr
 
 
 @pytest.mark.parametrize("args, fragments", [
-    (["--batch", "2", "--backend", "llama.cpp"], ["--batch", "--backend torch"]),
     (["--batch", "2", "--prompt", "hi"], ["--batch", "--prompt-file"]),
     (["--batch", "2", "--draft", "self-sparse"], ["--draft self-sparse"]),
     (["--batch", "2", "--memory-budget", "100KiB"], ["cannot hold even one sequence"]),

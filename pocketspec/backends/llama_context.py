@@ -61,6 +61,22 @@ class SequenceForward:
     logits_rows: Sequence[int]
 
 
+def decode_groups(forwards: Sequence[SequenceForward], n_batch: int, max_outputs: int) -> list[list[int]]:
+    """Indexes of `forwards` in decode order, split where n_batch tokens or max_outputs logits rows would
+    overflow one llama_decode (llama.cpp aborts the process past either)."""
+    groups: list[list[int]] = [[]]
+    num_tokens = num_rows = 0
+    for index, forward in enumerate(forwards):
+        tokens, rows = len(forward.tokens), len(forward.logits_rows)
+        if groups[-1] and (num_tokens + tokens > n_batch or num_rows + rows > max_outputs):
+            groups.append([])
+            num_tokens = num_rows = 0
+        groups[-1].append(index)
+        num_tokens += tokens
+        num_rows += rows
+    return groups
+
+
 class LlamaModelContext:
     """settings.max_context and settings.max_logits_rows are per sequence; the context holds
     num_sequences times each."""

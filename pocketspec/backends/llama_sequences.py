@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pocketspec.backends.llama_context import LlamaModelContext, SequenceForward
+from pocketspec.backends.llama_context import LlamaModelContext, SequenceForward, decode_groups
 from pocketspec.backends.llama_cpp_backend import LlamaSequence
 
 
@@ -131,18 +131,9 @@ class DecodeRounds:
 
 
 def _groups(taken: list[_Waiting], native: LlamaModelContext) -> list[list[_Waiting]]:
-    """The forwards in decode order, split where n_batch tokens or max_outputs logits rows would overflow."""
-    groups: list[list[_Waiting]] = [[]]
-    num_tokens = num_rows = 0
-    for waiting in taken:
-        tokens, rows = len(waiting.forward.tokens), len(waiting.forward.logits_rows)
-        if groups[-1] and (num_tokens + tokens > native.n_batch or num_rows + rows > native.max_outputs):
-            groups.append([])
-            num_tokens = num_rows = 0
-        groups[-1].append(waiting)
-        num_tokens += tokens
-        num_rows += rows
-    return groups
+    """The forwards in decode order, in groups that fit one llama_decode."""
+    return [[taken[index] for index in group]
+            for group in decode_groups([waiting.forward for waiting in taken], native.n_batch, native.max_outputs)]
 
 
 class SharedContexts:

@@ -1,4 +1,4 @@
-"""Opening a batch engine from model files and settings (the torch backend only).
+"""Opening a batch engine on the torch backend from model files and settings (llama.cpp: open_llama.py).
 
 The target is wrapped in the batch-invariant linears when the settings ask for them.
 Drafters: n-gram (per sequence), `self-skip` (the target's first layers, with a KV
@@ -29,18 +29,15 @@ from pocketspec.torch_model.load import load_model
 class OpenedBatch:
     engine: BatchEngine
     tokenizer: object
-    vocab_model: object
+    owned: list  # what close() closes: the tokenizer's vocabulary model (torch), the contexts (llama.cpp)
 
     def close(self) -> None:
-        if self.vocab_model is not None:
-            self.vocab_model.close()
-            self.vocab_model = None
+        while self.owned:
+            self.owned.pop().close()
 
 
 def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, speculation: SpeculationSettings,
                       sampling: SamplingSettings, batch: BatchSettings) -> OpenedBatch:
-    if target_settings.backend != "torch":
-        raise UserError("--batch decodes on --backend torch; add --backend torch")
     if choice.drafter not in BATCH_DRAFTS:
         raise UserError(f"--batch drafts with ngram, self-skip, none or a draft model, not --draft {choice.drafter}")
     device = resolve_device(target_settings.device)
@@ -71,4 +68,4 @@ def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, sp
     drafter = BatchModelDrafter(draft) if draft is not None else None
     engine = BatchEngine(target, is_end=tokenizer.is_end_of_generation, draft=drafter, sampling=sampling,
                          speculation=speculation, batch=batch)
-    return OpenedBatch(engine, tokenizer, vocab_model)
+    return OpenedBatch(engine, tokenizer, [vocab_model] if vocab_model is not None else [])

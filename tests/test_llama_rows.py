@@ -1,0 +1,73 @@
+"""`--batch` on llama.cpp (pocketspec/batch/llama_rows.py), on SmolLM2: the batch engine steps several
+rows of one context in one llama_decode from one thread, each row rolls back on its own, and each
+prompt's greedy tokens equal the same prompt alone, token by token; at a first difference, if any,
+the target's own top-2 gap must be within kernel rounding (a wider batch rounds differently)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from conftest import assert_matches_plain
+from test_cli_errors import run_cli
+from pocketspec.batch.sequence import Request
+from pocketspec.batch_session import open_batch_session
+from pocketspec.session import open_session
+from pocketspec.session_settings import SessionSettings
+from pocketspec.settings import BatchSettings, SamplingSettings
+
+pytestmark = pytest.mark.real_model
+QUESTIONS = ["What is the capital of France?", "Name three colours of the rainbow.", "Count from one to five.",
+             "What do bees make?", "Say hello in Spanish.", "Which planet is the largest?"]
+MAX_NEW_TOKENS = 32
+
+
+def _settings(smollm2_path, drafter: str) -> SessionSettings:
+    """drafter "model": SmolLM2 drafts for itself as a draft model (a context of rows of its own)."""
+    draft = str(smollm2_path) if drafter == "model" else drafter
+    return SessionSettings(target=str(smollm2_path), draft=draft, max_context=512, threads=1,
+                           sampling=SamplingSettings(temperature=0.0))
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "model"])
+def test_prompts_decoded_together_equal_each_alone(smollm2_path, drafter, monkeypatch):
+    import llama_cpp
+
+    decodes = []  # (thread, tokens) of every llama_decode
+    real_decode = llama_cpp.llama_decode
+
+    def recorded_decode(context, batch):
+        decodes.append((threading.get_ident(), batch.n_tokens))
+        return real_decode(context, batch)
+
+    with open_batch_session(_settings(smollm2_path, drafter), BatchSettings(max_batch=3, num_rows=3)) as batch:
+        prompts = [batch.encode(question, chat=True) for question in QUESTIONS]
+        monkeypatch.setattr(llama_cpp, "llama_decode", recorded_decode)
+        results = batch.engine.run([Request(prompt, MAX_NEW_TOKENS) for prompt in prompts])
+        monkeypatch.undo()
+        assert {thread for thread, _ in decodes} == {threading.get_ident()}  # no thread waits inside a forward
+        assert max(batch.engine.rows_per_step) == 3 and sum(result.stats.num_drafted for result in results) > 0
+        if drafter == "model":
+            assert batch.engine.draft is not None
+    with open_session(_settings(smollm2_path, drafter)) as alone:
+        for prompt, result in zip(prompts, results):
+            alone.reset()
+            expected = alone.engine.generate(prompt, MAX_NEW_TOKENS).tokens
+            assert len(expected) > 3
+            assert_matches_plain(alone.engine.target, prompt, result.tokens, expected)
+
+
+def test_generate_batch_runs_on_llama_cpp_from_the_command_line(smollm2_path, tmp_path):
+    prompt_file = tmp_path / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps({"prompt": question, "max_tokens": 8}) + "\n"
+                                   for question in QUESTIONS[:4]))
+    common = ["generate", "--target", str(smollm2_path), "--prompt-file", str(prompt_file), "--threads", "1",
+              "--max-context", "256", "--draft", "ngram", "--chat"]
+    batched, alone = run_cli(*common, "--batch", "2"), run_cli(*common, "--batch", "1")
+    assert batched.returncode == 0 and alone.returncode == 0, batched.stderr + alone.stderr
+    lines = [json.loads(line) for line in batched.stdout.splitlines()]
+    assert [line["index"] for line in lines] == [0, 1, 2, 3]
+    assert all(0 < len(line["tokens"]) <= 8 for line in lines) and "tok/s in all" in batched.stderr
+    assert [line["tokens"][0] for line in lines] == [json.loads(line)["tokens"][0] for line in alone.stdout.splitlines()]
