@@ -3,7 +3,6 @@ sized (torch, or llama.cpp), the way pocketspec/session.py opens a single-sequen
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import cached_property
 from typing import Callable
 
@@ -14,6 +13,7 @@ from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.session_settings import SessionSettings, settings_for
 from pocketspec.settings import BatchSettings
+from pocketspec.speculation.draft_limits import batch_speculation
 
 
 class BatchSession:
@@ -57,8 +57,7 @@ def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
     from pocketspec.batch.open import open_batch_engine
     from pocketspec.budget.batch_plan import apply_batch_plan
 
-    if settings.gamma is not None:
-        speculation = replace(speculation, max_gamma=settings.gamma)
+    speculation = batch_speculation(speculation)
     check_devices(target_settings)
     plan = None
     if settings.budget is not None:
@@ -82,9 +81,7 @@ def _open_llama(settings: SessionSettings, batch: BatchSettings, on_note: Callab
     if batch.is_batch_invariant:
         raise UserError("--batch-invariant sets the torch backend's kernels; add --backend torch or leave it out")
     planned = plan_sequences(settings, batch.num_rows or batch.max_batch, count_flag="--batch")
-    speculation = planned.speculation
-    if settings.gamma is not None:
-        speculation = replace(speculation, max_gamma=settings.gamma)
+    speculation = batch_speculation(planned.speculation)
     for line in planned.plan.lines if planned.plan is not None else []:
         on_note(line)
     opened = open_llama_batch_engine(planned.choice, target_settings=planned.target_settings,

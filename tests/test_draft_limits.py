@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import built_engine
-from pocketspec.speculation.draft_limits import DraftLimits, requested_draft_limits
+from pocketspec.speculation.draft_limits import DraftLimits, batch_speculation, requested_draft_limits
 from pocketspec.settings import MAX_DRAFTLESS_GAMMA, MAX_GAMMA, SpeculationSettings
 from tiny_models import write_tiny_pair
 
@@ -23,6 +23,12 @@ def test_the_settings_ask_for_one_set_of_limits(options, drafts, expected):
     limits = requested_draft_limits(SpeculationSettings(**options), drafts)
     assert limits == expected
     assert limits.verify_width == max(expected.model, expected.draftless) + 1
+
+
+def test_a_batch_sizes_its_verifies_for_a_fixed_gamma_wider_than_max_gamma():
+    assert batch_speculation(SpeculationSettings(gamma=12, max_gamma=4)).max_gamma == 12
+    assert batch_speculation(SpeculationSettings(gamma=2, max_gamma=4)).max_gamma == 2
+    assert batch_speculation(SpeculationSettings(max_gamma=4)).max_gamma == 4
 
 
 def test_a_narrower_target_lowers_every_limit_and_a_fixed_gamma_with_them():

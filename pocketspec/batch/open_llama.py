@@ -1,5 +1,7 @@
 """Opening a batch engine on llama.cpp: a context of num_rows sequences for the target (and one for a
-draft model), its rows stepped together by the batch engine (pocketspec/batch/llama_rows.py)."""
+draft model), its rows stepped together by the batch engine (pocketspec/batch/llama_rows.py). A draft
+model's rows slide no window: where the plan gave the draft a shorter context, a row drafts with it
+only while its context fits (BatchModelDrafter.fits), and with n-grams after."""
 
 from __future__ import annotations
 

@@ -6,12 +6,12 @@ target then narrows that to the widest verify it can run (DraftLimits.within): i
 a memory plan sizes, and with --exact-verify the widest batch that rounds like one-token decoding.
 The verify width a run allocates, the planner's workload and both engines' controllers read these
 values. A memory plan's own choice of γ enters earlier, as settings (budget/llama_plan.py,
-settings_from_plan), and --batch with a fixed --gamma raises --max-gamma to it (batch_session.py).
+settings_from_plan), and --batch with a fixed --gamma makes it --max-gamma (batch_speculation).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pocketspec.settings import SpeculationSettings
 
@@ -47,3 +47,9 @@ def requested_draft_limits(speculation: SpeculationSettings, drafts: bool = True
     if speculation.drafter == "model":
         return DraftLimits(speculation.max_gamma, speculation.max_gamma)
     return DraftLimits(speculation.max_gamma, max(speculation.max_gamma, speculation.max_draftless_gamma))
+
+
+def batch_speculation(speculation: SpeculationSettings) -> SpeculationSettings:
+    """A batch's settings: its rows' verifies are sized for --max-gamma drafts (the batch plan, a llama.cpp
+    context's logits rows) and its engine caps every draft there, so a fixed --gamma becomes --max-gamma."""
+    return speculation if speculation.gamma is None else replace(speculation, max_gamma=speculation.gamma)
