@@ -3,12 +3,11 @@ sized (torch, or llama.cpp), the way pocketspec/session.py opens a single-sequen
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Callable
 
 from pocketspec.backends.device_check import check_devices
 from pocketspec.budget import MemoryPlan
-from pocketspec.conversation.chat_template import encode_prompt, template_for
+from pocketspec.conversation.prompt_encoding import PromptEncoding
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.session_settings import SessionSettings, settings_for
@@ -16,7 +15,7 @@ from pocketspec.settings import BatchSettings
 from pocketspec.speculation.draft_limits import batch_speculation
 
 
-class BatchSession:
+class BatchSession(PromptEncoding):
     def __init__(self, opened, choice: ModelChoice, plan: MemoryPlan | None, max_context: int):
         self._opened = opened  # pocketspec.batch.open.OpenedBatch
         self.engine = opened.engine
@@ -24,13 +23,6 @@ class BatchSession:
         self.choice = choice
         self.plan = plan
         self.max_context = max_context
-
-    @cached_property
-    def template(self):
-        return template_for(self.tokenizer)
-
-    def encode(self, text: str, *, chat: bool) -> list[int]:
-        return encode_prompt(self.tokenizer, self.template, text, chat=chat)
 
     def close(self) -> None:
         self._opened.close()

@@ -14,7 +14,6 @@ context per model (pocketspec/backends/llama_sequences.py), which decode togethe
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import cached_property
 from typing import Callable
 
 import psutil
@@ -24,7 +23,7 @@ from pocketspec.backends.device_check import check_devices
 from pocketspec.backends.torch_open import open_backend
 from pocketspec.budget import MemoryPlan, apply_budget
 from pocketspec.budget.sequences_plan import per_sequence_plan
-from pocketspec.conversation.chat_template import encode_chat, encode_prompt, template_for
+from pocketspec.conversation.prompt_encoding import PromptEncoding
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, load_engine
@@ -35,7 +34,7 @@ from pocketspec.stats import GenerationStats, gpu_allocator_peaks, peak_rss_byte
 Notify = Callable[[str], None]
 
 
-class Session:
+class Session(PromptEncoding):
     def __init__(self, engines: list, choice: ModelChoice, plan: MemoryPlan | None, notes: list[str],
                  settings: SessionSettings, shared_contexts=None):
         self.engines = engines  # one, or one per sequence of the shared contexts
@@ -56,18 +55,6 @@ class Session:
     @property
     def budget_bytes(self) -> int | None:
         return self.plan.budget_bytes if self.plan is not None else None
-
-    @cached_property
-    def template(self):
-        """The model's own chat template (ChatML when it has none: template.is_fallback)."""
-        return template_for(self.tokenizer)
-
-    def encode(self, text: str, *, chat: bool) -> list[int]:
-        """Prompt tokens for `text`: as one user message in the chat template, or as raw text."""
-        return encode_prompt(self.tokenizer, self.template, text, chat=chat)
-
-    def encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
-        return encode_chat(self.tokenizer, self.template, messages)
 
     def reset(self, seed: int | None = None) -> None:
         """The next generation starts from empty caches (see SpeculativeEngine.reset)."""
