@@ -94,6 +94,7 @@ class RowsModel:
     """The same script behind the batch engine's BatchedModel interface, one row."""
 
     decode_shape = DecodeShape()
+    max_logits_rows = 512
 
     def __init__(self, calls: list, clock: VirtualClock):
         self.calls, self.clock = calls, clock

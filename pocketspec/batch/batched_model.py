@@ -62,6 +62,12 @@ class BatchedModel:
     def num_rows(self) -> int:
         return len(self.cached)
 
+    @property
+    def max_logits_rows(self) -> int:
+        """Logits rows one row may ask for in a forward: as many as its context holds (the batch plan sizes
+        the verify rows it uses)."""
+        return self.max_context
+
     def num_cached(self, row: int) -> int:
         return len(self.cached[row])
 

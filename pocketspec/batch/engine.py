@@ -43,9 +43,10 @@ class BatchEngine:
         self.sampling, self.speculation, self.batch = sampling, speculation, batch
         self.uses_ngram = speculation.drafter in ("auto", "ngram")
         self.uses_model = draft is not None and speculation.drafter in ("auto", "model")
-        # every row's verify rows are planned for --max-gamma drafts (budget/batch_plan.py; a fixed --gamma raises it)
+        # every row's verify rows are planned for --max-gamma drafts (batch_speculation), within what a
+        # forward of the target returns per row (a llama.cpp context's logits rows)
         self.limits = requested_draft_limits(speculation, drafts=self.uses_ngram or self.uses_model).within(
-            speculation.max_gamma)
+            min(speculation.max_gamma, target.max_logits_rows - 1))
         self.max_batch = min(batch.max_batch, target.num_rows)
         self.corpus = OutputCorpus(speculation.ngram_min, speculation.ngram_max)  # every finished output, for all rows
         self._controllers: dict[int, GammaController] = {}

@@ -27,9 +27,6 @@ def open_llama_batch_engine(choice: ModelChoice, *, target_settings: ModelSettin
         raise UserError(f"--draft {choice.drafter} drafts on --backend torch; add --backend torch, or draft with "
                         "ngram, none or a draft model")
     num_rows = batch.num_rows or batch.max_batch
-    # every row's verify asks for up to max_gamma + 1 logits rows: the context must hold them all
-    target_settings = replace(target_settings, max_logits_rows=max(target_settings.max_logits_rows,
-                                                                   speculation.max_gamma + 1))
     owned = []
     try:
         target = LlamaRows(LlamaModelContext(choice.target_path, target_settings, num_sequences=num_rows))

@@ -41,8 +41,8 @@ def pooled_acceptance(probability_lists: Sequence[Sequence[float]]) -> list[floa
     """Per-token acceptance of a group's proposals verified together with one γ: the chances whose
     expected_tokens_by_gamma is the rows' mean. A row's tokens past its proposal survive with 0."""
     num_rows = len(probability_lists)
-    if num_rows == 0:
-        return []
+    if num_rows <= 1:  # one row's own chances (the pooled ones would equal them up to rounding)
+        return list(probability_lists[0]) if num_rows else []
     totals: list[float] = []  # totals[i]: over the rows, the chance that token i + 1 is accepted with all before it
     for probabilities in probability_lists:
         survival = 1.0

@@ -120,10 +120,8 @@ def run_step(group: Sequence[StepSequence], caps: Sequence[int], *, controller: 
     rows_beside = target.rows_beside
     proposals = _proposals(group, caps, controller, depth, rows_beside)
     model_lag = drafter.lag(group) if drafter is not None and drafter.fits(group, max_gamma) else None
-    probabilities = (proposals[0].probabilities if len(group) == 1
-                     else pooled_acceptance([proposal.probabilities for proposal in proposals]))
-    choice = controller.choose(ngram_probs=probabilities, model_lag=model_lag, max_gamma=max_gamma, depth=depth,
-                               rows_beside=rows_beside)
+    choice = controller.choose(ngram_probs=pooled_acceptance([proposal.probabilities for proposal in proposals]),
+                               model_lag=model_lag, max_gamma=max_gamma, depth=depth, rows_beside=rows_beside)
     if choice.drafter != "ngram":
         for sequence, proposal in zip(group, proposals):
             sequence.unused.hold(len(sequence.context), proposal)
