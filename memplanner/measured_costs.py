@@ -96,6 +96,16 @@ class MeasuredCosts:
         return MeasuredCosts(key or self.key, seconds, self.weight_bytes if weight_bytes is None else weight_bytes,
                              self.spread)
 
+    def for_rows(self, num_rows: int) -> "MeasuredCosts":
+        """The costs of one decode of num_rows sequences, by each one's width (a batch's step): it carries
+        num_rows x width tokens, each after about `depth` cached tokens of its own sequence."""
+        if num_rows == 1:
+            return self
+        seconds = {depth: {width: self._at_depth(row, num_rows * width)
+                           for width in range(1, max(row) + 1)}
+                   for depth, row in self.seconds.items()}
+        return MeasuredCosts(f"{self.key} x {num_rows} rows", seconds, self.weight_bytes)
+
 
 def load_measured_costs(path: Path) -> MeasuredCosts | None:
     """The cached table at `path`, or None when it is missing or unreadable (it is then re-measured)."""

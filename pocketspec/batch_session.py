@@ -35,17 +35,20 @@ class BatchSession(PromptEncoding):
 
 
 def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
-                       on_note: Callable[[str], None] | None = None, min_rows: int = 0) -> BatchSession:
+                       on_note: Callable[[str], None] | None = None, on_progress: Callable[[str], None] | None = None,
+                       min_rows: int = 0) -> BatchSession:
     """Resolve, plan the rows, load. A fixed --gamma is every row's longest draft. on_note(line): the
-    memory plan's lines. min_rows: the sequences that must run at once (a server's --max-concurrency); a
+    memory plan's lines and the drafting's notes; on_progress(line): told before a first-time cost
+    measurement (llama.cpp). min_rows: the sequences that must run at once (a server's --max-concurrency); a
     budget that fits fewer is refused before loading. torch plans its rows (pocketspec/budget/batch_plan.py);
-    llama.cpp plans a context of --batch sequences as a server's (plan_sequences)."""
+    llama.cpp plans a context of its sequences (plan_sequences)."""
     choice, target_settings, speculation = settings_for(settings)
+    if target_settings.backend == "llama.cpp":  # one context, split over --devices by llama.cpp if asked
+        return _open_llama(settings, batch, on_note or (lambda line: None), on_progress,
+                           count_flag="--max-concurrency" if min_rows else "--batch")
     if len(target_settings.devices) > 1:
         raise UserError(f"--devices {','.join(target_settings.devices)}: the batching pool runs on one device; "
                         "give one --device, or decode one prompt at a time on the split")
-    if target_settings.backend == "llama.cpp":
-        return _open_llama(settings, batch, on_note or (lambda line: None))
     from pocketspec.batch.open import open_batch_engine
     from pocketspec.budget.batch_plan import apply_batch_plan
 
@@ -66,17 +69,18 @@ def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
     return BatchSession(opened, choice, plan, target_settings.max_context)
 
 
-def _open_llama(settings: SessionSettings, batch: BatchSettings, on_note: Callable[[str], None]) -> BatchSession:
+def _open_llama(settings: SessionSettings, batch: BatchSettings, on_note: Callable[[str], None],
+                on_progress: Callable[[str], None] | None, count_flag: str) -> BatchSession:
     from pocketspec.batch.open_llama import open_llama_batch_engine
     from pocketspec.session import plan_sequences
 
     if batch.is_batch_invariant:
         raise UserError("--batch-invariant sets the torch backend's kernels; add --backend torch or leave it out")
-    planned = plan_sequences(settings, batch.num_rows or batch.max_batch, count_flag="--batch")
-    speculation = batch_speculation(planned.speculation)
+    planned = plan_sequences(settings, batch.num_rows or batch.max_batch, count_flag=count_flag)
     for line in planned.plan.lines if planned.plan is not None else []:
         on_note(line)
     opened = open_llama_batch_engine(planned.choice, target_settings=planned.target_settings,
-                                     draft_settings=planned.draft_settings, speculation=speculation,
-                                     sampling=settings.sampling, batch=batch)
+                                     draft_settings=planned.draft_settings, speculation=planned.speculation,
+                                     sampling=settings.sampling, batch=batch, on_note=on_note,
+                                     on_progress=on_progress)
     return BatchSession(opened, planned.choice, planned.plan, planned.target_settings.max_context)

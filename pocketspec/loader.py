@@ -68,12 +68,10 @@ def load_engine(
     sampling: SamplingSettings = SamplingSettings(),
     speculation: SpeculationSettings = SpeculationSettings(),
     notify=None,
-    open_model=open_backend,
 ):
     """Load the backends and build the engine; the caller closes it (engine.close()).
 
     notify(line): told before a first-time cost measurement, which takes seconds to a minute.
-    open_model(path, settings): a backend for a model file (a sequence of a shared context, for a server).
     """
     is_self_draft = choice.drafter in SELF_DRAFTS
     if speculation.drafter == "auto" and choice.drafter not in ("auto", *SELF_DRAFTS):
@@ -82,10 +80,10 @@ def load_engine(
         raise UserError("--drafter model needs a draft model: pass --draft NAME or --pair NAME")
     if is_self_draft:
         check_self_draft(choice.drafter, target_settings, speculation)
-    target_backend = open_model(choice.target_path, target_settings)
+    target_backend = open_backend(choice.target_path, target_settings)
     draft_backend = None
     try:
-        target_costs = _calibrated(target_backend, speculation, notify)
+        target_costs = calibrated_for(target_backend, speculation, notify)
         draft_costs = skip_reason = None
         if is_self_draft and speculation.drafter in ("auto", "model"):
             draft_backend = open_self_draft(target_backend, choice.drafter, target_settings, speculation)
@@ -93,8 +91,8 @@ def load_engine(
             draft_settings = draft_settings or target_settings
             skip_reason = draft_cannot_pay(choice, target_costs, draft_settings, speculation)
             if skip_reason is None:
-                draft_backend = open_model(choice.draft_path, draft_settings)
-                draft_costs = _calibrated(draft_backend, speculation, notify)
+                draft_backend = open_backend(choice.draft_path, draft_settings)
+                draft_costs = calibrated_for(draft_backend, speculation, notify)
         engine = SpeculativeEngine(target_backend, draft_backend=draft_backend, sampling=sampling,
                                    speculation=speculation, target_costs=target_costs, draft_costs=draft_costs)
         if skip_reason is not None:
@@ -107,7 +105,7 @@ def load_engine(
         raise
 
 
-def _calibrated(backend, speculation: SpeculationSettings, notify):
+def calibrated_for(backend, speculation: SpeculationSettings, notify):
     """This machine's cost table for an adaptive run (measured once, then cached); None when γ is fixed."""
     if speculation.drafter == "none" or speculation.gamma is not None or not hasattr(backend, "model_path"):
         return None

@@ -6,9 +6,9 @@ workers, the benchmark scripts, the server):
 
 open_session resolves the models (pocketspec/loader.py), applies --memory-budget
 (pocketspec/budget/), loads the engine and measures what the budget bounds. A session owns
-the engine, the applied memory plan and the tokenizer, and closes them. A server's session on
-llama.cpp holds several engines (num_sequences), each on its own sequence of one shared
-context per model (pocketspec/backends/llama_sequences.py), which decode together.
+the engine, the applied memory plan and the tokenizer, and closes them. Several sequences at
+once (`generate --batch`, a server) open a BatchSession (pocketspec/batch_session.py), planned
+here too (plan_sequences).
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ import psutil
 
 from memplanner.memory_budget import is_split
 from pocketspec.backends.device_check import check_devices
-from pocketspec.backends.torch_open import open_backend
 from pocketspec.budget import MemoryPlan, apply_budget
 from pocketspec.budget.sequences_plan import per_sequence_plan
 from pocketspec.conversation.prompt_encoding import PromptEncoding
-from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, load_engine
 from pocketspec.settings import ModelSettings, SpeculationSettings, draft_settings_for
@@ -35,18 +33,13 @@ Notify = Callable[[str], None]
 
 
 class Session(PromptEncoding):
-    def __init__(self, engines: list, choice: ModelChoice, plan: MemoryPlan | None, notes: list[str],
-                 settings: SessionSettings, shared_contexts=None):
-        self.engines = engines  # one, or one per sequence of the shared contexts
-        self.shared_contexts = shared_contexts
+    def __init__(self, engine, choice: ModelChoice, plan: MemoryPlan | None, notes: list[str],
+                 settings: SessionSettings):
+        self.engine = engine  # a SpeculativeEngine; None once closed
         self.choice = choice
         self.plan = plan
         self.notes = notes  # what the plan and the loader said, in order
         self.settings = settings
-
-    @property
-    def engine(self):
-        return self.engines[0] if self.engines else None
 
     @property
     def tokenizer(self):
@@ -83,11 +76,9 @@ class Session(PromptEncoding):
         return result
 
     def close(self) -> None:
-        for engine in self.engines:
-            engine.close()
-        self.engines = []
-        if self.shared_contexts is not None:
-            self.shared_contexts.close()
+        if self.engine is not None:
+            self.engine.close()
+        self.engine = None
 
     def __enter__(self) -> Session:
         return self
@@ -134,48 +125,23 @@ def plan_sequences(settings: SessionSettings, num_sequences: int = 1,
     return PlannedSequences(choice, target_settings, draft_settings, speculation, plan)
 
 
-def open_session(settings: SessionSettings, *, num_sequences: int = 1, on_note: Notify | None = None,
+def open_session(settings: SessionSettings, *, on_note: Notify | None = None,
                  on_progress: Notify | None = None) -> Session:
     """Resolve, plan, load. on_note(line): each line of the memory plan and the loader's notes, as soon as
-    it is final; on_progress(line): told before a first-time cost measurement (seconds to a minute).
-    num_sequences > 1 (llama.cpp only): that many engines, each with settings.max_context tokens."""
+    it is final; on_progress(line): told before a first-time cost measurement (seconds to a minute)."""
     notify = on_note or (lambda line: None)
-    planned = plan_sequences(settings, num_sequences)
-    if num_sequences > 1 and planned.target_settings.backend != "llama.cpp":
-        raise ValueError("several sequences of one context are a llama.cpp feature")
+    planned = plan_sequences(settings)
     choice, plan = planned.choice, planned.plan
     notes = list(plan.lines) if plan is not None else []
     if plan is not None and not plan.shown_after_loading:
         for line in notes:
             notify(line)
-    shared_contexts = None
-    if num_sequences > 1:
-        from pocketspec.backends.llama_sequences import SharedContexts
-
-        shared_contexts = SharedContexts(num_sequences)
-    engines = []
-    try:
-        for _ in range(num_sequences):
-            engines.append(load_engine(
-                choice,
-                target_settings=planned.target_settings,
-                draft_settings=planned.draft_settings,
-                sampling=settings.sampling,
-                speculation=planned.speculation,
-                notify=on_progress,
-                open_model=shared_contexts.open_backend if shared_contexts is not None else open_backend,
-            ))
-    except BaseException:
-        Session(engines, choice, plan, notes, settings, shared_contexts).close()
-        raise
-    if num_sequences > 1:  # every sequence drafts from every request's earlier outputs
-        corpus = OutputCorpus(planned.speculation.ngram_min, planned.speculation.ngram_max)
-        for engine in engines:
-            engine.share_corpus(corpus)
+    engine = load_engine(choice, target_settings=planned.target_settings, draft_settings=planned.draft_settings,
+                         sampling=settings.sampling, speculation=planned.speculation, notify=on_progress)
     if plan is not None and plan.shown_after_loading:
         for line in notes:
             notify(line)
-    for line in engines[0].notes:
+    for line in engine.notes:
         notify(line)
-    notes.extend(engines[0].notes)
-    return Session(engines, choice, plan, notes, settings, shared_contexts)
+    notes.extend(engine.notes)
+    return Session(engine, choice, plan, notes, settings)

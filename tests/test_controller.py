@@ -57,18 +57,6 @@ def test_picks_model_draft_when_verification_is_cheap():
     assert choice.drafter == "model" and 3 <= choice.gamma <= 8
 
 
-# A GPU serving several sequences: a decode's cost stays flat until about 16 rows, then grows with them.
-BATCH_VERIFY = {w: 0.020 * max(1.0, w / 16) for w in range(1, 49)}
-
-
-def test_a_shared_decode_prices_a_draft_by_the_rows_it_adds():
-    controller = _controller(BATCH_VERIFY, draft_seconds=0.004, alpha_ngram=0.6, alpha_model=0.2)
-    alone = controller.choose(ngram_available=8, model_lag=None)
-    assert alone.drafter == "ngram" and alone.gamma == 8  # rows on the flat step are free
-    beside = controller.choose(ngram_available=8, model_lag=None, rows_beside=32)
-    assert beside.gamma < alone.gamma  # past the step, each rejected row takes time from the others
-
-
 def test_a_long_catch_up_makes_the_model_draft_lose():
     controller = _controller(CHEAP_VERIFY, draft_seconds=0.004, alpha_ngram=0.2, alpha_model=0.8)
     controller.draft_costs.observe(200, 2.0)

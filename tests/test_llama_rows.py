@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from conftest import assert_matches_plain
 from test_cli_errors import run_cli
+from pocketspec.backends.llama_context import LlamaModelContext
+from pocketspec.batch.llama_rows import LlamaRows
 from pocketspec.batch.sequence import Request
 from pocketspec.batch_session import open_batch_session
 from pocketspec.session import open_session
 from pocketspec.session_settings import SessionSettings
-from pocketspec.settings import BatchSettings, SamplingSettings
+from pocketspec.errors import ContextFullError
+from pocketspec.settings import BatchSettings, ModelSettings, SamplingSettings
 
 pytestmark = pytest.mark.real_model
 QUESTIONS = ["What is the capital of France?", "Name three colours of the rainbow.", "Count from one to five.",
@@ -51,6 +56,10 @@ def test_prompts_decoded_together_equal_each_alone(smollm2_path, drafter, monkey
         assert max(batch.engine.rows_per_step) == 3 and sum(result.stats.num_drafted for result in results) > 0
         if drafter == "model":
             assert batch.engine.draft is not None
+        # the controller of a 3-row step prices it as one decode of 3 x its rows, from this machine's table
+        table = batch.engine.target_costs
+        assert table is not None
+        assert batch.engine.controller_for(3).target_costs.measured.forward_seconds(2) == table.forward_seconds(6)
     with open_session(_settings(smollm2_path, drafter)) as alone:
         for prompt, result in zip(prompts, results):
             alone.reset()
@@ -71,3 +80,44 @@ def test_generate_batch_runs_on_llama_cpp_from_the_command_line(smollm2_path, tm
     assert [line["index"] for line in lines] == [0, 1, 2, 3]
     assert all(0 < len(line["tokens"]) <= 8 for line in lines) and "tok/s in all" in batched.stderr
     assert [line["tokens"][0] for line in lines] == [json.loads(line)["tokens"][0] for line in alone.stdout.splitlines()]
+
+
+def test_a_row_rolls_back_without_touching_the_others(smollm2_path):
+    rows = LlamaRows(LlamaModelContext(smollm2_path, ModelSettings(max_context=256, num_threads=1), num_sequences=2))
+    try:
+        tokens = rows.native.tokenizer.encode("The quick brown fox jumps over the lazy dog", add_bos=True)
+        rows.prefill(1, tokens[:-1])
+        (expected,) = rows.forward([1], [tokens[-1:]], [1])
+        rows.prefill(0, tokens[:4])
+        rows.rollback(0, 1)  # drops positions of row 0 only
+        rows.prefill(0, tokens[::-1])
+        rows.rollback(1, len(tokens) - 1)
+        (again,) = rows.forward([1], [tokens[-1:]], [1])
+        np.testing.assert_array_equal(again, expected)
+        assert rows.num_cached(0) == 1 + len(tokens) and rows.num_cached(1) == len(tokens)
+    finally:
+        rows.close()
+
+
+def test_each_row_holds_its_share_of_the_context(smollm2_path):
+    rows = LlamaRows(LlamaModelContext(smollm2_path, ModelSettings(max_context=256, num_threads=1), num_sequences=3))
+    try:
+        assert rows.max_context == 256
+        rows.prefill(2, [1] * 256)
+        with pytest.raises(ContextFullError):
+            rows.forward([2], [[1]], [1])
+    finally:
+        rows.close()
+
+
+def test_exact_verify_caps_every_row_as_it_caps_one_request_alone(smollm2_path):
+    """--exact-verify probes the widest exact verify on one row alone, before any request, and the batch's
+    rows draft within it as one request does (a server on llama.cpp runs the batch engine)."""
+    settings = replace(_settings(smollm2_path, "ngram"), exact_verify=True)
+    with open_session(settings) as alone:
+        expected = alone.engine.limits
+    notes = []
+    with open_batch_session(settings, BatchSettings(max_batch=2, num_rows=2), on_note=notes.append) as batch:
+        assert batch.engine.limits == expected
+        assert batch.engine.target.num_cached(0) == 0  # the probe left the row empty
+    assert all("exact" in note for note in notes if "--exact-verify" in note)

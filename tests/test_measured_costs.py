@@ -29,6 +29,17 @@ def test_a_width_between_measured_ones_costs_the_next_measured_width():
     assert table.forward_seconds(32) == pytest.approx(0.10)
 
 
+def test_a_step_of_several_rows_costs_one_decode_of_all_their_tokens():
+    table = _table()
+    three_rows = table.for_rows(3)
+    for depth in (0, 256, 512):
+        assert three_rows.forward_seconds(2, depth) == pytest.approx(table.forward_seconds(6, depth))
+        assert three_rows.forward_seconds(5, depth) == pytest.approx(table.forward_seconds(15, depth))
+    # past the table, the last measured cost per token goes on: 3 x 8 = 24 tokens after 16 measured
+    assert three_rows.forward_seconds(8) == pytest.approx(0.226 * 24 / 16)
+    assert table.for_rows(1) is table
+
+
 def test_efficient_widths_leave_out_the_flat_step():
     efficient = _table().efficient_widths(0)
     assert efficient[:4] == [1, 2, 3, 4]

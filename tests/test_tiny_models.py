@@ -57,3 +57,31 @@ def test_speculative_sampling_keeps_the_target_distribution_end_to_end(tiny_pair
         spec_counts = sampled_token_counts(engine, _prompt(engine), position, num_runs)
         assert engine.controller.acceptance["model"].num_tried > 0
     assert same_distribution_pvalue(plain_counts, spec_counts, num_runs) > 1e-3
+
+
+def test_batch_draft_rows_slide_their_windows_on_llama_cpp(tiny_pair):
+    """--batch on llama.cpp with a draft context shorter than the target's: each draft row slides its own
+    window (sinks + recent tokens) and keeps drafting, and each prompt's output is what it is alone."""
+    from pocketspec.batch.sequence import Request
+    from pocketspec.batch_session import open_batch_session
+    from pocketspec.session_settings import SessionSettings
+    from pocketspec.settings import BatchSettings
+
+    target, draft = tiny_pair
+    settings = SessionSettings(target=str(target), draft=str(draft), gamma=4, max_context=512, draft_window=128,
+                               threads=1, options={"drafter": "model"})
+    with built_engine(target, drafter="none", max_context=512) as plain:
+        prompts = [_prompt(plain), plain.target.tokenizer.encode("return def the is cat", add_bos=True)]
+        expected = []
+        for prompt in prompts:
+            plain.reset()
+            expected.append(plain.generate(prompt, 300).tokens)
+        with open_batch_session(settings, BatchSettings(max_batch=2, num_rows=2)) as batch:
+            results = batch.engine.run([Request(prompt, 300) for prompt in prompts])
+            draft_rows = batch.engine.draft.draft
+            assert draft_rows.max_context < 512 and max(batch.engine.rows_per_step) == 2
+        for prompt, result, tokens in zip(prompts, results, expected):
+            assert_matches_plain(plain.target, prompt, result.tokens, tokens)
+    first = results[0]
+    assert len(prompts[0]) + len(first.tokens) - 2 * 5 > draft_rows.max_context  # it outgrew the draft's cache
+    assert first.stats.steps_by_drafter.get("model", 0) >= first.stats.num_steps - 1

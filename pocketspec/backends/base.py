@@ -80,9 +80,6 @@ class CachedTokens:
 
     settings: object
     n_batch: int
-    # A backend whose forwards share a decode with other sequences' (llama_sequences.py) sets both:
-    last_round = None  # the decode that carried the last forward: .width tokens in .seconds; None: alone
-    rows_beside = 0  # tokens other sequences put in that decode
 
     def __init__(self) -> None:
         self._cached: list[int] = []

@@ -1,13 +1,12 @@
 """The llama.cpp backend: one sequence of a llama.cpp context (pocketspec/backends/llama_context.py).
 
-LlamaCppBackend owns a context of one sequence and decodes at once. A server's engines each
-hold a LlamaSequence of a shared context instead, whose forwards wait for their round
-(pocketspec/backends/llama_sequences.py) and whose context its owner closes.
+LlamaCppBackend owns a context of one sequence. A LlamaSequence of a context of several (a batch's,
+pocketspec/batch/llama_rows.py) stands for one of its rows alone, to measure it before any request;
+that context's owner closes it.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Sequence
 
@@ -19,16 +18,12 @@ from pocketspec.settings import ModelSettings
 
 
 class LlamaSequence(CachedTokens):
-    """Sequence `sequence_id` of a context, as the Backend protocol describes one backend.
+    """Sequence `sequence_id` of a context, as the Backend protocol describes one backend."""
 
-    rounds: None decodes each forward at once; a DecodeRounds holds it until its round.
-    """
-
-    def __init__(self, native: LlamaModelContext, sequence_id: int = 0, rounds=None):
+    def __init__(self, native: LlamaModelContext, sequence_id: int = 0):
         super().__init__()
         self.native = native
         self.sequence_id = sequence_id
-        self.rounds = rounds
         self.settings = native.settings
         self.n_batch = native.n_batch
         self.tokenizer = native.tokenizer
@@ -40,27 +35,17 @@ class LlamaSequence(CachedTokens):
         return self.native.max_context
 
     def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
-        """Logits [len(logits_rows), vocab]: a view valid until the next call on this backend, or (in
-        rounds) this call's own copy."""
+        """Logits [len(logits_rows), vocab]: a view valid until the next call on this backend."""
         self.check_forward(tokens, logits_rows)
         forward = SequenceForward(self.sequence_id, len(self._cached), tokens, logits_rows)
-        if self.rounds is None:
-            logits, = self.native.decode([forward], copy=False)
-        else:
-            logits, self.last_round = self.rounds.forward(self.native, forward)
-            self.rows_beside = self.last_round.width - len(tokens)
+        logits, = self.native.decode([forward], copy=False)
         self._cached.extend(tokens)
         return logits
-
-    def _exclusive(self):
-        """No round runs inside (llama.cpp's context is not thread-safe)."""
-        return nullcontext() if self.rounds is None else self.rounds.exclusive()
 
     def rollback(self, num_kept: int) -> None:
         if num_kept >= len(self._cached):
             return
-        with self._exclusive():
-            self.native.remove(self.sequence_id, num_kept)
+        self.native.remove(self.sequence_id, num_kept)
         del self._cached[num_kept:]
 
     @property
@@ -68,8 +53,7 @@ class LlamaSequence(CachedTokens):
         return self.native.can_shift
 
     def shift_out(self, start: int, count: int) -> None:
-        with self._exclusive():
-            self.native.shift_out(self.sequence_id, start, count)
+        self.native.shift_out(self.sequence_id, start, count)
         del self._cached[start:start + count]
 
     def exact_verify_width(self, max_width: int) -> int:

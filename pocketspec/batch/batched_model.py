@@ -35,8 +35,11 @@ FAST_ATTENTION = AttentionShape(is_blockwise=False)
 
 class BatchedModel:
     def __init__(self, model: Transformer, *, num_rows: int, max_context: int, kv_dtype: str, n_batch: int,
-                 settings: BatchSettings, tiles: TileShape | None = None, num_layers: int | None = None):
-        """tiles: the TileShape of the model's RowTiled parts (make_batch_invariant), None when not wrapped."""
+                 settings: BatchSettings, tiles: TileShape | None = None, num_layers: int | None = None,
+                 max_logits_rows: int | None = None):
+        """tiles: the TileShape of the model's RowTiled parts (make_batch_invariant), None when not wrapped;
+        max_logits_rows: logits rows one row may ask for in a forward, the verify positions the batch plan
+        sized (None: as many as its context holds)."""
         device = model.tok_embeddings.weight.device
         settings = replace(settings, is_batch_invariant=settings.batch_invariance_on(device.type))
         if settings.is_batch_invariant and tiles is None:
@@ -44,6 +47,7 @@ class BatchedModel:
         self.model, self.settings, self.tiles = model, settings, tiles
         self.num_layers = num_layers or model.config.num_layers
         self.max_context, self.n_batch = max_context, min(n_batch, max_context)
+        self.max_logits_rows = max_logits_rows or max_context
         config = model.config
         # room for the padding of the last key block
         capacity = round_up(max_context, settings.key_block) if settings.is_batch_invariant else max_context
@@ -61,12 +65,6 @@ class BatchedModel:
     @property
     def num_rows(self) -> int:
         return len(self.cached)
-
-    @property
-    def max_logits_rows(self) -> int:
-        """Logits rows one row may ask for in a forward: as many as its context holds (the batch plan sizes
-        the verify rows it uses)."""
-        return self.max_context
 
     def num_cached(self, row: int) -> int:
         return len(self.cached[row])

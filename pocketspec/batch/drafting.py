@@ -1,10 +1,13 @@
 """A draft model for a batch: its rows mirror the target's, and it drafts γ tokens for every row at once.
 
-Like ModelDrafter, a row's draft cache follows the context lazily: before drafting it
-keeps its longest common prefix with the context and catches up in the first pass,
-which is ragged (one or two tokens per row after a step). Each row draws from its own
-sequence's generator. A draft needs no batch invariance: verification keeps the output
-exact whatever it proposes, so it runs the fast kernels.
+Like ModelDrafter, each row's draft cache follows its context through a DraftWindow
+(pocketspec/drafters/draft_window.py): before drafting it keeps its longest common prefix
+with the context and catches up in the first pass, which is ragged (one or two tokens per
+row after a step); where the plan gave the draft a shorter context than the target's
+(llama.cpp), a row slides a window of sinks and recent tokens. torch's draft rows hold the
+target's context, so theirs never slide. Each row draws from its own sequence's generator. A
+draft needs no batch invariance: verification keeps the output exact whatever it proposes,
+so it runs the fast kernels.
 """
 
 from __future__ import annotations
@@ -17,30 +20,54 @@ import numpy as np
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.sequence import SequenceState
 from pocketspec.drafters.base import Draft
-from pocketspec.speculation.prefix import common_prefix_length
+from pocketspec.drafters.draft_window import DraftWindow
 from pocketspec.speculation.sampling import choose_with_probs
+
+
+class _RowCache:
+    """One row of a batch's draft model, as its DraftWindow's cache."""
+
+    def __init__(self, model: BatchedModel, row: int):
+        self.model, self.row = model, row
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        return self.model.cached[self.row]
+
+    @property
+    def max_context(self) -> int:
+        return self.model.max_context
+
+    def rollback(self, num_kept: int) -> None:
+        self.model.rollback(self.row, num_kept)
+
+    def shift_out(self, start: int, count: int) -> None:
+        self.model.shift_out(self.row, start, count)
 
 
 class BatchModelDrafter:
     def __init__(self, draft: BatchedModel, clock: Callable[[], float] = time.perf_counter):
         self.draft, self.clock = draft, clock
+        self.windows = [DraftWindow(_RowCache(draft, row)) for row in range(draft.num_rows)]
 
     def admit(self, row: int, prompt: Sequence[int]) -> None:
-        """Prefill a new request's prompt, keeping what the row holds of it from an earlier request."""
+        """Prefill a new request's prompt, keeping what the row holds of it from an earlier request; a
+        prompt the draft's context cannot hold, or a row whose window had slid, prefills the window anew."""
+        window = self.windows[row]
+        if window.num_dropped or len(prompt) >= self.draft.max_context:
+            window.reset()
+            self.draft.prefill(row, window.feed(prompt, 0))
+            return
         num_reused = self.draft.reusable_prefix(row, prompt)
         self.draft.rollback(row, num_reused)
         self.draft.prefill(row, prompt[num_reused:])
 
-    def _num_kept(self, sequence: SequenceState) -> int:
-        cached = self.draft.cached[sequence.row]
-        return min(common_prefix_length(cached, sequence.context), len(sequence.context) - 1)
-
     def lag(self, sequences: Sequence[SequenceState]) -> int:
         """Tokens the draft must feed before its first proposal, the most over `sequences`."""
-        return max(len(sequence.context) - self._num_kept(sequence) - 1 for sequence in sequences)
+        return max(self.windows[sequence.row].lag(sequence.context) for sequence in sequences)
 
     def fits(self, sequences: Sequence[SequenceState], gamma: int) -> bool:
-        return all(len(sequence.context) + gamma <= self.draft.max_context for sequence in sequences)
+        return all(self.windows[sequence.row].fits(sequence.context, gamma) for sequence in sequences)
 
     def num_cached(self, sequences: Sequence[SequenceState]) -> int:
         """The deepest of the sequences' draft rows (its forward timings are observed at that depth)."""
@@ -55,11 +82,7 @@ class BatchModelDrafter:
     def propose(self, sequences: Sequence[SequenceState], gamma: int) -> list[Draft]:
         """γ draft tokens for each sequence, with their distributions when sampling."""
         rows = [sequence.row for sequence in sequences]
-        feeds = []
-        for sequence in sequences:
-            num_kept = self._num_kept(sequence)
-            self.draft.rollback(sequence.row, num_kept)
-            feeds.append(sequence.context[num_kept:])
+        feeds = [self.windows[sequence.row].feed(sequence.context, gamma) for sequence in sequences]
         timings: list[tuple[int, float]] = []
         logits = self._timed_forward(rows, feeds, timings)
         tokens: list[list[int]] = [[] for _ in sequences]

@@ -15,12 +15,14 @@ from __future__ import annotations
 import time
 from typing import Callable, Sequence
 
+from memplanner.measured_costs import MeasuredCosts
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.pool import BatchPool
 from pocketspec.batch.sequence import BatchResult, Request, SequenceState
 from pocketspec.batch.rows_target import RowsTarget
 from pocketspec.speculation.controller import GammaController
+from pocketspec.speculation.costs import CostTable
 from pocketspec.speculation.draft_limits import requested_draft_limits
 from pocketspec.drafters.corpus import OutputCorpus
 from pocketspec.drafters.ngram import NgramDrafter
@@ -37,16 +39,20 @@ class BatchEngine:
     def __init__(self, target: BatchedModel, *, is_end: Callable[[int], bool], draft: BatchModelDrafter | None = None,
                  sampling: SamplingSettings = SamplingSettings(),
                  speculation: SpeculationSettings = SpeculationSettings(), batch: BatchSettings = BatchSettings(),
-                 clock: Callable[[], float] = time.perf_counter):
-        """clock: seconds for every timing the controllers learn from and the engine reports."""
+                 target_costs: MeasuredCosts | None = None, draft_costs: MeasuredCosts | None = None,
+                 widest_draft: int | None = None, clock: Callable[[], float] = time.perf_counter):
+        """target_costs / draft_costs: this machine's calibrated forward costs of one sequence
+        (pocketspec/calibrate.py), which a group of rows reads as one decode of all their tokens;
+        widest_draft: a further cap on every draft (--exact-verify's probed width, widest_verified_draft);
+        clock: seconds for every timing the controllers learn from and the engine reports."""
         self.target, self.draft, self.is_end, self.clock = target, draft, is_end, clock
         self.sampling, self.speculation, self.batch = sampling, speculation, batch
         self.uses_ngram = speculation.drafter in ("auto", "ngram")
         self.uses_model = draft is not None and speculation.drafter in ("auto", "model")
-        # every row's verify rows are planned for --max-gamma drafts (batch_speculation), within what a
-        # forward of the target returns per row (a llama.cpp context's logits rows)
-        self.limits = requested_draft_limits(speculation, drafts=self.uses_ngram or self.uses_model).within(
-            min(speculation.max_gamma, target.max_logits_rows - 1))
+        # every draft within what a forward of the target returns per row (the logits rows a plan sized)
+        widest = target.max_logits_rows - 1 if widest_draft is None else min(target.max_logits_rows - 1, widest_draft)
+        self.limits = requested_draft_limits(speculation, drafts=self.uses_ngram or self.uses_model).within(widest)
+        self.target_costs, self.draft_costs = target_costs, draft_costs
         self.max_batch = min(batch.max_batch, target.num_rows)
         self.corpus = OutputCorpus(speculation.ngram_min, speculation.ngram_max)  # every finished output, for all rows
         self._controllers: dict[int, GammaController] = {}
@@ -60,8 +66,10 @@ class BatchEngine:
     def controller_for(self, group_size: int) -> GammaController:
         """The controller for forwards of `group_size` rows; all of them share one acceptance estimate."""
         if group_size not in self._controllers:
-            controller = GammaController(self.limits.model, fixed_gamma=self.limits.fixed,
-                                         max_draftless_gamma=self.limits.draftless)
+            controller = GammaController(
+                self.limits.model, fixed_gamma=self.limits.fixed, max_draftless_gamma=self.limits.draftless,
+                target_costs=CostTable(_for_rows(self.target_costs, group_size)),
+                draft_costs=CostTable(_for_rows(self.draft_costs, group_size)))
             if self._controllers:
                 controller.acceptance, controller.match_acceptance = self.acceptance, self.match_acceptance
             self._controllers[group_size] = controller
@@ -141,3 +149,7 @@ class BatchEngine:
     def alignment_seconds(self) -> float:
         """Seconds spent aligning rows (layouts, per-row KV scatter/gather, padding) in target forwards."""
         return self.target.timer.total
+
+
+def _for_rows(costs: MeasuredCosts | None, num_rows: int) -> MeasuredCosts | None:
+    return None if costs is None else costs.for_rows(num_rows)

@@ -52,6 +52,11 @@ class LlamaRows:
             self.native.remove(row, num_kept)
             del self.cached[row][num_kept:]
 
+    def shift_out(self, row: int, start: int, count: int) -> None:
+        """Drop `count` cached tokens of `row` from `start` and move the later ones down (a draft's window)."""
+        self.native.shift_out(row, start, count)
+        del self.cached[row][start:start + count]
+
     def _decode(self, forwards: list[SequenceForward]) -> list[np.ndarray]:
         for forward in forwards:
             if forward.start + len(forward.tokens) > self.max_context:

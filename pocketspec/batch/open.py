@@ -52,8 +52,9 @@ def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, sp
         make_batch_invariant(model, tiles)
     kv_dtype = resolve_kv_dtype(target_settings.torch_kv_type, model)
     num_rows = batch.num_rows or batch.max_batch
+    # the batch plan sizes every row's verify for --max-gamma drafts (batch_speculation)
     rows = dict(num_rows=num_rows, max_context=target_settings.max_context, kv_dtype=kv_dtype,
-                n_batch=target_settings.n_batch)
+                n_batch=target_settings.n_batch, max_logits_rows=speculation.max_gamma + 1)
     target = BatchedModel(model, settings=batch, tiles=tiles, **rows)
     draft_settings = replace(batch, is_batch_invariant=False)
     draft = None

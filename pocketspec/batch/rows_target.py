@@ -12,9 +12,6 @@ from pocketspec.speculation.verify import Verdict, verify_logits
 
 
 class RowsTarget:
-    rows_beside = 0  # the group is the whole forward
-    last_decode = None
-
     def __init__(self, model: BatchedModel, seconds: dict[str, float], clock: Callable[[], float]):
         """seconds: the engine's time by part, to which the forwards ("target_forward") and the verdicts
         ("verification") are added."""

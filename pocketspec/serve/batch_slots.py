@@ -53,7 +53,7 @@ class BatchSlots(Slots):
             if not self._pool.has_work:
                 continue
             try:
-                finished = self._pool.step()
+                finished = self._pool.step(self._is_closing.is_set)  # a long prefill stops at shutdown
             except BaseException as error:  # fail what runs; the server goes on with new requests
                 self._fail_all(error)
                 continue
@@ -92,6 +92,7 @@ class BatchSlots(Slots):
                 result = self._pool.stop(index, "cancelled")
                 if result is not None:
                     self._complete(result)
+                    self._count()  # the slot is free now, even if nothing else runs
 
     def _stream_new_tokens(self) -> None:
         for index, sequence in self._pool.active.items():
@@ -143,10 +144,12 @@ class BatchSlots(Slots):
 
 
 def open_batch_slots(settings: SessionSettings, max_concurrency: int, *,
-                     on_note: Callable[[str], None] | None = None) -> BatchSlots:
+                     on_note: Callable[[str], None] | None = None,
+                     on_progress: Callable[[str], None] | None = None) -> BatchSlots:
     """A pool of `max_concurrency` rows; with --memory-budget, refused when fewer fit."""
     from pocketspec.batch_session import open_batch_session
 
     batch = BatchSettings(max_batch=max_concurrency, num_rows=max_concurrency)
-    session = open_batch_session(settings, batch, on_note=on_note, min_rows=max_concurrency)
+    session = open_batch_session(settings, batch, on_note=on_note, on_progress=on_progress,
+                                 min_rows=max_concurrency)
     return BatchSlots(session)

@@ -1,8 +1,8 @@
-"""From SessionSettings to the slots a server runs: the torch backend's continuous-batching pool
-(every slot a row, each request's output what it would be alone), else speculative engines:
-on llama.cpp one per concurrent request, on sequences of one shared context that decode together;
-on torch one engine for a target split over --devices (a row split's rank 0 serves, its other
-ranks follow) or drafting for itself with a sparse cache."""
+"""From SessionSettings to the slots a server runs. Every slot is a row of the continuous-batching
+pool (pocketspec/serve/batch_slots.py: one step loop for every request running now; on llama.cpp
+the sequences of one context, on torch the rows of a batched model), except where the torch
+backend runs one engine: a target split over --devices (a row split's rank 0 serves, its other
+ranks follow) or drafting for itself with a sparse cache, one request at a time."""
 
 from __future__ import annotations
 
@@ -25,13 +25,11 @@ def open_slots(settings: SessionSettings, *, max_concurrency: int, on_note: Noti
         raise UserError(f"--max-concurrency {max_concurrency} with --devices on --backend torch: the batching pool "
                         "runs on one device, so a split target serves one request at a time (--max-concurrency 1); "
                         "--backend llama.cpp serves concurrent requests on split devices")
-    # the pool batches on one device and slides no window; a split or a sparse self-draft serves on one engine
-    if is_torch and not is_split and not (settings.draft == "self-sparse" and max_concurrency == 1):
-        from pocketspec.serve.batch_slots import open_batch_slots
+    if is_torch and (is_split or (settings.draft == "self-sparse" and max_concurrency == 1)):
+        from pocketspec.serve.engine_slots import EngineSlots
+        from pocketspec.session import open_session
 
-        return open_batch_slots(settings, max_concurrency, on_note=on_note)
-    from pocketspec.serve.engine_slots import EngineSlots
-    from pocketspec.session import open_session
+        return EngineSlots(open_session(settings, on_note=on_note, on_progress=on_progress))
+    from pocketspec.serve.batch_slots import open_batch_slots
 
-    return EngineSlots(open_session(settings, num_sequences=max_concurrency, on_note=on_note,
-                                    on_progress=on_progress))
+    return open_batch_slots(settings, max_concurrency, on_note=on_note, on_progress=on_progress)

@@ -6,10 +6,9 @@ match evidence (pocketspec/drafters/ngram.py): with p_i the probability that tok
 accepted, a step verifying its first γ tokens yields 1 + Σ_{i≤γ} Π_{j≤i} p_j. Costs are this
 machine's calibrated forward costs at the current depth (pocketspec/speculation/costs.py), so a width on a
 flat step of the cost curve loses to the widest width of that step. γ = 0 (plain decoding) is
-always an option, so speculation never makes generation meaningfully slower. A sequence that
-shares its decode with other sequences (a server's concurrent requests) counts what its rows
-add to that decode, not a forward of its own: on a CPU, where every row costs about the same,
-a draft rejected there is time taken from the other requests.
+always an option, so speculation never makes generation meaningfully slower. A batch's group of
+rows verified in one decode has a controller of its own, whose costs are that decode's
+(pocketspec/batch/engine.py): every row's rejected draft is time taken from the other rows.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from memplanner.defaults import ACCEPTANCE_PRIORS, MAX_GAMMA
 from pocketspec.speculation.costs import CostTable
 from pocketspec.drafters.ngram import MatchEvidence
 
-MIN_MARGINAL_SHARE = 0.01  # a shared decode's extra rows cost at least this share of one token's forward
 # A proposed token reached with a smaller chance than this adds too little to be worth walking to
 MIN_PROPOSAL_SURVIVAL = 0.05
 
@@ -160,22 +158,7 @@ class GammaController:
             return [min(self.fixed_gamma, cap)]
         return range(1, cap + 1)
 
-    def _verify_seconds(self, rows_beside: int):
-        """Seconds a verify of w rows adds: alone, its forward, as optimistic as the width is little
-        timed (pocketspec/speculation/costs.py: so a width the table makes look bad is still tried where it comes
-        near the best); in a decode shared with rows_beside other sequences' tokens, what its rows add
-        to that decode (never under 1 % of one token's forward), so that a draft is worth its rows to
-        every sequence, not only to its own."""
-        if rows_beside <= 0:
-            return self.target_costs.optimistic_seconds
-        seconds = self.target_costs.seconds
-
-        def marginal(width: int, depth: int = 0) -> float:
-            added = seconds(rows_beside + width, depth) - seconds(rows_beside, depth)
-            return max(added, MIN_MARGINAL_SHARE * seconds(1, depth))
-        return marginal
-
-    def min_first_acceptance(self, depth: int = 0, rows_beside: int = 0) -> float:
+    def min_first_acceptance(self, depth: int = 0) -> float:
         """The first drafted token's acceptance chance below which no draftless γ can beat plain
         decoding, even if every later token were certain: a step of γ yields at most 1 + γ·p tokens
         for what γ + 1 rows cost. A proposal whose first token falls short is not walked further."""
@@ -183,7 +166,7 @@ class GammaController:
             return 0.0
         if self.max_draftless_gamma <= 0:
             return 1.0
-        verify = self._verify_seconds(rows_beside)
+        verify = self.target_costs.optimistic_seconds
         one = verify(1, depth)
         return min((verify(gamma + 1, depth) / one - 1.0) / gamma for gamma in range(1, self.max_draftless_gamma + 1))
 
@@ -194,15 +177,16 @@ class GammaController:
         return 0.0 if self.fixed_gamma is not None else MIN_PROPOSAL_SURVIVAL
 
     def options(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
-                model_lag: int | None, max_gamma: int, depth: int = 0, rows_beside: int = 0) -> list[Choice]:
+                model_lag: int | None, max_gamma: int, depth: int = 0) -> list[Choice]:
         """Every (drafter, γ) this step could run, with its predicted tokens per second.
 
         ngram_probs: each proposed draftless token's acceptance probability (else ngram_available
         tokens at the n-gram drafter's single rate); model_lag: tokens the draft model must catch
-        up on first (None when there is no draft model); rows_beside: tokens other sequences put
-        in the same decode (pocketspec/backends/llama_sequences.py).
+        up on first (None when there is no draft model). A verify of w rows is priced as optimistically
+        as the width is little timed (pocketspec/speculation/costs.py: so a width the table makes look bad
+        is still tried where it comes near the best).
         """
-        verify = self._verify_seconds(rows_beside)
+        verify = self.target_costs.optimistic_seconds
         choices = [Choice("none", 0, self._rate(1.0, verify(1, depth)))]
         if ngram_probs is None:
             alpha = self.acceptance["ngram"].rate
@@ -223,10 +207,10 @@ class GammaController:
         return choices
 
     def choose(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
-               model_lag: int | None, max_gamma: int | None = None, depth: int = 0, rows_beside: int = 0) -> Choice:
+               model_lag: int | None, max_gamma: int | None = None, depth: int = 0) -> Choice:
         limit = self.widest_gamma if max_gamma is None else min(max_gamma, self.widest_gamma)
         choices = self.options(ngram_available=ngram_available, ngram_probs=ngram_probs, model_lag=model_lag,
-                               max_gamma=limit, depth=depth, rows_beside=rows_beside)
+                               max_gamma=limit, depth=depth)
         if self.fixed_gamma is not None:
             drafted = [choice for choice in choices if choice.gamma > 0]
             # with a fixed γ, a model draft beats an n-gram one only when there is no n-gram match

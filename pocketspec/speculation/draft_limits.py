@@ -6,13 +6,14 @@ target then narrows that to the widest verify it can run (DraftLimits.within): i
 a memory plan sizes, and with --exact-verify the widest batch that rounds like one-token decoding.
 The verify width a run allocates, the planner's workload and both engines' controllers read these
 values. A memory plan's own choice of γ enters earlier, as settings (budget/llama_plan.py,
-settings_from_plan), and --batch with a fixed --gamma makes it --max-gamma (batch_speculation).
+settings_from_plan), and on torch --batch with a fixed --gamma makes it --max-gamma (batch_speculation).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pocketspec.backends.exact_width import wider_exact_advice
 from pocketspec.settings import SpeculationSettings
 
 
@@ -50,6 +51,25 @@ def requested_draft_limits(speculation: SpeculationSettings, drafts: bool = True
 
 
 def batch_speculation(speculation: SpeculationSettings) -> SpeculationSettings:
-    """A batch's settings: its rows' verifies are sized for --max-gamma drafts (the batch plan, a llama.cpp
-    context's logits rows) and its engine caps every draft there, so a fixed --gamma becomes --max-gamma."""
+    """A torch batch's settings: the batch plan sizes its rows' verifies for --max-gamma drafts
+    (BatchedModel.max_logits_rows, where its engine caps every draft), so a fixed --gamma becomes --max-gamma."""
     return speculation if speculation.gamma is None else replace(speculation, max_gamma=speculation.gamma)
+
+
+def widest_verified_draft(target, speculation: SpeculationSettings, requested: DraftLimits, notes: list[str]) -> int:
+    """The longest draft `target` (a Backend, or one sequence of a batch's context) can verify: its logits
+    rows allow it, and with --exact-verify its verify pass (γ + 1 rows) reproduces one-token logits exactly
+    (probed once, pocketspec/backends/exact_width.py). What the user should know goes to `notes`."""
+    max_width = min(requested.verify_width, target.max_logits_rows)
+    if not speculation.exact_verify or requested.widest == 0:
+        return max_width - 1
+    exact_width = target.exact_verify_width(max_width)
+    settings = getattr(target, "settings", None)
+    advice = None if settings is None else wider_exact_advice(settings, exact_width)
+    if exact_width == 1:
+        notes.append("--exact-verify: no verify batch rounds exactly like one-token decoding on this "
+                     "backend, so decoding is plain; --fast-verify drafts" + (f"; {advice}" if advice else ""))
+    elif advice is not None:
+        notes.append(f"--exact-verify: verify batches of up to {exact_width} rows round like one-token "
+                     f"decoding here; {advice}")
+    return exact_width - 1

@@ -14,11 +14,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from memplanner.measured_costs import MeasuredCosts
-from pocketspec.backends.exact_width import wider_exact_advice
 from pocketspec.speculation.controller import GammaController
 from pocketspec.speculation.costs import CostTable
-from pocketspec.speculation.draft_limits import DraftLimits, requested_draft_limits
-from pocketspec.drafters.corpus import OutputCorpus
+from pocketspec.speculation.draft_limits import requested_draft_limits, widest_verified_draft
 from pocketspec.drafters.model import ModelDrafter
 from pocketspec.drafters.ngram import NgramDrafter
 from pocketspec.drafters.unused import UnusedProposal
@@ -65,7 +63,7 @@ class SpeculativeEngine:
         self.model = ModelDrafter(draft_backend, sampling, self.rng) if uses_model else None
         self.notes: list[str] = []
         requested = requested_draft_limits(speculation, drafts=self.ngram is not None or self.model is not None)
-        self.limits = requested.within(self._widest_draft(speculation, requested))
+        self.limits = requested.within(widest_verified_draft(self.target, speculation, requested, self.notes))
         if requested.fixed is not None and self.limits.fixed < requested.fixed:
             why = ("with --exact-verify, only verify batches that round exactly like one-token decoding on this "
                    "backend are used" if speculation.exact_verify else
@@ -95,11 +93,6 @@ class SpeculativeEngine:
         if seed is not None:
             self.reseed(seed)
 
-    def share_corpus(self, corpus: OutputCorpus) -> None:
-        """Draft from (and add to) earlier outputs shared with other engines: a server's sequences."""
-        if self.ngram is not None:
-            self.ngram.corpus = corpus
-
     def allocator_peaks(self) -> dict[str, int]:
         """torch's allocator peaks by GPU on devices this process does not see itself (a row split's
         other ranks); {} on llama.cpp and the CPU."""
@@ -123,23 +116,6 @@ class SpeculativeEngine:
         self.rng = np.random.default_rng(seed)
         if self.model is not None:
             self.model.rng = self.rng
-
-    def _widest_draft(self, speculation: SpeculationSettings, requested: DraftLimits) -> int:
-        """The longest draft the target can verify: its logits rows allow it, and with --exact-verify its
-        verify pass (γ + 1 rows) reproduces one-token logits exactly."""
-        max_width = min(requested.verify_width, self.target.max_logits_rows)
-        if not speculation.exact_verify or requested.widest == 0:
-            return max_width - 1
-        exact_width = self.target.exact_verify_width(max_width)
-        settings = getattr(self.target, "settings", None)
-        advice = None if settings is None else wider_exact_advice(settings, exact_width)
-        if exact_width == 1:
-            self.notes.append("--exact-verify: no verify batch rounds exactly like one-token decoding on this "
-                              "backend, so decoding is plain; --fast-verify drafts" + (f"; {advice}" if advice else ""))
-        elif advice is not None:
-            self.notes.append(f"--exact-verify: verify batches of up to {exact_width} rows round like one-token "
-                              f"decoding here; {advice}")
-        return exact_width - 1
 
     def _pick(self, logits: np.ndarray) -> int:
         return choose_token(logits, self.sampling, self.rng)

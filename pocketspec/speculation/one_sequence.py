@@ -26,8 +26,7 @@ class OneSequence:
 
 
 class BackendTarget:
-    """A Backend (one KV cache) verifying its one sequence; on llama.cpp its decode may carry other
-    sequences' tokens too (pocketspec/backends/llama_sequences.py)."""
+    """A Backend (one KV cache) verifying its one sequence."""
 
     def __init__(self, backend):
         self.backend = backend
@@ -41,14 +40,6 @@ class BackendTarget:
 
     def rollback(self, sequence: OneSequence, num_kept: int) -> None:
         self.backend.rollback(num_kept)
-
-    @property
-    def rows_beside(self) -> int:
-        return self.backend.rows_beside
-
-    @property
-    def last_decode(self):
-        return self.backend.last_round
 
 
 class OneDraftModel:

@@ -49,14 +49,6 @@ class StepTarget(Protocol):
 
     def rollback(self, sequence, num_kept: int) -> None: ...
 
-    @property
-    def rows_beside(self) -> int:
-        """Tokens other sequences put in the decode this group's verify rides in (0: alone)."""
-
-    @property
-    def last_decode(self):
-        """The shared decode that carried the last verify (.width tokens in .seconds); None: it ran alone."""
-
 
 class StepDrafter(Protocol):
     """A draft model following the group's sequences."""
@@ -83,15 +75,15 @@ class StepResult:
     verify_seconds: float  # the target's forward, with the verdicts
 
 
-def _proposals(group: Sequence[StepSequence], caps: Sequence[int], controller: GammaController, depth: int,
-               rows_beside: int) -> list[Proposal]:
+def _proposals(group: Sequence[StepSequence], caps: Sequence[int], controller: GammaController,
+               depth: int) -> list[Proposal]:
     """Each sequence's n-gram proposal; a walk stops where its rest cannot pay (pocketspec/drafters/ngram.py),
     so a step that drafts nothing costs lookups only."""
     for sequence in group:
         sequence.unused.score(sequence.context, controller)
     if all(sequence.ngram is None for sequence in group):
         return [Proposal() for _ in group]
-    min_first = controller.min_first_acceptance(depth, rows_beside)
+    min_first = controller.min_first_acceptance(depth)
     return [Proposal() if sequence.ngram is None else sequence.ngram.propose_scored(
         sequence.context, min(cap, controller.max_draftless_gamma), controller.match_acceptance.probability,
         min_first=min_first, min_survival=controller.min_proposal_survival) for sequence, cap in zip(group, caps)]
@@ -117,11 +109,10 @@ def run_step(group: Sequence[StepSequence], caps: Sequence[int], *, controller: 
     max_gamma = min(max(caps), controller.widest_gamma)
     num_cached = [target.num_cached(sequence) for sequence in group]
     depth = max(num_cached)
-    rows_beside = target.rows_beside
-    proposals = _proposals(group, caps, controller, depth, rows_beside)
+    proposals = _proposals(group, caps, controller, depth)
     model_lag = drafter.lag(group) if drafter is not None and drafter.fits(group, max_gamma) else None
     choice = controller.choose(ngram_probs=pooled_acceptance([proposal.probabilities for proposal in proposals]),
-                               model_lag=model_lag, max_gamma=max_gamma, depth=depth, rows_beside=rows_beside)
+                               model_lag=model_lag, max_gamma=max_gamma, depth=depth)
     if choice.drafter != "ngram":
         for sequence, proposal in zip(group, proposals):
             sequence.unused.hold(len(sequence.context), proposal)
@@ -141,11 +132,7 @@ def run_step(group: Sequence[StepSequence], caps: Sequence[int], *, controller: 
     for sequence, verdict, kept in zip(group, verdicts, num_cached):
         target.rollback(sequence, kept + 1 + verdict.num_accepted)
 
-    shared_decode = target.last_decode
-    if shared_decode is None:
-        controller.target_costs.observe(max(map(len, feeds)), verify_seconds, depth)
-    else:
-        controller.target_costs.observe(shared_decode.width, shared_decode.seconds, depth)
+    controller.target_costs.observe(max(map(len, feeds)), verify_seconds, depth)
     for draft, proposal, verdict in zip(drafts, proposals, verdicts):
         controller.observe_step(drafter=choice.drafter, num_drafted=len(draft), num_accepted=verdict.num_accepted,
                                 evidence=proposal.evidence if choice.drafter == "ngram" else None)
