@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pocketspec.batch.layout import AlignmentTimer, AttentionShape, BatchLayout, RowInput
+from pocketspec.batch.forward_shape import AlignmentTimer, AttentionShape
+from pocketspec.batch.layout import BatchLayout, RowInput
 from pocketspec.torch_model.kv_cache import StaticKVCache
 from pocketspec.torch_model.model import rope_angles
 

@@ -1,10 +1,12 @@
 """The slots a server generates with, on SmolLM2: requests that join while others run return
 exactly the tokens they return alone (torch's batch-invariant pool; greedy), a cancelled request
-frees its slot within a step, one engine serves requests in turn, and llama.cpp sequences run
-requests together, each sent to the slot that has its prefix cached."""
+frees its slot within a step, one slot serves requests in turn, and llama.cpp's rows run requests
+together, each sent to the slot that has its prefix cached."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -108,7 +110,7 @@ def test_the_torch_pool_sends_a_conversation_to_the_row_that_holds_its_prompt(on
         slots.close()
 
 
-def test_one_engine_serves_requests_in_turn_and_reuses_the_prefix():
+def test_one_slot_serves_requests_in_turn_and_reuses_the_prefix():
     slots = open_slots(_settings("llama.cpp"), max_concurrency=1)
     try:
         prompt = _prompt(slots, QUESTIONS[2])
@@ -120,7 +122,7 @@ def test_one_engine_serves_requests_in_turn_and_reuses_the_prefix():
         slots.close()
 
 
-def test_llama_sequences_run_requests_together_and_each_goes_where_its_prefix_is_cached():
+def test_llama_rows_run_requests_together_and_each_goes_where_its_prefix_is_cached():
     slots = open_slots(_settings("llama.cpp"), max_concurrency=2)
     try:
         assert slots.num_slots == 2
@@ -135,3 +137,17 @@ def test_llama_sequences_run_requests_together_and_each_goes_where_its_prefix_is
         assert slots.in_use() == 0 and slots.queued() == 0
     finally:
         slots.close()
+
+
+def test_serving_on_llama_cpp_loads_no_torch(smollm2_path):
+    """--memory-budget bounds the whole process: the pool that serves llama.cpp must not pull in torch
+    (about 180 MiB resident on this CPU)."""
+    code = ("import sys\n"
+            "from pocketspec.serve.open import open_slots\n"
+            "from pocketspec.session_settings import SessionSettings\n"
+            f"settings = SessionSettings(target={str(smollm2_path)!r}, draft='ngram', max_context=256, threads=1)\n"
+            "open_slots(settings, max_concurrency=2).close()\n"
+            "print(sorted(name for name in ('torch', 'torchao') if name in sys.modules))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from memplanner.sizes import round_up
-from pocketspec.batch.layout import AlignmentTimer, AttentionShape, BatchLayout, RowInput
+from pocketspec.batch.forward_shape import AlignmentTimer, AttentionShape
+from pocketspec.batch.layout import BatchLayout, RowInput
 from pocketspec.errors import ContextFullError
 from pocketspec.speculation.prefix import common_prefix_length
 from pocketspec.settings import BatchSettings

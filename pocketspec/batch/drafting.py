@@ -13,15 +13,17 @@ so it runs the fast kernels.
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.sequence import SequenceState
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.draft_window import DraftWindow
 from pocketspec.speculation.sampling import choose_with_probs
+
+if TYPE_CHECKING:  # a batch on llama.cpp loads no torch
+    from pocketspec.batch.batched_model import BatchedModel
 
 
 class _RowCache:

@@ -13,10 +13,9 @@ also drafts from the outputs of the requests that finished before (one shared co
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from memplanner.measured_costs import MeasuredCosts
-from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.pool import BatchPool
 from pocketspec.batch.sequence import BatchResult, Request, SequenceState
@@ -31,6 +30,9 @@ from pocketspec.speculation.sampling import choose_token
 from pocketspec.settings import BatchSettings, SamplingSettings, SpeculationSettings
 from pocketspec.stats import peak_rss_bytes
 from pocketspec.speculation.step import run_step
+
+if TYPE_CHECKING:  # a batch on llama.cpp loads no torch
+    from pocketspec.batch.batched_model import BatchedModel
 
 TIMED_PARTS = ("prefill", "draft", "target_forward", "verification", "scheduling")
 

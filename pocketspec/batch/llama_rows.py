@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from pocketspec.backends.llama_context import LlamaModelContext, SequenceForward, decode_groups
-from pocketspec.batch.layout import AlignmentTimer, AttentionShape
+from pocketspec.batch.forward_shape import AlignmentTimer, AttentionShape
 from pocketspec.errors import ContextFullError
 from pocketspec.speculation.prefix import common_prefix_length
 

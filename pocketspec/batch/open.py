@@ -8,7 +8,7 @@ per sequence, which batched rows do not do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
@@ -17,23 +17,13 @@ from pocketspec.backends.torch_open import self_skip_layers
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.engine import BatchEngine
+from pocketspec.batch.opened import OpenedBatch
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import BATCH_DRAFTS, BatchSettings, ModelSettings, SamplingSettings, SpeculationSettings
 from pocketspec.torch_model.device import resolve_device
 from pocketspec.torch_model.invariant import TileShape, make_batch_invariant
 from pocketspec.torch_model.load import load_model
-
-
-@dataclass
-class OpenedBatch:
-    engine: BatchEngine
-    tokenizer: object
-    owned: list  # what close() closes: the tokenizer's vocabulary model (torch), the contexts (llama.cpp)
-
-    def close(self) -> None:
-        while self.owned:
-            self.owned.pop().close()
 
 
 def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, speculation: SpeculationSettings,

@@ -18,7 +18,7 @@ from pocketspec.backends.llama_cpp_backend import LlamaSequence
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.engine import BatchEngine
 from pocketspec.batch.llama_rows import LlamaRows
-from pocketspec.batch.open import OpenedBatch
+from pocketspec.batch.opened import OpenedBatch
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, calibrated_for, draft_cannot_pay
 from pocketspec.settings import BatchSettings, ModelSettings, SamplingSettings, SpeculationSettings

@@ -3,12 +3,14 @@ row verified on its own by the pure rules of pocketspec/speculation/verify.py wi
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.sequence import SequenceState
 from pocketspec.drafters.base import Draft
 from pocketspec.speculation.verify import Verdict, verify_logits
+
+if TYPE_CHECKING:  # a batch on llama.cpp loads no torch
+    from pocketspec.batch.batched_model import BatchedModel
 
 
 class RowsTarget:
