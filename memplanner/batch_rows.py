@@ -82,10 +82,11 @@ def prefill_bytes(shape: ModelShape, workload: BatchWorkload, kv_dtype: str) -> 
 def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int, weights_format: str, kv_dtype: str,
                is_tied: bool, has_qkv_bias: bool | None = None, on_gpu: bool = False,
                draft_shape: ModelShape | None = None, draft_is_tied: bool = False,
-               draft_layers: int = 0) -> BatchPlan:
+               draft_layers: int = 0, draft_window: int = 0, draft_kv_dtype: str | None = None) -> BatchPlan:
     """The most rows (up to the wanted count) and the largest batch that fit, or why not even one does.
 
-    draft_shape: a separate draft model; draft_layers: a self-skip draft's layers (its own KV cache only).
+    draft_shape: a separate draft model; draft_layers: a self-skip draft's layers (its own KV cache only);
+    draft_window: a self-sparse draft's positions per row (every layer, in draft_kv_dtype, else kv_dtype).
     On a CPU the plan keeps torch_peak.heap_reserve_bytes free under the budget.
     """
     usable_bytes = budget_bytes - heap_reserve_bytes(on_gpu)
@@ -97,6 +98,8 @@ def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int,
         per_row["draft KV"] = torch_kv_bytes(draft_shape, kv_dtype, workload.max_context)
     elif draft_layers:
         per_row["self-skip KV"] = torch_kv_bytes(shape, kv_dtype, workload.max_context, num_layers=draft_layers)
+    elif draft_window:
+        per_row["self-sparse KV"] = torch_kv_bytes(shape, draft_kv_dtype or kv_dtype, draft_window)
     fixed = {**process_terms(shape, on_gpu), **fixed}
     if on_gpu:  # the device gives the process its context too (gpu_terms.py)
         fixed["cuda context"] = cuda_context_bytes(on_gpu)

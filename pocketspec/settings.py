@@ -24,8 +24,6 @@ MAX_TOKENS = 1 << 20
 DRAFTERS = ("auto", "model", "ngram", "none")  # SpeculationSettings.drafter; auto: the controller picks per step
 DRAFTLESS = ("ngram", "none")  # --draft values that load no draft model
 SELF_DRAFTS = ("self-sparse", "self-skip")  # --draft values where the torch target drafts for itself
-# what batched decoding drafts with (besides a draft GGUF): self-sparse slides a window per sequence
-BATCH_DRAFTS = ("auto", "ngram", "none", "self-skip")
 TORCH_WEIGHTS = (AUTO, *WEIGHT_FORMATS)  # --weights
 TORCH_KV_TYPES = (AUTO, *KV_DTYPES)  # --torch-kv-type, --self-draft-kv-type
 DECODE_STEPS = (AUTO, "static", "dynamic")  # --decode-step (torch_model/static_step.py)

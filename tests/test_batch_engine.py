@@ -34,7 +34,8 @@ from tiny_models import tiny_vocabulary, write_near_tie_model, write_tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-DRAFTERS = ("none", "ngram", "model", "self-skip")
+DRAFTERS = ("none", "ngram", "model", "self-skip", "self-sparse")
+SPARSE_WINDOW = 80  # a self-sparse draft's positions per row: 4 sinks, the slide's 64 slack and room for γ = 8
 MAX_TOKEN = len(tiny_vocabulary()[0]) - 1
 
 
@@ -51,9 +52,10 @@ class Models:
         self.draft = load_model(draft_path, "fp32", torch.device(device))
 
     def rows(self, model, num_rows: int, *, is_draft: bool = False, num_layers: int | None = None,
-             n_batch: int = 64) -> BatchedModel:
+             n_batch: int = 64, max_context: int | None = None) -> BatchedModel:
         settings = replace(self.settings, is_batch_invariant=not is_draft)
-        return BatchedModel(model, num_rows=num_rows, max_context=self.max_context, kv_dtype="fp32", n_batch=n_batch,
+        return BatchedModel(model, num_rows=num_rows, max_context=max_context or self.max_context, kv_dtype="fp32",
+                            n_batch=n_batch,
                             settings=settings, tiles=self.tiles if model is self.target else None,
                             num_layers=num_layers)
 
@@ -64,7 +66,9 @@ class Models:
             draft = self.rows(self.draft, num_rows, is_draft=True, n_batch=n_batch)
         elif drafter == "self-skip":
             draft = self.rows(self.target, num_rows, is_draft=True, num_layers=1, n_batch=n_batch)
-        kind = {"self-skip": "model"}.get(drafter, drafter)
+        elif drafter == "self-sparse":
+            draft = self.rows(self.target, num_rows, is_draft=True, n_batch=n_batch, max_context=SPARSE_WINDOW)
+        kind = {"self-skip": "model", "self-sparse": "model"}.get(drafter, drafter)
         return BatchEngine(self.rows(self.target, num_rows, n_batch=n_batch),
                            is_end=self.tokenizer.is_end_of_generation,
                            draft=BatchModelDrafter(draft) if draft is not None else None, sampling=sampling,
@@ -132,7 +136,7 @@ def test_every_sequence_equals_its_plain_decoding_alone(tiny, workload):
     _assert_each_equals_alone(tiny, requests, engine.run(requests))
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "model", "self-skip"])
+@pytest.mark.parametrize("drafter", ["ngram", "model", "self-skip", "self-sparse"])
 def test_drafts_are_accepted_and_rejected_while_rows_join_and_leave(tiny, drafter):
     rng = np.random.default_rng(3)
     prompts = [list(rng.integers(3, MAX_TOKEN, int(rng.integers(2, 30)))) for _ in range(12)]
@@ -144,6 +148,23 @@ def test_drafts_are_accepted_and_rejected_while_rows_join_and_leave(tiny, drafte
     num_accepted = sum(result.stats.num_accepted for result in results)
     assert 0 < num_accepted < num_drafted
     assert len(set(engine.rows_per_step)) > 1  # the batch shrank as sequences finished
+
+
+def test_self_sparse_rows_slide_their_own_windows_and_each_equals_it_alone(tiny):
+    """Contexts past the self-sparse window: each row's draft cache keeps its sinks and recent tokens,
+    shifted (its keys re-rotated) in that row only, while the other rows' windows stay where they are."""
+    rng = np.random.default_rng(5)
+    prompts = [list(rng.integers(3, MAX_TOKEN, int(rng.integers(40, 120)))) for _ in range(6)]
+    requests = _requests(prompts, [int(count) for count in rng.integers(40, 90, len(prompts))])
+    engine = tiny.engine("self-sparse", max_batch=3, num_rows=4, gamma=3)
+    results = engine.run(requests)
+    _assert_each_equals_alone(tiny, requests, results)
+    windows = engine.draft.windows
+    assert any(window.num_dropped for window in windows)  # rows slid
+    assert all(engine.draft.draft.num_cached(row) <= SPARSE_WINDOW for row in range(4))
+    assert sum(result.stats.steps_by_drafter.get("model", 0) for result in results) > len(results)
+    assert 0 < sum(result.stats.num_accepted for result in results) < sum(result.stats.num_drafted
+                                                                            for result in results)
 
 
 def test_with_an_adaptive_gamma_each_row_drafts_by_its_match_evidence(tiny):
@@ -242,11 +263,11 @@ def plain_counts(tiny):
     return _first_prompt_counts(tiny.engine("none", max_batch=1, num_rows=1, sampling=SAMPLING), POSITION + 1, False)
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "self-sparse"])
 def test_batched_sampling_keeps_each_request_distribution(tiny, plain_counts, drafter):
     batched = tiny.engine(drafter, max_batch=8, num_rows=8, gamma=3, sampling=SAMPLING, ngram_min=1)
     batched_counts = _first_prompt_counts(batched, POSITION + 4, True)
-    assert batched.acceptance[drafter].num_tried > 0
+    assert batched.acceptance["ngram" if drafter == "ngram" else "model"].num_tried > 0
     assert same_distribution_pvalue(plain_counts, batched_counts, NUM_RUNS) > 1e-3
 
 

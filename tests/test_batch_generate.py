@@ -37,10 +37,11 @@ def _batch(tiny_target: str, prompt_file: str, *args: str):
                    "--threads", "1", "--max-context", "256", *args)
 
 
-def test_outputs_come_in_input_order_and_equal_each_prompt_alone(tiny_target, prompt_file, tmp_path):
+@pytest.mark.parametrize("draft", [["--draft", "ngram"], ["--draft", "self-sparse", "--self-draft-window", "80"]])
+def test_outputs_come_in_input_order_and_equal_each_prompt_alone(tiny_target, prompt_file, tmp_path, draft):
     alone = _batch(tiny_target, prompt_file, "--batch", "1", "--draft", "none")
     output = tmp_path / "out.jsonl"
-    batched = _batch(tiny_target, prompt_file, "--batch", "3", "--draft", "ngram", "--gamma", "3",
+    batched = _batch(tiny_target, prompt_file, "--batch", "3", *draft, "--gamma", "3",
                      "--memory-budget", "400MiB", "--output", str(output))
     assert alone.returncode == 0 and batched.returncode == 0, batched.stderr
     expected = [json.loads(line) for line in alone.stdout.splitlines()]
@@ -50,11 +51,13 @@ def test_outputs_come_in_input_order_and_equal_each_prompt_alone(tiny_target, pr
     assert [len(line["tokens"]) for line in got] == [6 + 4 * index for index in range(len(PROMPTS))]
     assert {"num_tokens", "latency_seconds", "acceptance_rate", "num_drafted", "num_accepted"} <= got[0]["stats"].keys()
     assert "memory plan (batch)" in batched.stderr and "tok/s in all" in batched.stderr
+    if "self-sparse" in draft:  # the plan holds every row's window
+        assert "self-sparse KV × 3 rows" in batched.stderr
 
 
 @pytest.mark.parametrize("args, fragments", [
     (["--batch", "2", "--prompt", "hi"], ["--batch", "--prompt-file"]),
-    (["--batch", "2", "--draft", "self-sparse"], ["--draft self-sparse"]),
+    (["--batch", "2", "--draft", "self-sparse", "--self-draft-window", "20"], ["self-sparse window 20", "too small"]),
     (["--batch", "2", "--memory-budget", "100KiB"], ["cannot hold even one sequence"]),
     (["--batch", "0"], ["--batch"]),
     (["--batch", "2", "--exact-verify"], ["--exact-verify", "--batch"]),

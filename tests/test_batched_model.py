@@ -130,3 +130,25 @@ def test_batch_invariance_defaults_on_for_a_cpu_and_off_for_a_gpu(tiny_target):
     fast = BatchedModel(model, num_rows=2, max_context=64, kv_dtype="fp32", n_batch=64,
                         settings=BatchSettings(is_batch_invariant=False))
     assert fast.settings.is_batch_invariant is False and fast.tiles is None
+
+
+def test_shifting_one_row_out_moves_only_that_rows_keys_as_a_single_sequence_cache_does(tiny_target):
+    """A self-sparse draft's window (pocketspec/drafters/draft_window.py): dropping cached positions of one row
+    of a batch re-rotates that row's later keys exactly as one sequence's cache does (StaticKVCache.shift, the
+    single engine's sliding window), and leaves every other row's cache untouched, bit for bit."""
+    rng = np.random.default_rng(4)
+    tokens = [[1, *rng.integers(3, 200, 30)] for _ in range(2)]
+    batch, alone = _batched(tiny_target, 2, is_batch_invariant=False), _batched(tiny_target, 1, is_batch_invariant=False)
+    for row in range(2):
+        batch.prefill(row, tokens[row])
+    alone.prefill(0, tokens[0])
+    other_before = [(keys[1].clone(), values[1].clone()) for keys, values in zip(batch.cache.keys, batch.cache.values)]
+    batch.shift_out(0, 4, 10)
+    alone.cache.shift(4, 10, len(tokens[0]), alone.model.inv_freq)
+    alone.cached[0][4:14] = []
+    assert batch.cached[0] == alone.cached[0] == tokens[0][:4] + tokens[0][14:] and batch.cached[1] == tokens[1]
+    num_kept = len(batch.cached[0])
+    for layer, (keys, values) in enumerate(zip(batch.cache.keys, batch.cache.values)):
+        torch.testing.assert_close(keys[0, :, :num_kept], alone.cache.keys[layer][0, :, :num_kept], rtol=0, atol=0)
+        torch.testing.assert_close(values[0, :, :num_kept], alone.cache.values[layer][0, :, :num_kept], rtol=0, atol=0)
+        assert torch.equal(keys[1], other_before[layer][0]) and torch.equal(values[1], other_before[layer][1])

@@ -122,6 +122,14 @@ class BatchedModel:
         del self.cached[row][num_kept:]
         self.num_exact[row] = min(self.num_exact[row], num_kept)
 
+    @torch.inference_mode()
+    def shift_out(self, row: int, start: int, count: int) -> None:
+        """Drop `count` cached tokens of `row` from `start` and move the later ones down, their keys
+        rotated to their new positions (a self-sparse draft's window, pocketspec/drafters/draft_window.py)."""
+        self.cache.shift(start, count, self.num_cached(row), self.model.inv_freq, rows=slice(row, row + 1))
+        del self.cached[row][start:start + count]
+        self.num_exact[row] = min(self.num_exact[row], start)
+
     def memory_report(self) -> dict[str, int]:
         weight_bytes = sum(tensor.numel() * tensor.element_size()
                            for tensor in [*self.model.parameters(), *self.model.buffers()])

@@ -2,8 +2,10 @@
 
 The target is wrapped in the batch-invariant linears when the settings ask for them.
 Drafters: n-gram (per sequence), `self-skip` (the target's first layers, with a KV
-cache of their own) or a same-vocabulary draft GGUF; `self-sparse` slides a window
-per sequence, which batched rows do not do.
+cache of their own), `self-sparse` (the whole target over a KV cache of --self-draft-window
+positions per row: attention sinks and recent tokens, each row sliding its own window, as
+MagicDec and StreamingLLM draft) or a same-vocabulary draft GGUF. A draft needs no batch
+invariance: verification keeps the output exact whatever it proposes.
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ from dataclasses import replace
 import torch
 
 from pocketspec.backends.torch_backend import load_tokenizer, resolve_kv_dtype, resolve_weights_format
-from pocketspec.backends.torch_open import self_skip_layers
+from pocketspec.backends.torch_open import check_self_draft, self_skip_layers
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.engine import BatchEngine
 from pocketspec.batch.opened import OpenedBatch
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
-from pocketspec.settings import BATCH_DRAFTS, BatchSettings, ModelSettings, SamplingSettings, SpeculationSettings
+from pocketspec.settings import BatchSettings, ModelSettings, SamplingSettings, SpeculationSettings
 from pocketspec.torch_model.device import resolve_device
 from pocketspec.torch_model.invariant import TileShape, make_batch_invariant
 from pocketspec.torch_model.load import load_model
@@ -28,8 +30,6 @@ from pocketspec.torch_model.load import load_model
 
 def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, speculation: SpeculationSettings,
                       sampling: SamplingSettings, batch: BatchSettings) -> OpenedBatch:
-    if choice.drafter not in BATCH_DRAFTS:
-        raise UserError(f"--batch drafts with ngram, self-skip, none or a draft model, not --draft {choice.drafter}")
     device = resolve_device(target_settings.device)
     if device.type == "cpu" and target_settings.num_threads:
         torch.set_num_threads(target_settings.num_threads)
@@ -51,6 +51,12 @@ def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, sp
     if choice.drafter == "self-skip" and speculation.drafter in ("auto", "model"):
         num_layers = self_skip_layers(model.config.num_layers, speculation)
         draft = BatchedModel(model, settings=draft_settings, tiles=tiles, num_layers=num_layers, **rows)
+    elif choice.drafter == "self-sparse" and speculation.drafter in ("auto", "model"):
+        check_self_draft(choice.drafter, target_settings, speculation)
+        window = min(speculation.self_draft_window, target_settings.max_context)
+        draft = BatchedModel(model, settings=draft_settings, tiles=tiles,
+                             **{**rows, "max_context": window, "n_batch": min(target_settings.n_batch, window),
+                                "kv_dtype": resolve_kv_dtype(speculation.self_draft_kv_type, model)})
     elif choice.draft_path is not None and speculation.drafter in ("auto", "model"):
         draft_model = load_model(choice.draft_path, weights, device)
         draft = BatchedModel(draft_model, settings=draft_settings, **rows)

@@ -1,5 +1,5 @@
 """One slot that is a speculative engine, for what the batching pool cannot run: a torch target split
-over --devices, or one drafting for itself with a sparse cache (pocketspec/serve/open.py).
+over --devices (pocketspec/serve/open.py).
 
 Requests run one at a time, in the order they came, on the slot's own thread. The engine keeps
 the longest prefix of its KV caches (target and draft) that the next prompt shares, so a

@@ -1,8 +1,8 @@
 """From SessionSettings to the slots a server runs. Every slot is a row of the continuous-batching
 pool (pocketspec/serve/batch_slots.py: one step loop for every request running now; on llama.cpp
-the sequences of one context, on torch the rows of a batched model), except where the torch
-backend runs one engine: a target split over --devices (a row split's rank 0 serves, its other
-ranks follow) or drafting for itself with a sparse cache, one request at a time."""
+the sequences of one context, on torch the rows of a batched model), except a torch target split
+over --devices, which runs one engine, one request at a time (a row split's rank 0 serves, its
+other ranks follow)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def open_slots(settings: SessionSettings, *, max_concurrency: int, on_note: Noti
         raise UserError(f"--max-concurrency {max_concurrency} with --devices on --backend torch: the batching pool "
                         "runs on one device, so a split target serves one request at a time (--max-concurrency 1); "
                         "--backend llama.cpp serves concurrent requests on split devices")
-    if is_torch and (is_split or (settings.draft == "self-sparse" and max_concurrency == 1)):
+    if is_torch and is_split:
         from pocketspec.serve.engine_slots import EngineSlots
         from pocketspec.session import open_session
 

@@ -107,8 +107,10 @@ class StaticKVCache:
         return (keys * self.key_scales[layer][rows, :, :end].to(dtype),
                 values * self.value_scales[layer][rows, :, :end].to(dtype))
 
-    def shift(self, start: int, count: int, num_cached: int, inv_freq: torch.Tensor) -> None:
-        """Drop positions start .. start + count - 1 and move the later ones down by `count`.
+    def shift(self, start: int, count: int, num_cached: int, inv_freq: torch.Tensor,
+              rows: slice = slice(None)) -> None:
+        """Drop positions start .. start + count - 1 of `rows` (every row: a single sequence's cache; one
+        row: a batch's) and move the later ones down by `count`.
 
         The moved keys were rotated for their old positions; rotating them by -count
         gives exactly the keys of their new positions (up to float rounding).
@@ -124,11 +126,12 @@ class StaticKVCache:
                 angles[device] = rope_angles(torch.full((num_moved,), -count, device=device), inv_freq.to(device))
             cos, sin = angles[device]
             if self.is_int8:
-                moved = self.keys[layer][:, :, source].to(torch.float32) * self.key_scales[layer][:, :, source]
-                self.keys[layer][:, :, target], self.key_scales[layer][:, :, target] = _quantize(
+                moved = (self.keys[layer][rows, :, source].to(torch.float32)
+                         * self.key_scales[layer][rows, :, source])
+                self.keys[layer][rows, :, target], self.key_scales[layer][rows, :, target] = _quantize(
                     apply_rope(moved, cos, sin))
-                self.values[layer][:, :, target] = self.values[layer][:, :, source].clone()
-                self.value_scales[layer][:, :, target] = self.value_scales[layer][:, :, source].clone()
+                self.values[layer][rows, :, target] = self.values[layer][rows, :, source].clone()
+                self.value_scales[layer][rows, :, target] = self.value_scales[layer][rows, :, source].clone()
             else:
-                self.keys[layer][:, :, target] = apply_rope(self.keys[layer][:, :, source], cos, sin)
-                self.values[layer][:, :, target] = self.values[layer][:, :, source].clone()
+                self.keys[layer][rows, :, target] = apply_rope(self.keys[layer][rows, :, source], cos, sin)
+                self.values[layer][rows, :, target] = self.values[layer][rows, :, source].clone()
