@@ -3,9 +3,9 @@
 Like ModelDrafter, each row's draft cache follows its context through a DraftWindow
 (pocketspec/drafters/draft_window.py): before drafting it keeps its longest common prefix
 with the context and catches up in the first pass, which is ragged (one or two tokens per
-row after a step); where the plan gave the draft a shorter context than the target's
-(llama.cpp), a row slides a window of sinks and recent tokens. torch's draft rows hold the
-target's context, so theirs never slide. Each row draws from its own sequence's generator. A
+row after a step); where the draft holds a shorter context than the target's (a llama.cpp
+plan's draft model, or torch's --draft self-sparse window), a row slides a window of sinks
+and recent tokens. Each row draws from its own sequence's generator. A
 draft needs no batch invariance: verification keeps the output exact whatever it proposes,
 so it runs the fast kernels.
 """

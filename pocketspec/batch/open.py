@@ -20,7 +20,6 @@ from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.engine import BatchEngine
 from pocketspec.batch.opened import OpenedBatch
-from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import BatchSettings, ModelSettings, SamplingSettings, SpeculationSettings
 from pocketspec.torch_model.device import resolve_device
