@@ -51,12 +51,17 @@ def check_self_draft(kind: str, target_settings: ModelSettings, speculation: Spe
                         f"{min_self_draft_window(speculation.max_gamma)} positions")
 
 
+def self_sparse_window(target_settings: ModelSettings, speculation: SpeculationSettings) -> int:
+    """A self-sparse draft's positions per sequence: --self-draft-window, within the target's context."""
+    return min(speculation.self_draft_window, target_settings.max_context)
+
+
 def open_self_draft(target, kind: str, target_settings: ModelSettings, speculation: SpeculationSettings):
     """A draft backend that is `target` itself, with only its own small KV cache."""
     check_self_draft(kind, target_settings, speculation)
     if kind == "self-sparse":
-        window = speculation.self_draft_window
-        settings = replace(target_settings, max_context=min(window, target_settings.max_context), max_logits_rows=1)
+        settings = replace(target_settings, max_context=self_sparse_window(target_settings, speculation),
+                           max_logits_rows=1)
         return target.self_draft(settings, kv_dtype=speculation.self_draft_kv_type)
     num_kept = self_skip_layers(target.model.config.num_layers, speculation)
     return target.self_draft(replace(target_settings, max_logits_rows=1), num_layers=num_kept)

@@ -70,8 +70,8 @@ class BatchEngine:
         if group_size not in self._controllers:
             controller = GammaController(
                 self.limits.model, fixed_gamma=self.limits.fixed, max_draftless_gamma=self.limits.draftless,
-                target_costs=CostTable(_for_rows(self.target_costs, group_size)),
-                draft_costs=CostTable(_for_rows(self.draft_costs, group_size)))
+                target_costs=CostTable(self.target_costs and self.target_costs.for_rows(group_size)),
+                draft_costs=CostTable(self.draft_costs and self.draft_costs.for_rows(group_size)))
             if self._controllers:
                 controller.acceptance, controller.match_acceptance = self.acceptance, self.match_acceptance
             self._controllers[group_size] = controller
@@ -151,7 +151,3 @@ class BatchEngine:
     def alignment_seconds(self) -> float:
         """Seconds spent aligning rows (layouts, per-row KV scatter/gather, padding) in target forwards."""
         return self.target.timer.total
-
-
-def _for_rows(costs: MeasuredCosts | None, num_rows: int) -> MeasuredCosts | None:
-    return None if costs is None else costs.for_rows(num_rows)

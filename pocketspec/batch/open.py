@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from pocketspec.backends.torch_backend import load_tokenizer, resolve_kv_dtype, resolve_weights_format
-from pocketspec.backends.torch_open import check_self_draft, self_skip_layers
+from pocketspec.backends.torch_open import check_self_draft, self_skip_layers, self_sparse_window
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.engine import BatchEngine
@@ -52,10 +52,10 @@ def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, sp
         draft = BatchedModel(model, settings=draft_settings, tiles=tiles, num_layers=num_layers, **rows)
     elif choice.drafter == "self-sparse" and speculation.drafter in ("auto", "model"):
         check_self_draft(choice.drafter, target_settings, speculation)
-        window = min(speculation.self_draft_window, target_settings.max_context)
-        draft = BatchedModel(model, settings=draft_settings, tiles=tiles,
-                             **{**rows, "max_context": window, "n_batch": min(target_settings.n_batch, window),
-                                "kv_dtype": resolve_kv_dtype(speculation.self_draft_kv_type, model)})
+        window = self_sparse_window(target_settings, speculation)
+        draft = BatchedModel(model, settings=draft_settings, tiles=tiles, **dict(
+            rows, max_context=window, n_batch=min(target_settings.n_batch, window),
+            kv_dtype=resolve_kv_dtype(speculation.self_draft_kv_type, model)))
     elif choice.draft_path is not None and speculation.drafter in ("auto", "model"):
         draft_model = load_model(choice.draft_path, weights, device)
         draft = BatchedModel(draft_model, settings=draft_settings, **rows)

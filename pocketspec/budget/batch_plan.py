@@ -9,6 +9,7 @@ from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import round_up
 from memplanner.torch_peak import heap_reserve_bytes
 from memplanner.torch_sizes import gguf_layout, resolve_weights_format
+from pocketspec.backends.torch_open import self_sparse_window
 from pocketspec.budget.memory_plan import MemoryPlan, peak_line, sizes_text
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
@@ -27,13 +28,13 @@ def apply_batch_plan(choice: ModelChoice, budget_bytes: int, target_settings: Mo
                              n_batch=target_settings.n_batch)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
     draft_layers = speculation.skip_layers_kept(shape.num_layers) if choice.drafter == "self-skip" else 0
-    is_sparse = choice.drafter == "self-sparse"
     found = plan_batch(shape, workload, budget_bytes=budget_bytes, weights_format=weights,
                        kv_dtype=kv_dtype_for(target_settings.torch_kv_type, weights, on_gpu), is_tied=is_tied,
                        has_qkv_bias=has_qkv_bias, on_gpu=on_gpu, draft_shape=draft_shape,
                        draft_is_tied=draft_shape is not None and gguf_layout(choice.draft_path)[0],
                        draft_layers=draft_layers,
-                       draft_window=min(speculation.self_draft_window, target_settings.max_context) if is_sparse else 0,
+                       draft_window=self_sparse_window(target_settings, speculation)
+                       if choice.drafter == "self-sparse" else 0,
                        draft_kv_dtype=kv_dtype_for(speculation.self_draft_kv_type, weights, on_gpu))
     if not found.feasible:
         raise UserError(found.reason)

@@ -52,9 +52,9 @@ class DraftWindow:
 
     def fits(self, context: Sequence[int], max_tokens: int) -> bool:
         """Whether a draft of max_tokens after `context` fits: in the window as it is, or beside the sinks
-        and a slide's slack."""
-        return (len(self.window(context)) + max_tokens <= self.cache.max_context
-                or ATTENTION_SINK_TOKENS + SLIDE_SLACK_TOKENS + max_tokens + 1 < self.cache.max_context)
+        and a slide's slack (checked first: it needs no copy of the window)."""
+        return (ATTENTION_SINK_TOKENS + SLIDE_SLACK_TOKENS + max_tokens + 1 < self.cache.max_context
+                or len(self.window(context)) + max_tokens <= self.cache.max_context)
 
     def feed(self, context: Sequence[int], max_tokens: int) -> list[int]:
         """Make room for a draft of max_tokens after `context` (roll back what differs, slide the window
