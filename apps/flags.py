@@ -146,9 +146,9 @@ def backend_options(function):
                           "int8/int4 quantize on load."),
         click.option("--torch-kv-type", type=click.Choice(TORCH_KV_TYPES), default=MODEL.torch_kv_type,
                      show_default=True, help="torch KV cache dtype (auto: the weights' compute dtype)."),
-        click.option("--compile/--no-compile", "compile", default=MODEL.compile, show_default=True,
-                     help="torch.compile the torch model's forward (for GPUs); with the static decode step, "
-                          "CUDA graphs (mode reduce-overhead)."),
+        click.option("--compile/--no-compile", "compile", default=MODEL.compile,
+                     help="torch.compile the torch model's forward (default: on a GPU with the static decode "
+                          "step, whose every step is a CUDA graph replay either way)."),
         click.option("--decode-step", type=click.Choice(DECODE_STEPS), default=MODEL.decode_step, show_default=True,
                      help="torch decode step: static (fixed shapes, tokens chosen and verified on the device, one "
                           "read back per step), dynamic, or auto (static on a GPU)."),

@@ -36,7 +36,7 @@ def _build_identity(settings) -> dict:
         import torch
 
         return {"backend": "torch", "torch": torch.__version__, "device": settings.device,
-                "devices": list(settings.devices), "weights": settings.weights, "compile": settings.compile,
+                "devices": list(settings.devices), "weights": settings.weights, "compile": settings.compiles,
                 "decode_step": settings.decode_step}
     import llama_cpp
 

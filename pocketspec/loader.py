@@ -97,6 +97,7 @@ def load_engine(
                                    speculation=speculation, target_costs=target_costs, draft_costs=draft_costs)
         if skip_reason is not None:
             engine.notes.append(skip_reason)
+        engine.notes.extend(target_backend.notes + (draft_backend.notes if draft_backend is not None else []))
         return engine
     except BaseException:
         if draft_backend is not None:

@@ -123,7 +123,7 @@ class ModelSettings:
     device: str = "cpu"  # torch: cpu | cuda | cuda:N | rocm
     weights: str = AUTO  # torch: one of TORCH_WEIGHTS (auto: memplanner.torch_sizes.resolve_weights_format)
     torch_kv_type: str = AUTO  # torch: one of TORCH_KV_TYPES (auto: the weights' compute format)
-    compile: bool = False  # torch: torch.compile the forward (GPU)
+    compile: bool | None = None  # torch: torch.compile the forward; None: `compiles` says
     decode_step: str = AUTO  # torch: one of DECODE_STEPS; uses_static_step says what auto means
     # Several devices (cuda:N, rocm:N, or cpu:N: devices simulated on one CPU); empty: `device` alone
     devices: tuple[str, ...] = ()
@@ -149,6 +149,12 @@ class ModelSettings:
     def is_on_gpu(self) -> bool:
         """Whether the target's first device (the one holding the embedding) is a GPU."""
         return is_gpu(self.all_devices[0])
+
+    @property
+    def compiles(self) -> bool:
+        """Whether the torch backend torch.compiles its forward. Unset: on a GPU with the static step,
+        whose compiled blocks its CUDA graphs then replay (torch_model/static_step.py)."""
+        return self.compile if self.compile is not None else self.uses_static_step and self.is_on_gpu
 
     @property
     def uses_static_step(self) -> bool:

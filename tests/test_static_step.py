@@ -10,7 +10,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import assert_matches_plain, built_engine, same_distribution_pvalue, sampled_token_counts
-from pocketspec.torch_model.static_step import bucket_widths
+from pocketspec.torch_model.model import masked_attention
+from pocketspec.torch_model.static_step import bucket_widths, grouped_attention, grouped_sdpa
 from tiny_models import write_tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -165,3 +166,62 @@ def test_a_seeded_run_with_ngram_drafts_samples_what_plain_sampling_samples(tiny
             runs[drafter] = engine.generate(_prompt(engine), 120)
     assert runs["ngram"].stats.num_drafted > 0
     assert runs["ngram"].tokens == runs["none"].tokens
+
+
+@pytest.mark.parametrize("num_heads, num_kv_heads, width", [(12, 2, 1), (12, 2, 5), (9, 3, 8), (4, 4, 3)])
+@pytest.mark.parametrize("attention", [grouped_attention, grouped_sdpa])
+def test_folded_query_rows_attend_as_every_query_head_alone(num_heads, num_kv_heads, width, attention):
+    """A GPU's static step folds each key/value head's query heads into query rows: the result equals
+    repeating the keys and values for every query head (what the dynamic path does on a GPU)."""
+    generator = torch.Generator().manual_seed(num_heads + width)
+    q = torch.randn(1, num_heads, width, 32, generator=generator)
+    keys, values = (torch.randn(1, num_kv_heads, 40, 32, generator=generator) for _ in range(2))
+    mask = torch.arange(40)[None, :] <= torch.arange(20, 20 + width)[:, None]
+    expected = masked_attention(q, keys, values, mask, expand_groups=True)
+    torch.testing.assert_close(attention(q, keys, values, mask), expected, rtol=1e-5, atol=1e-5)
+
+
+class OperatorCount(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+# The eager static step of the 2-block tiny model ran 174 operators on 2026-11-27: on a GPU every one
+# is a launch when nothing is compiled (about 1,400 a token on Qwen2.5-1.5B), so growth is a cost.
+MAX_OPERATORS_PER_TINY_STEP = 200
+
+
+def test_an_eager_static_step_runs_no_more_operators_than_it_did(tiny_pair):
+    target, _ = tiny_pair
+    with built_engine(target, drafter="none", decode_step="static", **TORCH) as engine:
+        engine.target.prefill(_prompt(engine))
+        with OperatorCount() as operators:
+            engine.target.static_step.logits([5], engine.target.num_cached)
+    assert engine.target.num_layers == 2
+    assert 0 < operators.count <= MAX_OPERATORS_PER_TINY_STEP
+
+
+def test_a_compiler_that_fails_leaves_eager_decoding_with_a_note(tiny_pair, tmp_path, monkeypatch):
+    """No C++ compiler for Inductor (a real failure, not a stand-in): the backend opens eager, says so
+    once, and decodes the same tokens."""
+    import torch._dynamo
+    import torch._inductor.config
+
+    target, _ = tiny_pair
+    expected = _generate(target, 24, drafter="none", decode_step="dynamic")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    try:
+        with torch._inductor.config.patch({"cpp.cxx": ("/nonexistent/c++",), "fx_graph_cache": False}):
+            with built_engine(target, drafter="none", decode_step="static", compile=True, **TORCH) as engine:
+                result = engine.generate(_prompt(engine), 24)
+                notes = list(engine.notes)
+    finally:
+        torch._dynamo.reset()
+    assert [note for note in notes if note.startswith("torch.compile failed")] != []
+    assert result.tokens == expected.tokens

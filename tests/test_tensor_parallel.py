@@ -54,7 +54,8 @@ def _partial_outputs(model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
                           kv_dtype="fp32", device=torch.device("cpu"))
     cos, sin = rope_angles(torch.arange(x.shape[1]), model.inv_freq)
     block = model.layers[0]
-    return block.attention(x, cos, sin, cache, 0, 0), block.feed_forward(x)
+    attention = block.attention
+    return attention.output(attention.attend(*attention.project(x, cos, sin), cache, 0, 0)), block.feed_forward(x)
 
 
 @torch.inference_mode()

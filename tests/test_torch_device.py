@@ -50,3 +50,15 @@ def test_explicit_formats_and_the_cpu_are_untouched(monkeypatch):
     assert resolve_weights_format("bf16", GPU) == "bf16"
     assert resolve_weights_format("auto", torch.device("cpu")) == "fp32"
     assert compute_dtype("int8", torch.device("cpu")) == torch.float32
+
+
+def test_compiling_is_the_default_on_a_gpu_only():
+    """Unset, --compile means: on a GPU with the static step (whose CUDA graphs then replay compiled
+    blocks); never on a CPU, where compiling costs a minute and buys little; an explicit choice wins."""
+    from pocketspec.settings import ModelSettings
+
+    assert ModelSettings(backend="torch", device="cuda").compiles
+    assert not ModelSettings(backend="torch", device="cuda", decode_step="dynamic").compiles
+    assert not ModelSettings(backend="torch", device="cuda", compile=False).compiles
+    assert not ModelSettings(backend="torch", device="cpu").compiles
+    assert ModelSettings(backend="torch", device="cpu", compile=True).compiles

@@ -83,6 +83,7 @@ class CachedTokens:
 
     def __init__(self) -> None:
         self._cached: list[int] = []
+        self.notes: list[str] = []  # what opening decided that the user should hear (a compile fallback)
 
     @property
     def cached_tokens(self) -> list[int]:

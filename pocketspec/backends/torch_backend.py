@@ -23,6 +23,7 @@ from memplanner.torch_sizes import resolve_weights_format as resolve_format_for
 from pocketspec.backends.base import CachedTokens
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings, SamplingSettings
+from pocketspec.torch_model.compile_cache import use_compile_cache
 from pocketspec.torch_model.device import gpu_float_format, resolve_device
 from pocketspec.torch_model.kv_cache import KV_DTYPES, StaticKVCache
 from pocketspec.torch_model.layer_split import LayerSplit, install_layer_split, tensor_bytes_by_device
@@ -106,10 +107,28 @@ class TorchBackend(CachedTokens):
         self._exact_widths: dict[int, int] = {}
         self.static_step: StaticDecodeStep | None = None
         if settings.uses_static_step:
-            self.static_step = StaticDecodeStep(model, self.cache, num_layers=self.num_layers,
-                                                max_width=settings.max_logits_rows, compile=settings.compile)
-            if settings.compile:
-                self.static_step.warm_up()  # compiles every bucket before anything is timed
+            self.static_step = self._warmed_static_step(settings.compiles)
+
+    def _warmed_static_step(self, compiles: bool) -> StaticDecodeStep:
+        """The static step with every bucket compiled and captured before anything is timed; where
+        compiling fails, the same step eager, with a note naming the cause."""
+        if compiles:
+            use_compile_cache()
+        step = StaticDecodeStep(self.model, self.cache, num_layers=self.num_layers,
+                                max_width=self.settings.max_logits_rows, compile=compiles)
+        if not (compiles or step.captures):
+            return step
+        try:
+            step.warm_up()
+        except Exception as error:  # noqa: BLE001 - any compiler failure leaves eager decoding, which works
+            if not compiles:
+                raise
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            self.notes.append(f"torch.compile failed ({type(error).__name__}: {reason[:200]}); decoding eagerly")
+            step = StaticDecodeStep(self.model, self.cache, num_layers=self.num_layers,
+                                    max_width=self.settings.max_logits_rows, compile=False)
+            step.warm_up()
+        return step
 
     @classmethod
     def open(cls, model_path: Path | str, settings: ModelSettings = ModelSettings(), *, shard=None,
@@ -130,7 +149,8 @@ class TorchBackend(CachedTokens):
             raise
         if split is not None:
             install_layer_split(model, split)
-        if settings.compile and not settings.uses_static_step:
+        if settings.compiles and not settings.uses_static_step:
+            use_compile_cache()
             model.forward = torch.compile(model.forward, dynamic=True)
         return cls(model, settings, tokenizer=tokenizer, model_path=model_path, vocab_model=vocab_model)
 

@@ -75,20 +75,26 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.dim, config.num_kv_heads * config.head_dim, bias=bias)
         self.wo = nn.Linear(config.num_heads * config.head_dim, config.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, layer: int,
-                start: int, layout=None) -> torch.Tensor:
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q [batch, heads, T, head_dim], k and v [batch, kv_heads, T, head_dim], q and k rotated."""
         batch, num_tokens, _ = x.shape
         q = self.wq(x).view(batch, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: int, start: int,
+               layout=None) -> torch.Tensor:
+        """Write k and v to the cache and attend; [batch, heads, T, head_dim]."""
         if layout is not None:  # tokens of several sequences packed into one row (pocketspec/batch/layout.py)
-            out = layout.attend(q, k, v, cache, layer)
-            return self.wo(out.transpose(1, 2).reshape(batch, num_tokens, -1))
+            return layout.attend(q, k, v, cache, layer)
         cache.write(layer, start, k, v)
-        keys, values = cache.read(layer, start + num_tokens, dtype=q.dtype)  # [batch, kv_heads, end, head_dim]
-        out = causal_attention(q, keys, values, start, expand_groups=x.device.type != "cpu")
-        return self.wo(out.transpose(1, 2).reshape(batch, num_tokens, -1))
+        keys, values = cache.read(layer, start + q.shape[2], dtype=q.dtype)  # [batch, kv_heads, end, head_dim]
+        return causal_attention(q, keys, values, start, expand_groups=q.device.type != "cpu")
+
+    def output(self, attended: torch.Tensor) -> torch.Tensor:
+        batch, _, num_tokens, _ = attended.shape
+        return self.wo(attended.transpose(1, 2).reshape(batch, num_tokens, -1))
 
 
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, *,
@@ -143,7 +149,17 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(config)
 
     def forward(self, x, cos, sin, cache, layer: int, start: int, layout=None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, start, layout)
+        q, k, v = self.project(x, cos, sin)
+        return self.finish(x, self.attention.attend(q, k, v, cache, layer, start, layout))
+
+    # The two halves around attention touch no cache: the static step compiles them once for every
+    # block (torch_model/static_step.py), while writing the cache and attending stay outside.
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.attention.project(self.attention_norm(x), cos, sin)
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The residual after attention, then the feed-forward's."""
+        x = x + self.attention.output(attended)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -162,6 +178,14 @@ class Transformer(nn.Module):
         # recomputes it on the model's device
         self.register_buffer("inv_freq", rope_inv_freq(config, torch.device("cpu")), persistent=False)
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok_embeddings(tokens)
+        if x.dtype == torch.float16:
+            # the residual stream stays float32: Qwen2's outgrows fp16's 65504 and turns to inf
+            # (bf16 has fp32's range); each block still computes in fp16 from its fp16 norm
+            x = x.float()
+        return x
+
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = self.norm(hidden)
         if self.output is None:
@@ -177,11 +201,7 @@ class Transformer(nn.Module):
         sequences packed together: the layout gives each its position (`start` is unused) and
         attends per sequence.
         """
-        x = self.tok_embeddings(tokens)
-        if x.dtype == torch.float16:
-            # the residual stream stays float32: Qwen2's outgrows fp16's 65504 and turns to inf
-            # (bf16 has fp32's range); each block still computes in fp16 from its fp16 norm
-            x = x.float()
+        x = self.embed(tokens)
         if layout is not None:
             cos, sin = layout.cos, layout.sin
         else:

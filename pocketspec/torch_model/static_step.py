@@ -17,11 +17,22 @@ Here, instead:
   reads back two integers. Every read from the device goes through `to_host`, which counts the
   reads and their bytes: tests/test_static_step.py checks there is one read of 16 bytes per step.
 
-With `compile`, the step is torch.compile'd with mode="reduce-overhead" on a GPU (CUDA graphs;
-the cache buffers are marked static so that their in-place writes stay in the graph) and
-warmed up for every bucket when the backend opens, before anything is timed. On a CPU the
-same code runs eagerly (or compiled without graphs), which is how the tests prove that it
-gives the dynamic path's tokens.
+On a GPU every bucket's step is captured once in a CUDA graph (torch.cuda.CUDAGraph) and
+replayed: a step then costs one launch from the host instead of a thousand. Every input sits in
+a fixed device buffer and every cache write is in place, so a replay needs nothing else. The
+graphs' memory pool (each bucket's logits and activations) is not in the memory plan yet. With
+`compile`, the two halves of a block around attention (Block.project and Block.finish) and the
+attention itself are torch.compile'd once for all blocks: they take modules and tensors, never
+the cache or a layer number, so one compile serves every block, Inductor fuses their
+elementwise work, and compiling costs one block's graphs, not the whole model's; writing the
+cache stays eager inside the graph. `compile_scope="step"` compiles the whole step instead (the
+GPU suite's comparison). Buckets are captured when the backend opens, before anything is timed.
+On a CPU the same code runs without graphs (compiled by Inductor or eager), which is how the
+tests prove that it gives the dynamic path's tokens.
+
+On a GPU, attention (grouped_attention) folds each key/value head's group of query heads into
+query rows, so the cache is read once per key/value head rather than copied out to every
+query head, and runs as two matmuls around a float32 softmax (its docstring says why not SDPA).
 """
 
 from __future__ import annotations
@@ -30,10 +41,12 @@ from typing import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pocketspec.settings import SamplingSettings
 from pocketspec.torch_model import device_sampling
-from pocketspec.torch_model.model import masked_attention, rope_angles
+from pocketspec.torch_model.model import Block, masked_attention, rope_angles
 from pocketspec.speculation.verify import Verdict
 
 
@@ -45,11 +58,43 @@ def bucket_widths(max_width: int) -> list[int]:
     return widths + [max_width] if max_width > 1 else widths
 
 
+COMPILE_SCOPES = ("blocks", "step")
+
+
+def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [batch, heads, T, head_dim] over keys and values [batch, kv_heads, max_context, head_dim], the
+    query heads of each key/value head as extra rows (query head h reads key/value head h // group,
+    repeat_interleave's order), as two matmuls and a float32 softmax.
+
+    Not SDPA: its kernels split the work by (head, block of queries), so a decode step of 2 to 8
+    key/value heads ran on as many thread blocks, each walking the whole cache alone: 0.1 ms a layer
+    on an H200 whatever the model, 4 ms a step. A matmul over the keys spreads over them instead."""
+    batch, num_heads, num_tokens, head_dim = q.shape
+    num_kv_heads = keys.shape[1]
+    group = num_heads // num_kv_heads
+    folded = q.reshape(batch, num_kv_heads, group * num_tokens, head_dim)
+    scores = torch.matmul(folded, keys.transpose(-1, -2)).float() * head_dim ** -0.5
+    scores = scores.masked_fill(~mask.repeat(group, 1), float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+    return out.reshape(batch, num_heads, num_tokens, head_dim)
+
+
+def grouped_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """grouped_attention's folded query rows through SDPA (measured on an H200: 0.1 ms a layer)."""
+    batch, num_heads, num_tokens, head_dim = q.shape
+    group = num_heads // keys.shape[1]
+    folded = q.reshape(batch, keys.shape[1], group * num_tokens, head_dim)
+    out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask.repeat(group, 1))
+    return out.reshape(batch, num_heads, num_tokens, head_dim)
+
+
 class StaticPositions:
     """The model's `layout` for one static step: tokens at positions [T] held on the device."""
 
-    def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, max_context: int):
-        self.positions = positions
+    def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, max_context: int,
+                 attention=grouped_attention):
+        """attention: grouped_attention, or its compiled twin (a GPU's)."""
+        self.positions, self.attention = positions, attention
         self.cos, self.sin = rope_angles(positions, inv_freq)
         key_positions = torch.arange(max_context, device=positions.device)
         self.mask = key_positions[None, :] <= positions[:, None]  # [T, max_context]
@@ -58,17 +103,32 @@ class StaticPositions:
         """q [1, heads, T, head_dim] over the whole cache, after writing k and v [1, kv_heads, T, head_dim]."""
         cache.write_at(layer, self.positions, k, v)
         keys, values = cache.read(layer, cache.max_context, dtype=q.dtype)
-        return masked_attention(q, keys, values, self.mask, expand_groups=q.device.type != "cpu")
+        if q.device.type == "cpu":
+            return masked_attention(q, keys, values, self.mask, expand_groups=False)
+        return self.attention(q, keys, values, self.mask)
+
+
+def attention_kernels():
+    """SDPA may pick flash, memory-efficient or math attention here, never cuDNN's: for a handful of
+    query rows its plan costs the host 1.5 ms a call (profiled on an H200), and the static step gains
+    nothing from it."""
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 class StaticDecodeStep:
-    def __init__(self, model, cache, *, num_layers: int, max_width: int, compile: bool = False):
+    def __init__(self, model, cache, *, num_layers: int, max_width: int, compile: bool = False,
+                 compile_scope: str = "blocks", captures: bool | None = None, gpu_attention: str = "matmul"):
+        """captures: replay CUDA graphs (None: on a CUDA device). gpu_attention: "matmul"
+        (grouped_attention) or "sdpa" (the same folded query rows through SDPA; the GPU suite compares)."""
+        if compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile_scope {compile_scope!r}: one of {COMPILE_SCOPES}")
         self.model, self.cache, self.num_layers = model, cache, num_layers
         self.device = model.tok_embeddings.weight.device
         self.widths = bucket_widths(max_width)
         self.num_host_reads = 0
         self.num_host_bytes = 0
         is_gpu = self.device.type == "cuda"
+        self.captures = is_gpu if captures is None else captures and is_gpu
         # one host buffer for a step's integers: [tokens (padded), start]; one for its uniforms
         self._host_ints = torch.zeros(self.widths[-1] + 1, dtype=torch.long, pin_memory=is_gpu)
         self._host_uniforms = torch.zeros(self.widths[-1] + 1, dtype=torch.float32, pin_memory=is_gpu)
@@ -77,18 +137,57 @@ class StaticDecodeStep:
         self._offsets = torch.arange(self.widths[-1], device=self.device)
         # marks the end of the last copy out of the host buffers: refilling them earlier would race it
         self._inputs_copied = torch.cuda.Event() if is_gpu else None
-        self._logits = self._logits_eager
-        if compile:
-            if is_gpu:
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graph_pool = torch.cuda.graph_pool_handle() if self.captures else None
+        self._project, self._finish, self._forward = Block.project, Block.finish, self._logits_eager
+        self._attention = grouped_attention if gpu_attention == "matmul" else grouped_sdpa
+        if compile and compile_scope == "blocks":
+            self._project = torch.compile(Block.project)
+            self._finish = torch.compile(Block.finish)
+            self._attention = torch.compile(self._attention)
+        elif compile:  # the whole step; without our own graphs, Inductor's (cudagraph trees) on a GPU
+            if is_gpu and not self.captures:
                 for tensor in [*cache.keys, *cache.values, *cache.key_scales, *cache.value_scales]:
                     torch._dynamo.mark_static_address(tensor)
-            self._logits = torch.compile(self._logits_eager, mode="reduce-overhead" if is_gpu else "default")
+            mode = "reduce-overhead" if is_gpu and not self.captures else "default"
+            self._forward = torch.compile(self._logits_eager, mode=mode)
 
     def _logits_eager(self, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """Logits [width, vocab] of tokens [1, width] at positions start + 0 .. width - 1."""
         width = tokens.shape[1]
-        layout = StaticPositions(start + self._offsets[:width], self.model.inv_freq, self.cache.max_context)
-        return self.model(tokens, 0, self.cache, self._offsets[:width], num_layers=self.num_layers, layout=layout)[0]
+        layout = StaticPositions(start + self._offsets[:width], self.model.inv_freq, self.cache.max_context,
+                                 self._attention)
+        x = self.model.embed(tokens)
+        for layer, block in enumerate(self.model.layers[:self.num_layers]):
+            q, k, v = self._project(block, x, layout.cos, layout.sin)
+            x = self._finish(block, x, block.attention.attend(q, k, v, self.cache, layer, 0, layout))
+        return self.model.head(x[0]).float()
+
+    def _run(self, width: int) -> torch.Tensor:
+        """The step of one bucket on the inputs already in the device buffers; its graph's if captured."""
+        tokens, start = self._device_ints[:width][None], self._device_ints[-1]
+        if not self.captures:
+            with attention_kernels():
+                return self._forward(tokens, start)
+        if width not in self._graphs:
+            self._graphs[width] = self._capture(tokens, start)
+        graph, logits = self._graphs[width]
+        graph.replay()
+        return logits
+
+    def _capture(self, tokens: torch.Tensor, start: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Run the step twice on a side stream (compiling, and letting libraries pick their kernels), then
+        record it. The runs write the same keys and values that the replay will, so they change nothing."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side), attention_kernels():
+            for _ in range(2):
+                self._forward(tokens, start)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool), attention_kernels():
+            logits = self._forward(tokens, start)
+        return graph, logits
 
     def bucket(self, num_tokens: int, start: int) -> int:
         """The padded width of a step of num_tokens at `start`: the smallest bucket that holds it, or the
@@ -97,7 +196,7 @@ class StaticDecodeStep:
         return width if start + width <= self.cache.max_context else num_tokens
 
     def warm_up(self) -> None:
-        """Run (and so compile) every bucket once, at position 0 of an empty cache."""
+        """Run (and so compile and capture) every bucket once, at position 0 of an empty cache."""
         for width in self.widths:
             self.logits([0] * width, 0)
 
@@ -116,8 +215,7 @@ class StaticDecodeStep:
             self._device_uniforms.copy_(self._host_uniforms, non_blocking=True)
         if self._inputs_copied is not None:
             self._inputs_copied.record()
-        logits = self._logits(self._device_ints[:width][None], self._device_ints[-1])
-        return logits[:len(tokens)]
+        return self._run(width)[:len(tokens)]
 
     def to_host(self, tensor: torch.Tensor) -> np.ndarray:
         """Every transfer from the device to the host goes through here (it waits for the device)."""

@@ -1,0 +1,414 @@
+"""The GPU suite: the torch backend's decode and verify on a GPU, against the bandwidth roofline, in minutes.
+
+    PYTHONPATH=. python3 benchmarks/gpu_suite.py [--out-dir DIR] [--budget-s 420]
+    PYTHONPATH=. python3 benchmarks/gpu_suite.py --device cpu --quick      # the same code on a CPU
+
+It needs no model files and no network: every model is random weights of a real shape
+(benchmarks/torch_gpu_roofline.py builds them), so it runs from a plain copy of the
+repository on any machine with torch, numpy and jinja2 (which a GPU image has; nothing of
+llama.cpp, gguf or the server is imported). Each model and weight format runs in its own
+process under its own timeout, so one slow compile costs its own rows only; the results
+files are rewritten after every row, so a run cut short still leaves what it measured.
+
+What it measures (batch 1, --context cached tokens):
+- decode tok/s for each model x weights x decode step, beside the roofline (measured copy
+  bandwidth over the bytes a token reads: weights + the KV cache) and the seconds the backend
+  took to open (compiling and capturing included). Decode steps:
+  eager = the dynamic forward; graphs = the static step replayed as CUDA graphs;
+  compiled = the same with its blocks and attention compiled (the default on a GPU);
+  compiled-sdpa = that with attention through SDPA instead of matmuls; compiled-step = the
+  whole step compiled, then captured; reduce-overhead = the whole step under Inductor's own
+  CUDA graphs (what --compile was before); compiled-dequant (int8) = compiled with the int8
+  weight dequantized inside the compiled matmul instead of torch's int8 kernel;
+- the first compile against a cached one (a second process on the same compile cache);
+- the compiled verify curve: ms per verify of width 1-32 at depth 0 and --context, and what
+  of it is host time (the verify call's wall time minus its graph's replay);
+- the verify curve as a cost table (gpu_costs_<model>.json, POCKETSPEC_HOME/costs format),
+  and the speculative speedup benchmarks/replay_drafting.py predicts on it for the recorded
+  traces (benchmarks/results/traces), where those and the time are there.
+Results: DIR/gpu_suite.json and DIR/gpu_suite.md (default benchmarks/results; --device cpu
+writes gpu_suite_cpu.*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+VERIFY_WIDTHS = (1, 2, 4, 8, 16, 32)
+TRACES = ("code_edit_qwen.jsonl", "spec_bench_a_qwen.jsonl")
+
+
+def full_plan() -> list[dict]:
+    """(model, weights, variants) groups in the order they matter; each runs in its own process."""
+    return [
+        {"model": "tiny", "weights": "fp32", "variants": ["eager", "graphs", "compiled"], "equality": True},
+        {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled", "compiled-sdpa", "graphs", "eager"],
+         "verify": True},
+        {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled"], "cached": True},
+        {"model": "llama-3.1-8b", "weights": "bf16", "variants": ["compiled", "graphs"]},
+        {"model": "llama-3.1-8b", "weights": "int4", "variants": ["compiled"]},
+        {"model": "llama-3.1-8b", "weights": "int8", "variants": ["compiled", "compiled-dequant"]},
+        {"model": "smollm2-135m", "weights": "bf16", "variants": ["compiled", "graphs"]},
+        {"model": "qwen2.5-1.5b", "weights": "int4", "variants": ["compiled"]},
+        {"model": "qwen2.5-1.5b", "weights": "int8", "variants": ["compiled", "compiled-dequant"]},
+        {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled-step", "reduce-overhead"]},
+    ]
+
+
+def quick_plan() -> list[dict]:
+    return [
+        {"model": "tiny", "weights": "fp32", "variants": ["eager", "graphs", "compiled"], "equality": True},
+        {"model": "tiny", "weights": "fp32", "variants": ["compiled", "graphs"], "verify": True},
+        {"model": "tiny", "weights": "fp32", "variants": ["compiled"], "cached": True},
+        {"model": "tiny", "weights": "int8", "variants": ["compiled-dequant", "graphs"]},
+    ]
+
+
+# ---------------------------------------------------------------- one group, in its own process
+
+def _open_backend(model, config, weights: str, device_name: str, variant: str, max_context: int, max_width: int):
+    """The torch backend on `model` for `variant`, and the seconds it took to open (compiling and capturing)."""
+    from pocketspec.backends.torch_backend import TorchBackend
+    from pocketspec.settings import ModelSettings
+    from pocketspec.torch_model.quantize import Int8Linear
+    from pocketspec.torch_model.static_step import StaticDecodeStep
+
+    for module in model.modules():  # compiled-dequant: the int8 weight dequantized in the (compiled) matmul
+        if isinstance(module, Int8Linear):
+            module.kernel = "dequantize" if variant == "compiled-dequant" else module.default_kernel
+    is_static = variant != "eager"
+    settings = ModelSettings(backend="torch", device=device_name, weights=weights, max_context=max_context,
+                             max_logits_rows=max_width, decode_step="static" if is_static else "dynamic",
+                             compile=variant in ("compiled", "compiled-dequant"))
+    started = time.perf_counter()
+    backend = TorchBackend(model, settings, tokenizer=None, model_path=None, owns_model=False)
+    if variant in ("compiled-step", "reduce-overhead", "compiled-sdpa"):
+        backend.static_step = StaticDecodeStep(model, backend.cache, num_layers=backend.num_layers,
+                                               max_width=max_width, compile=True,
+                                               compile_scope="blocks" if variant == "compiled-sdpa" else "step",
+                                               captures=variant != "reduce-overhead",
+                                               gpu_attention="sdpa" if variant == "compiled-sdpa" else "matmul")
+        backend.static_step.warm_up()
+    _synchronize(backend.device)
+    return backend, time.perf_counter() - started
+
+
+def _synchronize(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _decode_rate(backend, context: int, num_tokens: int) -> float:
+    """Tokens per second choosing greedily, one token a step, after `context` cached tokens."""
+    import numpy as np
+
+    from pocketspec.settings import SamplingSettings
+
+    greedy, rng = SamplingSettings(temperature=0.0), np.random.default_rng(0)
+    backend.rollback(0)
+    backend.prefill([7] * context)
+    for _ in range(3):
+        backend.choose([7], greedy, rng)
+    backend.rollback(context)
+    _synchronize(backend.device)
+    started = time.perf_counter()
+    for _ in range(num_tokens):
+        backend.choose([7], greedy, rng)
+    _synchronize(backend.device)
+    return num_tokens / (time.perf_counter() - started)
+
+
+def _verify_curve(backend, depths: list[int], repeats: int) -> dict:
+    """ms per verify call by depth and width (median), and ms per replay of that width's step alone."""
+    import numpy as np
+    import torch
+
+    from pocketspec.settings import SamplingSettings
+
+    greedy, rng = SamplingSettings(temperature=0.0), np.random.default_rng(0)
+    step = backend.static_step
+    curve = {"verify_ms": {}, "replay_ms": {}}
+    for depth in depths:
+        backend.rollback(0)
+        if depth:
+            backend.prefill([7] * depth)
+        for name in curve:
+            curve[name][depth] = {}
+        for width in VERIFY_WIDTHS:
+            calls, replays = [], []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                backend.verify([7] * width, None, greedy, rng)
+                calls.append(time.perf_counter() - started)
+                backend.rollback(depth)
+                _synchronize(backend.device)
+                started = time.perf_counter()
+                with torch.inference_mode():
+                    step._run(step.bucket(width, depth))
+                _synchronize(backend.device)
+                replays.append(time.perf_counter() - started)
+            curve["verify_ms"][depth][width] = round(1e3 * float(np.median(calls)), 4)
+            curve["replay_ms"][depth][width] = round(1e3 * float(np.median(replays)), 4)
+    return curve
+
+
+def _greedy_tokens(backend, prompt: list[int], count: int) -> list[int]:
+    import numpy as np
+
+    from pocketspec.settings import SamplingSettings
+
+    greedy, rng = SamplingSettings(temperature=0.0), np.random.default_rng(0)
+    backend.rollback(0)
+    tokens = [backend.choose(prompt, greedy, rng)[0]]
+    while len(tokens) < count:
+        tokens.append(backend.choose(tokens[-1:], greedy, rng)[0])
+    return tokens
+
+
+def _verdicts_agree(backend, prompt: list[int], expected: list[int], draft_length: int = 4) -> list[int]:
+    """Verify drafts of the expected (plain) continuation with one token corrupted in each: every
+    verdict must accept exactly the drafts before the corruption and name the plain token there.
+    Returns the steps where it did not (empty: verification on this step equals plain decoding)."""
+    import numpy as np
+
+    from pocketspec.settings import SamplingSettings
+
+    greedy, rng = SamplingSettings(temperature=0.0), np.random.default_rng(0)
+    backend.rollback(0)
+    backend.prefill(prompt)
+    position, wrong, step = 0, [], 0
+    while position + draft_length + 1 < len(expected):
+        pending = expected[position]
+        draft = list(expected[position + 1:position + 1 + draft_length])
+        broken = step % (draft_length + 1)  # == draft_length: nothing corrupted, the bonus token follows
+        if broken < draft_length:
+            draft[broken] = (draft[broken] + 1) % backend.vocab_size
+        verdict = backend.verify([pending, *draft], None, greedy, rng)
+        if (verdict.num_accepted, verdict.next_token) != (broken, expected[position + 1 + broken]):
+            wrong.append(step)
+        backend.rollback(len(prompt) + position + 1 + verdict.num_accepted)
+        position += 1 + verdict.num_accepted
+        step += 1
+    return wrong
+
+
+def run_group(group: dict, device_name: str, context: int, num_tokens: int) -> None:
+    """Measure one model and weight format under each variant; print one JSON line per result."""
+    import torch
+
+    import torch_gpu_roofline as roofline
+    from memplanner.torch_sizes import torch_kv_bytes, torch_weight_bytes
+    from pocketspec.torch_model.model import ModelConfig
+    from pocketspec.torch_model.device import resolve_device
+    from pocketspec.torch_model.quantize import Int8Linear
+
+    device = resolve_device(device_name)
+    tiny = ModelConfig("llama", 4, 256, 4, 2, 64, 512, 4000, 10000.0, 1e-5, False, True)  # --quick's shape
+    config = {**roofline.SHAPES, "tiny": tiny}[group["model"]]
+    model = roofline.random_model(config, group["weights"], device)
+    for module in model.modules():
+        if isinstance(module, Int8Linear):
+            module.default_kernel = module.kernel
+    shape = roofline.shape_of(group["model"], config)
+    weight_bytes = torch_weight_bytes(shape, group["weights"], is_tied=config.is_tied,
+                                      has_qkv_bias=config.has_qkv_bias, on_gpu=device.type == "cuda")
+    max_width = VERIFY_WIDTHS[-1] if group.get("verify") else 8 if group.get("equality") else 1
+    reference = None
+    for variant in group["variants"]:
+        row = {"model": group["model"], "weights": group["weights"], "variant": variant,
+               "cached": bool(group.get("cached"))}
+        try:
+            backend, open_seconds = _open_backend(model, config, group["weights"], device_name, variant,
+                                                  context + num_tokens + 8 + max_width, max_width)
+            kv_read_bytes = torch_kv_bytes(shape, backend.kv_dtype, context)
+            tokens_per_second = _decode_rate(backend, context, num_tokens)
+            ceiling = group["bandwidth"] / (weight_bytes + kv_read_bytes)
+            row.update(open_seconds=round(open_seconds, 2), tokens_per_second=round(tokens_per_second, 2),
+                       roofline_tokens_per_second=round(ceiling, 2), efficiency=round(tokens_per_second / ceiling, 4),
+                       weight_bytes=weight_bytes, kv_read_bytes=kv_read_bytes, notes=backend.notes)
+            if group.get("equality"):  # the first variant's greedy tokens are the reference
+                prompt = [(13 * index + 7) % 300 + 3 for index in range(40)]
+                row["tokens"] = _greedy_tokens(backend, prompt, 96)
+                reference = reference or row["tokens"]
+                row["first_difference"] = next((index for index, (got, want) in enumerate(zip(row["tokens"], reference))
+                                                if got != want), None)
+                row["wrong_verdicts"] = _verdicts_agree(backend, prompt, reference)
+            if group.get("verify") and backend.static_step is not None:
+                row["verify"] = _verify_curve(backend, [0, context], repeats=5 if device.type == "cuda" else 2)
+            backend.close()
+        except Exception as error:  # noqa: BLE001 - the suite reports every variant that failed, and goes on
+            row["error"] = f"{type(error).__name__}: {str(error)[:400]}"
+        print("RESULT " + json.dumps(row), flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- the parent: plan, processes, files
+
+def measure_bandwidth(device_name: str) -> tuple[float, str, str]:
+    import torch
+
+    import torch_gpu_roofline as roofline
+    from pocketspec.torch_model.device import resolve_device
+
+    device = resolve_device(device_name)
+    bandwidth = roofline.measure_bandwidth(device, 2 ** 30 if device.type == "cuda" else 2 ** 27)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return bandwidth, name, torch.__version__
+
+
+def run_child(group: dict, args, timeout: float, cache_dir: Path) -> list[dict]:
+    command = [sys.executable, __file__, "--child", json.dumps(group), "--device", args.device,
+               "--context", str(args.context), "--num-tokens", str(args.num_tokens)]
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+        output, failure = done.stdout, None if done.returncode == 0 else f"exit {done.returncode}: {done.stderr[-400:]}"
+    except subprocess.TimeoutExpired as expired:
+        output = expired.stdout.decode() if isinstance(expired.stdout, bytes) else (expired.stdout or "")
+        failure = f"timed out after {timeout:.0f} s"
+    rows = [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
+    seen = {row["variant"] for row in rows}
+    rows += [{"model": group["model"], "weights": group["weights"], "variant": variant,
+              "cached": bool(group.get("cached")), "error": failure or "no result"}
+             for variant in group["variants"] if variant not in seen]
+    print(f"  {group['model']} {group['weights']} {group['variants']}: {time.perf_counter() - started:.0f} s"
+          + (f" ({failure})" if failure else ""), flush=True)
+    return rows
+
+
+def cost_table(row: dict, device: str) -> dict:
+    """The verify curve as a MeasuredCosts table (seconds by depth and width) for replay_drafting."""
+    seconds = {str(depth): {str(width): ms / 1e3 for width, ms in widths.items()}
+               for depth, widths in row["verify"]["verify_ms"].items()}
+    return {"key": f"gpu-suite {row['model']} {row['weights']} {row['variant']} {device}",
+            "weight_bytes": row["weight_bytes"], "seconds": seconds, "spread": {}}
+
+
+def predicted_speedups(costs_path: Path, deadline: float) -> list[dict]:
+    """replay_drafting's speedup on each recorded trace against the measured GPU table."""
+    found = []
+    for trace in TRACES:
+        trace_path = ROOT / "benchmarks" / "results" / "traces" / trace
+        remaining = deadline - time.time()
+        if not trace_path.exists() or remaining < 20:
+            continue
+        out = costs_path.with_name(costs_path.stem + "_replay_" + trace_path.stem)
+        command = [sys.executable, str(ROOT / "benchmarks" / "replay_drafting.py"), str(trace_path),
+                   "--costs", str(costs_path), "--out", str(out)]
+        try:
+            subprocess.run(command, capture_output=True, text=True, timeout=remaining - 10,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
+            summary = json.loads(out.with_suffix(".json").read_text())
+            found.append({"trace": trace, "summary": summary.get("overall", summary.get("summary"))})
+        except (subprocess.TimeoutExpired, OSError, ValueError) as error:
+            found.append({"trace": trace, "error": f"{type(error).__name__}: {error}"})
+    return found
+
+
+def write_results(results: dict, out_dir: Path, stem: str) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{stem}.json"
+    json_path.write_text(json.dumps(results, indent=1))
+    (out_dir / f"{stem}.md").write_text(markdown(results))
+    return json_path
+
+
+def markdown(results: dict) -> str:
+    lines = [f"# GPU suite on {results['device']}", "",
+             f"torch {results['torch']}; copy bandwidth {results['bandwidth_bytes_per_second'] / 1e9:.0f} GB/s; "
+             f"batch 1, context {results['context']}; {results['seconds']:.0f} s in all.", "",
+             "| model | weights | decode step | open s | tok/s | roofline tok/s | of roofline | note |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in results["rows"]:
+        step = row["variant"] + (" (cached compile)" if row.get("cached") else "")
+        if "error" in row:
+            lines.append(f"| {row['model']} | {row['weights']} | {step} | | | | | {row['error'][:120]} |")
+            continue
+        notes = list(row.get("notes") or [])
+        if "tokens" in row:
+            notes.append(f"greedy tokens first differ at {row['first_difference']}, "
+                         f"{len(row['wrong_verdicts'])} wrong verdicts")
+        lines.append(f"| {row['model']} | {row['weights']} | {step} | {row['open_seconds']:.1f} | "
+                     f"{row['tokens_per_second']:.1f} | {row['roofline_tokens_per_second']:.0f} | "
+                     f"{row['efficiency']:.1%} | {'; '.join(notes)} |")
+    for row in results["rows"]:
+        if "verify" not in row:
+            continue
+        lines += ["", f"## Verify curve: {row['model']} {row['weights']} {row['variant']} (ms; replay = the graph alone)",
+                  "", "| depth | " + " | ".join(f"w={width}" for width in VERIFY_WIDTHS) + " | w=16 / w=1 |",
+                  "|---|" + "---|" * (len(VERIFY_WIDTHS) + 1)]
+        for depth, widths in row["verify"]["verify_ms"].items():
+            replays = row["verify"]["replay_ms"][depth]
+            cells = [f"{widths[width]:.3f} ({replays[width]:.3f})" for width in widths]
+            lines.append(f"| {depth} | " + " | ".join(cells) + f" | {widths['16'] / widths['1']:.2f} |")
+    for replay in results.get("predicted", []):
+        lines += ["", f"Predicted on {replay['trace']}: {json.dumps(replay.get('summary') or replay.get('error'))[:600]}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (for a CPU check of the suite)")
+    parser.add_argument("--context", type=int, default=None, help="cached tokens (default 1024; quick 128)")
+    parser.add_argument("--num-tokens", type=int, default=None, help="timed tokens per rate (default 128; quick 16)")
+    parser.add_argument("--budget-s", type=float, default=420, help="stop starting groups after this many seconds")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--groups", default=None, help="run only these groups of the plan (0-based, comma separated)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.context = args.context or (128 if args.quick else 1024)
+    args.num_tokens = args.num_tokens or (16 if args.quick else 128)
+    if args.child:
+        run_group(json.loads(args.child), args.device, args.context, args.num_tokens)
+        return
+    started = time.time()
+    deadline = started + args.budget_s
+    bandwidth, device_name, torch_version = measure_bandwidth(args.device)
+    stem = "gpu_suite" if args.device != "cpu" else "gpu_suite_cpu"
+    results = {"device": device_name, "torch": torch_version, "bandwidth_bytes_per_second": bandwidth,
+               "context": args.context, "num_tokens": args.num_tokens, "rows": [], "seconds": 0.0}
+    print(f"{device_name}: copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="pocketspec_compile_") as cache_dir:
+        plan = quick_plan() if args.quick else full_plan()
+        if args.groups:
+            plan = [plan[int(index)] for index in args.groups.split(",")]
+        for group in plan:
+            remaining = deadline - time.time()
+            if remaining < 30:
+                results["rows"].append({"model": group["model"], "weights": group["weights"],
+                                        "variant": ",".join(group["variants"]), "error": "skipped: out of budget"})
+                continue
+            rows = run_child({**group, "bandwidth": bandwidth}, args, remaining, Path(cache_dir))
+            results["rows"] += rows
+            results["seconds"] = time.time() - started
+            write_results(results, args.out_dir, stem)
+    for row in results["rows"]:
+        if "verify" in row and "error" not in row:
+            costs_path = args.out_dir / f"{stem}_costs_{row['model']}.json"
+            costs_path.write_text(json.dumps(cost_table(row, device_name), indent=1))
+            results["predicted"] = predicted_speedups(costs_path, deadline + 60)
+    results["seconds"] = time.time() - started
+    json_path = write_results(results, args.out_dir, stem)
+    print((args.out_dir / f"{stem}.md").read_text())
+    print(f"results: {json_path}")
+
+
+if __name__ == "__main__":
+    main()
