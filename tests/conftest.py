@@ -81,7 +81,7 @@ def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, te
                  max_context=1024, top_k=0, top_p=1.0, max_gamma=None, draft_max_context=None, exact_verify=False,
                  backend="llama.cpp", weights="auto", device="cpu", self_draft=None, self_draft_settings=None,
                  devices=(), split_mode="layer", layers_per_device=(), num_threads=0, decode_step="auto",
-                 compile=False, kv_type=None, repack=None):
+                 compile=None, kv_type=None, repack=None):
     """An engine opened the way every front end opens one (pocketspec.session.open_session).
 
     drafter: SpeculationSettings.drafter; the draft is `draft_path`, else `self_draft` (`self-sparse`
