@@ -153,7 +153,7 @@ class Block(nn.Module):
         return self.finish(x, self.attention.attend(q, k, v, cache, layer, start, layout))
 
     # The two halves around attention touch no cache: the static step compiles them once for every
-    # block (torch_model/static_step.py), while writing the cache and attending stay outside.
+    # block (torch_model/static_step.py), while writing the cache stays outside.
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.attention.project(self.attention_norm(x), cos, sin)
 
