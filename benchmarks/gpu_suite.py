@@ -7,7 +7,7 @@ It needs no model files and no network: every model is random weights of a real 
 (benchmarks/torch_gpu_roofline.py builds them), so it runs from a plain copy of the
 repository on any machine with torch, numpy and jinja2 (which a GPU image has; nothing of
 llama.cpp, gguf or the server is imported). Each model and weight format runs in its own
-process under its own timeout, so one slow compile costs its own rows only; the results
+process (benchmarks/gpu_suite_group.py) under its own timeout, so one slow compile costs its own rows only; the results
 files are rewritten after every row, so a run cut short still leaves what it measured.
 
 What it measures (batch 1, --context cached tokens):
@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-VERIFY_WIDTHS = (1, 2, 4, 8, 16, 32)
+from gpu_suite_group import VERIFY_WIDTHS, run_group  # noqa: E402  (the measuring, in each group's process)
+
 TRACES = ("code_edit_qwen.jsonl", "spec_bench_a_qwen.jsonl")
 
 
@@ -74,189 +75,6 @@ def quick_plan() -> list[dict]:
         {"model": "tiny", "weights": "int8", "variants": ["compiled-dequant", "graphs"]},
     ]
 
-
-# ---------------------------------------------------------------- one group, in its own process
-
-def _open_backend(model, config, weights: str, device_name: str, variant: str, max_context: int, max_width: int):
-    """The torch backend on `model` for `variant`, and the seconds it took to open (compiling and capturing)."""
-    from pocketspec.backends.torch_backend import TorchBackend
-    from pocketspec.settings import ModelSettings
-    from pocketspec.torch_model.quantize import Int8Linear
-    from pocketspec.torch_model.static_step import StaticDecodeStep
-
-    for module in model.modules():  # compiled-dequant: the int8 weight dequantized in the (compiled) matmul
-        if isinstance(module, Int8Linear):
-            module.kernel = "dequantize" if variant == "compiled-dequant" else module.default_kernel
-    is_static = variant != "eager"
-    settings = ModelSettings(backend="torch", device=device_name, weights=weights, max_context=max_context,
-                             max_logits_rows=max_width, decode_step="static" if is_static else "dynamic",
-                             compile=variant in ("compiled", "compiled-dequant"))
-    started = time.perf_counter()
-    backend = TorchBackend(model, settings, tokenizer=None, model_path=None, owns_model=False)
-    if variant in ("compiled-step", "reduce-overhead", "compiled-sdpa"):
-        backend.static_step = StaticDecodeStep(model, backend.cache, num_layers=backend.num_layers,
-                                               max_width=max_width, compile=True,
-                                               compile_scope="blocks" if variant == "compiled-sdpa" else "step",
-                                               captures=variant != "reduce-overhead",
-                                               gpu_attention="sdpa" if variant == "compiled-sdpa" else "matmul")
-        backend.static_step.warm_up()
-    _synchronize(backend.device)
-    return backend, time.perf_counter() - started
-
-
-def _synchronize(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _decode_rate(backend, context: int, num_tokens: int) -> float:
-    """Tokens per second choosing greedily, one token a step, after `context` cached tokens."""
-    import numpy as np
-
-    from pocketspec.settings import SamplingSettings
-
-    greedy, rng = SamplingSettings(temperature=0.0), np.random.default_rng(0)
-    backend.rollback(0)
-    backend.prefill([7] * context)
-    for _ in range(3):
-        backend.choose([7], greedy, rng)
-    backend.rollback(context)
-    _synchronize(backend.device)
-    started = time.perf_counter()
-    for _ in range(num_tokens):
-        backend.choose([7], greedy, rng)
-    _synchronize(backend.device)
-    return num_tokens / (time.perf_counter() - started)
-
-
-def _verify_curve(backend, depths: list[int], repeats: int) -> dict:
-    """ms per verify call by depth and width (median), and ms per replay of that width's step alone."""
-    import numpy as np
-    import torch
-
-    from pocketspec.settings import SamplingSettings
-
-    greedy, rng = SamplingSettings(temperature=0.0), np.random.default_rng(0)
-    step = backend.static_step
-    curve = {"verify_ms": {}, "replay_ms": {}}
-    for depth in depths:
-        backend.rollback(0)
-        if depth:
-            backend.prefill([7] * depth)
-        for name in curve:
-            curve[name][depth] = {}
-        for width in VERIFY_WIDTHS:
-            calls, replays = [], []
-            for _ in range(repeats):
-                started = time.perf_counter()
-                backend.verify([7] * width, None, greedy, rng)
-                calls.append(time.perf_counter() - started)
-                backend.rollback(depth)
-                _synchronize(backend.device)
-                started = time.perf_counter()
-                with torch.inference_mode():
-                    step._run(step.bucket(width, depth))
-                _synchronize(backend.device)
-                replays.append(time.perf_counter() - started)
-            curve["verify_ms"][depth][width] = round(1e3 * float(np.median(calls)), 4)
-            curve["replay_ms"][depth][width] = round(1e3 * float(np.median(replays)), 4)
-    return curve
-
-
-def _greedy_tokens(backend, prompt: list[int], count: int) -> list[int]:
-    import numpy as np
-
-    from pocketspec.settings import SamplingSettings
-
-    greedy, rng = SamplingSettings(temperature=0.0), np.random.default_rng(0)
-    backend.rollback(0)
-    tokens = [backend.choose(prompt, greedy, rng)[0]]
-    while len(tokens) < count:
-        tokens.append(backend.choose(tokens[-1:], greedy, rng)[0])
-    return tokens
-
-
-def _verdicts_agree(backend, prompt: list[int], expected: list[int], draft_length: int = 4) -> list[int]:
-    """Verify drafts of the expected (plain) continuation with one token corrupted in each: every
-    verdict must accept exactly the drafts before the corruption and name the plain token there.
-    Returns the steps where it did not (empty: verification on this step equals plain decoding)."""
-    import numpy as np
-
-    from pocketspec.settings import SamplingSettings
-
-    greedy, rng = SamplingSettings(temperature=0.0), np.random.default_rng(0)
-    backend.rollback(0)
-    backend.prefill(prompt)
-    position, wrong, step = 0, [], 0
-    while position + draft_length + 1 < len(expected):
-        pending = expected[position]
-        draft = list(expected[position + 1:position + 1 + draft_length])
-        broken = step % (draft_length + 1)  # == draft_length: nothing corrupted, the bonus token follows
-        if broken < draft_length:
-            draft[broken] = (draft[broken] + 1) % backend.vocab_size
-        verdict = backend.verify([pending, *draft], None, greedy, rng)
-        if (verdict.num_accepted, verdict.next_token) != (broken, expected[position + 1 + broken]):
-            wrong.append(step)
-        backend.rollback(len(prompt) + position + 1 + verdict.num_accepted)
-        position += 1 + verdict.num_accepted
-        step += 1
-    return wrong
-
-
-def run_group(group: dict, device_name: str, context: int, num_tokens: int) -> None:
-    """Measure one model and weight format under each variant; print one JSON line per result."""
-    import torch
-
-    import torch_gpu_roofline as roofline
-    from memplanner.torch_sizes import torch_kv_bytes, torch_weight_bytes
-    from pocketspec.torch_model.model import ModelConfig
-    from pocketspec.torch_model.device import resolve_device
-    from pocketspec.torch_model.quantize import Int8Linear
-
-    device = resolve_device(device_name)
-    tiny = ModelConfig("llama", 4, 256, 4, 2, 64, 512, 4000, 10000.0, 1e-5, False, True)  # --quick's shape
-    config = {**roofline.SHAPES, "tiny": tiny}[group["model"]]
-    model = roofline.random_model(config, group["weights"], device)
-    for module in model.modules():
-        if isinstance(module, Int8Linear):
-            module.default_kernel = module.kernel
-    shape = roofline.shape_of(group["model"], config)
-    weight_bytes = torch_weight_bytes(shape, group["weights"], is_tied=config.is_tied,
-                                      has_qkv_bias=config.has_qkv_bias, on_gpu=device.type == "cuda")
-    max_width = VERIFY_WIDTHS[-1] if group.get("verify") else 8 if group.get("equality") else 1
-    reference = None
-    for variant in group["variants"]:
-        row = {"model": group["model"], "weights": group["weights"], "variant": variant,
-               "cached": bool(group.get("cached"))}
-        try:
-            backend, open_seconds = _open_backend(model, config, group["weights"], device_name, variant,
-                                                  context + num_tokens + 8 + max_width, max_width)
-            kv_read_bytes = torch_kv_bytes(shape, backend.kv_dtype, context)
-            tokens_per_second = _decode_rate(backend, context, num_tokens)
-            ceiling = group["bandwidth"] / (weight_bytes + kv_read_bytes)
-            row.update(open_seconds=round(open_seconds, 2), tokens_per_second=round(tokens_per_second, 2),
-                       roofline_tokens_per_second=round(ceiling, 2), efficiency=round(tokens_per_second / ceiling, 4),
-                       weight_bytes=weight_bytes, kv_read_bytes=kv_read_bytes, notes=backend.notes)
-            if group.get("equality"):  # the first variant's greedy tokens are the reference
-                prompt = [(13 * index + 7) % 300 + 3 for index in range(40)]
-                row["tokens"] = _greedy_tokens(backend, prompt, 96)
-                reference = reference or row["tokens"]
-                row["first_difference"] = next((index for index, (got, want) in enumerate(zip(row["tokens"], reference))
-                                                if got != want), None)
-                row["wrong_verdicts"] = _verdicts_agree(backend, prompt, reference)
-            if group.get("verify") and backend.static_step is not None:
-                row["verify"] = _verify_curve(backend, [0, context], repeats=5 if device.type == "cuda" else 2)
-            backend.close()
-        except Exception as error:  # noqa: BLE001 - the suite reports every variant that failed, and goes on
-            row["error"] = f"{type(error).__name__}: {str(error)[:400]}"
-        print("RESULT " + json.dumps(row), flush=True)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
-
-# ---------------------------------------------------------------- the parent: plan, processes, files
 
 def measure_bandwidth(device_name: str) -> tuple[float, str, str]:
     import torch
