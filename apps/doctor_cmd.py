@@ -7,9 +7,11 @@ import json
 
 import click
 
-from apps.flags import backend_options, kv_type_option, model_choice_options, repack_option, threads_option
+from apps.flags import (SettingValue, backend_options, kv_type_option, model_choice_options, repack_option,
+                        setting_option, threads_option)
 from pocketspec.errors import UserError
 from pocketspec.machine_report import collect_report
+from pocketspec.settings import BatchSettings, ModelSettings
 
 def _gib(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.1f} GiB"
@@ -65,6 +67,18 @@ def _calibrate(session_settings) -> None:
             click.echo(line)
 
 
+def _calibrate_batch(session_settings, max_batch: int) -> None:
+    from pocketspec.batch.step_calibration import calibrate_batch, describe_step_costs
+    from pocketspec.budget.batch_preview import preview_contexts
+
+    batch = BatchSettings(max_batch=max_batch)
+    for name, costs in calibrate_batch(session_settings, batch, on_measure=lambda line: click.echo(line, err=True)):
+        contexts = preview_contexts(costs.fixed_context or max(costs.kv_seconds) // max_batch or 1)
+        click.echo(f"{name}:")
+        for line in describe_step_costs(costs, max_batch, contexts):
+            click.echo(line)
+
+
 @click.command(name="doctor")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--calibrate", is_flag=True,
@@ -75,10 +89,24 @@ def _calibrate(session_settings) -> None:
 @kv_type_option
 @repack_option
 @backend_options
-def doctor(as_json: bool, calibrate: bool, target, draft, pair, threads, kv_type, repack, **backend_args) -> None:
+@setting_option("--batch", BatchSettings, "max_batch", default=None,
+                help="With --calibrate and --backend torch: measure the forward costs of a batch of N rows "
+                     "(what `generate --batch N` and `plan --batch N` price drafting with).")
+@click.option("--max-context", type=SettingValue(ModelSettings, "max_context"), default=None,
+              help="With --calibrate --batch: each row's context.")
+def doctor(as_json: bool, calibrate: bool, target, draft, pair, threads, kv_type, repack, batch, max_context,
+           **backend_args) -> None:
     """Report the llama.cpp build, CPU, GPUs, memory and downloaded models."""
     from pocketspec.session_settings import SessionSettings
 
+    if max_context is not None and batch is None:
+        raise UserError("--max-context sizes the rows of the batch --calibrate measures; add --batch N")
+    if batch is not None and not calibrate:
+        raise UserError("--batch N chooses which batch --calibrate measures; add --calibrate")
+    if batch is not None:
+        _calibrate_batch(SessionSettings(target=target, draft=draft, pair=pair, threads=threads,
+                                         max_context=max_context, options=backend_args), batch)
+        return
     if calibrate:
         _calibrate(SessionSettings(target=target, draft=draft, pair=pair, threads=threads, kv_type=kv_type,
                                    repack=repack, options=backend_args))

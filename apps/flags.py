@@ -128,43 +128,66 @@ def runtime_options(function):
     return function
 
 
-def backend_options(function):
-    options = [
-        click.option("--backend", type=click.Choice(BACKENDS), default=MODEL.backend, show_default=True,
-                     help="Inference backend: llama.cpp (GGUF, CPU/GPU builds) or torch (PyTorch; CPU, CUDA, ROCm)."),
-        click.option("--device", default=MODEL.device, show_default=True, help="torch device: cpu, cuda, cuda:N or rocm."),
-        click.option("--devices", default=",".join(MODEL.devices) or None,
-                     help="Split the target over several devices, e.g. cuda:0,cuda:1 (cpu:0,cpu:1 simulates two on "
-                          "one CPU); with --memory-budget 6GiB,4GiB (or cuda:0=6GiB,...) the plan gives each its "
-                          "blocks and places the draft."),
-        click.option("--split-mode", type=click.Choice(SPLIT_MODES), default=MODEL.split_mode, show_default=True,
-                     help="With --devices: layer gives each device a run of blocks; row splits every matrix over "
-                          "them (tensor parallel; torch: one process per device, or run under torchrun)."),
-        click.option("--weights", type=click.Choice(TORCH_WEIGHTS), default=MODEL.weights, show_default=True,
-                     help=f"torch weight format (auto: {resolve_weights_format(AUTO, on_gpu=False)} on a CPU, "
-                          f"{resolve_weights_format(AUTO, on_gpu=True)} on a GPU, fp16 where bf16 is emulated); "
-                          "int8/int4 quantize on load."),
-        click.option("--torch-kv-type", type=click.Choice(TORCH_KV_TYPES), default=MODEL.torch_kv_type,
-                     show_default=True, help="torch KV cache dtype (auto: the weights' compute dtype)."),
-        click.option("--compile/--no-compile", "compile", default=MODEL.compile,
-                     help="torch.compile the torch model's forward (default: on a GPU with the static decode "
-                          "step, whose every step is a CUDA graph replay either way)."),
-        click.option("--decode-step", type=click.Choice(DECODE_STEPS), default=MODEL.decode_step, show_default=True,
-                     help="torch decode step: static (fixed shapes, tokens chosen and verified on the device, one "
-                          "read back per step), dynamic, or auto (static on a GPU)."),
-        setting_option("--max-gamma", SpeculationSettings, "max_gamma", show_default=True,
-                       help="Longest draft of a draft model (the adaptive γ's ceiling); `pocketspec plan` takes the "
-                            "same flag."),
-        setting_option("--self-draft-window", SpeculationSettings, "self_draft_window", show_default=True,
-                       help=f"--draft self-sparse: KV positions the draft keeps ({ATTENTION_SINK_TOKENS} sinks + recent)."),
-        click.option("--self-draft-kv-type", type=click.Choice(TORCH_KV_TYPES), default=SPECULATION.self_draft_kv_type,
-                     show_default=True, help="--draft self-sparse: the draft's KV dtype."),
-        setting_option("--self-skip-layers", SpeculationSettings, "self_skip_layers",
-                       show_default=True, help="--draft self-skip: first layers the draft runs (0: half)."),
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
+BACKEND_OPTIONS = {  # flag -> its click option, in --help's order
+    "--backend": click.option(
+        "--backend", type=click.Choice(BACKENDS), default=MODEL.backend, show_default=True,
+        help="Inference backend: llama.cpp (GGUF, CPU/GPU builds) or torch (PyTorch; CPU, CUDA, ROCm)."),
+    "--device": click.option(
+        "--device", default=MODEL.device, show_default=True, help="torch device: cpu, cuda, cuda:N or rocm."),
+    "--devices": click.option(
+        "--devices", default=",".join(MODEL.devices) or None,
+        help="Split the target over several devices, e.g. cuda:0,cuda:1 (cpu:0,cpu:1 simulates two on one CPU); "
+             "with --memory-budget 6GiB,4GiB (or cuda:0=6GiB,...) the plan gives each its blocks and places the "
+             "draft."),
+    "--split-mode": click.option(
+        "--split-mode", type=click.Choice(SPLIT_MODES), default=MODEL.split_mode, show_default=True,
+        help="With --devices: layer gives each device a run of blocks; row splits every matrix over them (tensor "
+             "parallel; torch: one process per device, or run under torchrun)."),
+    "--weights": click.option(
+        "--weights", type=click.Choice(TORCH_WEIGHTS), default=MODEL.weights, show_default=True,
+        help=f"torch weight format (auto: {resolve_weights_format(AUTO, on_gpu=False)} on a CPU, "
+             f"{resolve_weights_format(AUTO, on_gpu=True)} on a GPU, fp16 where bf16 is emulated); "
+             "int8/int4 quantize on load."),
+    "--torch-kv-type": click.option(
+        "--torch-kv-type", type=click.Choice(TORCH_KV_TYPES), default=MODEL.torch_kv_type, show_default=True,
+        help="torch KV cache dtype (auto: the weights' compute dtype)."),
+    "--compile": click.option(
+        "--compile/--no-compile", "compile", default=MODEL.compile,
+        help="torch.compile the torch model's forward (default: on a GPU with the static decode step, whose every "
+             "step is a CUDA graph replay either way)."),
+    "--decode-step": click.option(
+        "--decode-step", type=click.Choice(DECODE_STEPS), default=MODEL.decode_step, show_default=True,
+        help="torch decode step: static (fixed shapes, tokens chosen and verified on the device, one read back "
+             "per step), dynamic, or auto (static on a GPU)."),
+    "--max-gamma": setting_option(
+        "--max-gamma", SpeculationSettings, "max_gamma", show_default=True,
+        help="Longest draft of a draft model (the adaptive γ's ceiling); `pocketspec plan` takes the same flag."),
+    "--self-draft-window": setting_option(
+        "--self-draft-window", SpeculationSettings, "self_draft_window", show_default=True,
+        help=f"--draft self-sparse: KV positions the draft keeps ({ATTENTION_SINK_TOKENS} sinks + recent)."),
+    "--self-draft-kv-type": click.option(
+        "--self-draft-kv-type", type=click.Choice(TORCH_KV_TYPES), default=SPECULATION.self_draft_kv_type,
+        show_default=True, help="--draft self-sparse: the draft's KV dtype."),
+    "--self-skip-layers": setting_option(
+        "--self-skip-layers", SpeculationSettings, "self_skip_layers", show_default=True,
+        help="--draft self-skip: first layers the draft runs (0: half)."),
+}
+
+
+# the torch flags `pocketspec plan --batch` takes (it has its own --max-gamma, and plans on one device)
+PLAN_BATCH_FLAGS = ("--backend", "--device", "--weights", "--torch-kv-type", "--self-draft-window",
+                    "--self-draft-kv-type", "--self-skip-layers")
+
+
+def backend_options(function=None, *, flags: tuple[str, ...] | None = None):
+    """The backend flags, as @backend_options, or only those named: @backend_options(flags=(...))."""
+    def decorate(command):
+        for flag, option in reversed(BACKEND_OPTIONS.items()):
+            if flags is None or flag in flags:
+                command = option(command)
+        return command
+
+    return decorate if function is None else decorate(function)
 
 
 def batch_options(function):

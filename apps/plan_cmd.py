@@ -6,11 +6,15 @@ import json
 
 import click
 
-from apps.flags import MODEL, model_choice_options, repack_option, setting_option
+from apps.flags import (MODEL, PLAN_BATCH_FLAGS, backend_options, model_choice_options, repack_option, setting_option,
+                        threads_option)
 from memplanner import format_bytes
+from memplanner.batch_step_costs import CONTEXT_GRID
+from pocketspec.budget.batch_preview import BatchPreview, preview_batch_plan
 from pocketspec.budget.preview import preview_plan
+from pocketspec.errors import UserError
 from pocketspec.session_settings import SessionSettings
-from pocketspec.settings import (ACCEPTANCE_PRIORS, LLAMA_KV_TYPES, GenerationSettings, ModelSettings,
+from pocketspec.settings import (ACCEPTANCE_PRIORS, LLAMA_KV_TYPES, BatchSettings, GenerationSettings, ModelSettings,
                                  SamplingSettings, SpeculationSettings)
 
 
@@ -71,6 +75,57 @@ def _print_split(plan_, title: str) -> None:
                "one device after another, so batch-1 speed is the single-device speed)")
 
 
+def _print_batch(preview: BatchPreview) -> None:
+    click.echo(preview.title)
+    terms = preview.plan.planner_result.terms
+    width = max(len(name) for name in terms) + 2
+    click.echo(f"{'TERM'.ljust(width)}{'BYTES':>14}  SIZE")
+    for name, size in terms.items():
+        click.echo(f"{name.ljust(width)}{size:>14}  {format_bytes(size)}")
+    for line in preview.plan.lines:
+        click.echo(line)
+    if not preview.predictions:
+        click.echo("predicted speedup: none without a draft model or a self-draft (n-gram drafts are priced by "
+                   "their matches as they come)")
+        return
+    source = ("this machine's measured batch costs" if preview.is_measured else
+              "the roofline of the models' shapes (`pocketspec doctor --calibrate --backend torch --batch N` "
+              "measures this machine)")
+    rows = preview.plan.batch.max_batch
+    click.echo(f"predicted over plain decoding at {rows} rows, acceptance {preview.alpha:.2f} (--alpha), "
+               f"from {source}:")
+    click.echo(f"{'CONTEXT':>9}{'PLAIN TOK/S':>13}{'DRAFTING TOK/S':>16}{'SPEEDUP':>9}{'GAMMA':>7}")
+    for prediction in preview.predictions:
+        click.echo(f"{prediction.context:>9}{prediction.plain_tokens_per_second:>13.1f}"
+                   f"{prediction.speculative_tokens_per_second:>16.1f}{prediction.speedup:>8.2f}x"
+                   f"{prediction.gamma:>7}")
+    max_context = preview.predictions[-1].context
+    if preview.crossover is None:
+        click.echo(f"crossover: drafting does not pay within {max_context} cached tokens a row at {rows} rows")
+    elif preview.crossover <= CONTEXT_GRID[0]:
+        click.echo(f"crossover: drafting pays at every context tried (from {preview.crossover} cached tokens a row)")
+    else:
+        click.echo(f"crossover: drafting pays from {preview.crossover} cached tokens a row")
+
+
+def _batch_json(preview: BatchPreview) -> dict:
+    return {"title": preview.title, "terms": preview.plan.planner_result.terms,
+            "predicted_peak_bytes": preview.plan.predicted_peak_bytes, "max_batch": preview.plan.batch.max_batch,
+            "num_rows": preview.plan.batch.num_rows, "alpha": preview.alpha, "costs_measured": preview.is_measured,
+            "crossover_context": preview.crossover,
+            "predictions": [{"context": item.context, "plain_tokens_per_second": item.plain_tokens_per_second,
+                             "speculative_tokens_per_second": item.speculative_tokens_per_second,
+                             "speedup": item.speedup, "gamma": item.gamma} for item in preview.predictions]}
+
+
+def _plan_batch(settings: SessionSettings, max_batch: int, as_json: bool) -> None:
+    preview = preview_batch_plan(settings, BatchSettings(max_batch=max_batch))
+    if as_json:
+        click.echo(json.dumps(_batch_json(preview), sort_keys=True))
+    else:
+        _print_batch(preview)
+
+
 @click.command(name="plan")
 @model_choice_options
 @click.option("--memory-budget", default=None,
@@ -87,17 +142,29 @@ def _print_split(plan_, title: str) -> None:
 @setting_option("--alpha", SpeculationSettings, "expected_acceptance",
                 help=f"Expected per-token acceptance of the draft model [default: {ACCEPTANCE_PRIORS['model']}].")
 @repack_option
+@setting_option("--batch", BatchSettings, "max_batch", default=None,
+                help="Plan the torch batch pool of `generate --batch N` (with --backend torch): its rows, and the "
+                     "speedup a draft (e.g. --draft self-sparse) is predicted to give by context.")
+@backend_options(flags=PLAN_BATCH_FLAGS)
+@threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan_command(target, draft, pair, memory_budget, devices, max_context, max_tokens, temperature, max_gamma,
-                 kv_type, alpha, repack, as_json):
+                 kv_type, alpha, repack, batch, threads, as_json, **backend_args):
     """Show which settings fit a memory budget, every memory term, and the predicted speed."""
-    options = {"max_gamma": max_gamma, "devices": devices}
+    options = {"max_gamma": max_gamma, "devices": devices, **backend_args}
     if alpha is not None:
         options["expected_acceptance"] = alpha
-    preview = preview_plan(SessionSettings(
+    settings = SessionSettings(
         target=target, draft=draft, pair=pair, sampling=SamplingSettings(temperature=temperature),
-        memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, max_new_tokens=max_tokens,
-        repack=repack, options=options))
+        memory_budget=memory_budget, max_context=max_context, kv_type=None if batch else kv_type,
+        max_new_tokens=max_tokens, repack=repack, threads=threads, options=options)
+    if batch is not None:
+        _plan_batch(settings, batch, as_json)
+        return
+    if backend_args["backend"] != "llama.cpp":
+        raise UserError(f"pocketspec plan plans llama.cpp sessions, and --backend {backend_args['backend']} batches "
+                        "with --batch N; `generate --backend torch --memory-budget ...` prints one sequence's plan")
+    preview = preview_plan(settings)
     if as_json:
         click.echo(json.dumps(preview.result.to_dict(), sort_keys=True))
     elif preview.is_split:

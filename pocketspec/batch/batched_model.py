@@ -122,6 +122,15 @@ class BatchedModel:
         del self.cached[row][num_kept:]
         self.num_exact[row] = min(self.num_exact[row], num_kept)
 
+    def hold_for_timing(self, row: int, num_cached: int) -> None:
+        """For timing only (pocketspec/batch/step_calibration.py): the row counts num_cached tokens over
+        whatever its cache holds, as a forward's cost depends on how many tokens are cached, not which.
+        Its tokens are placeholders no prompt can reuse; rollback(row, 0) empties it."""
+        if not 0 <= num_cached <= self.max_context:
+            raise ValueError(f"row {row} holds 0 to {self.max_context} tokens, not {num_cached}")
+        self.cached[row] = [-1] * num_cached
+        self.num_exact[row] = 0
+
     @torch.inference_mode()
     def shift_out(self, row: int, start: int, count: int) -> None:
         """Drop `count` cached tokens of `row` from `start` and move the later ones down, their keys

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from memplanner.batch_step_costs import StepCosts
 from memplanner.measured_costs import MeasuredCosts
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.pool import BatchPool
@@ -41,10 +42,13 @@ class BatchEngine:
     def __init__(self, target: BatchedModel, *, is_end: Callable[[int], bool], draft: BatchModelDrafter | None = None,
                  sampling: SamplingSettings = SamplingSettings(),
                  speculation: SpeculationSettings = SpeculationSettings(), batch: BatchSettings = BatchSettings(),
-                 target_costs: MeasuredCosts | None = None, draft_costs: MeasuredCosts | None = None,
+                 target_costs: MeasuredCosts | StepCosts | None = None,
+                 draft_costs: MeasuredCosts | StepCosts | None = None,
                  widest_draft: int | None = None, clock: Callable[[], float] = time.perf_counter):
-        """target_costs / draft_costs: this machine's calibrated forward costs of one sequence
-        (pocketspec/calibrate.py), which a group of rows reads as one decode of all their tokens;
+        """target_costs / draft_costs: what a forward of a group of rows costs, by its for_rows: this
+        machine's calibrated forward costs of one sequence (llama.cpp, pocketspec/calibrate.py), read as one
+        decode of all the rows' tokens, or a torch batch's StepCosts (memplanner/batch_step_costs.py), where
+        each row also reads its own cached keys and values;
         widest_draft: a further cap on every draft (--exact-verify's probed width, widest_verified_draft);
         clock: seconds for every timing the controllers learn from and the engine reports."""
         self.target, self.draft, self.is_end, self.clock = target, draft, is_end, clock
