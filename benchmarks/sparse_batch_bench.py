@@ -241,6 +241,8 @@ def main() -> None:
                                                    for weights, result in formats.items()}},
                   f"Self-sparse speculation in batches: {description}", COLUMNS, [table_row(p) for p in points],
                   notes=["decode tok/s: every row's tokens over the run's wall time less its prefills",
+                         "tokens/row-step: the rows' tokens (each row's first, from its prefill, included) over the "
+                         "steps each row ran in",
                          "predicted: memplanner/batch_step_costs.py on the pool's timed forwards, at the run's "
                          "acceptance (accepted ÷ drafted) and at the planner's prior", *memory])
     plot(out_dir / f"{args.name}.png", formats)

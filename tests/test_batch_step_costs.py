@@ -161,6 +161,9 @@ def test_doctor_measures_what_plan_then_predicts_from(tiny_target, tmp_path, mon
     (["plan", "--backend", "torch"], ["--batch N"]),
     (["doctor", "--batch", "4"], ["--calibrate"]),
     (["doctor", "--calibrate"], ["--batch N"]),
+    (["doctor", "--calibrate", "--batch", "2"], ["--calibrate --batch", "--backend torch"]),
+    (["plan", "--batch", "2", "--backend", "torch", "--devices", "cpu:0,cpu:1", "--memory-budget", "1GiB,1GiB"],
+     ["one device"]),
 ])
 def test_batch_plans_and_calibrations_refuse_what_they_cannot_do(tiny_target, args, fragments):
     assert_one_line_error(run_cli(*args, "--target", str(tiny_target), "--max-context", "512"), *fragments)

@@ -21,9 +21,11 @@ from typing import Callable
 
 from memplanner.batch_step_costs import StepCosts
 from pocketspec.batch.batched_model import BatchedModel
-from pocketspec.batch.step_costs import BatchShape, cached_step_costs, step_costs_key, store_step_costs
+from pocketspec.batch.step_costs import BatchShape, step_costs_key, store_step_costs
 from pocketspec.batch_session import open_batch_session
-from pocketspec.cost_samples import MAX_EXTRA_ROUNDS, MAX_SPREAD, NUM_ROUNDS, disagreeing_share, is_trusted, relative_spread, robust_cost
+from pocketspec.cost_samples import (MAX_EXTRA_ROUNDS, MAX_SPREAD, NUM_ROUNDS, disagreeing_share, is_trusted,
+                                     relative_spread, robust_cost)
+from pocketspec.errors import UserError
 from pocketspec.measured_cache import measuring_alone
 from pocketspec.session_settings import settings_for
 
@@ -94,27 +96,21 @@ def measure_step_costs(model: BatchedModel, key: str, *, max_rows: int, num_roun
     return costs, {index: relative_spread(samples[point]) for index, point in enumerate(points)}
 
 
-def calibrated_step_costs(model: BatchedModel, key: str, *, max_rows: int, force: bool = False,
-                          on_measure: Callable[[str], None] | None = None) -> StepCosts:
-    """The cached costs, or a new measurement under the home's measuring lock (cached when its repeats agree)."""
-    costs = None if force else cached_step_costs(key)
-    if costs is not None:
-        return costs
+def measure_and_store(model: BatchedModel, key: str, *, max_rows: int,
+                      on_measure: Callable[[str], None] | None = None) -> StepCosts:
+    """A new measurement under the home's measuring lock, cached when its repeats agree (else used once, and
+    on_measure is told)."""
     with measuring_alone():
-        costs = None if force else cached_step_costs(key)
-        if costs is not None:
-            return costs
         if on_measure is not None:
-            on_measure("measuring the batch's forward costs on this machine (once; cached in POCKETSPEC_HOME/costs)")
+            on_measure("measuring the batch's forward costs on this machine (cached in POCKETSPEC_HOME/costs)")
         costs, spread = measure_step_costs(model, key, max_rows=max_rows)
-        if is_trusted({0: spread}):
-            store_step_costs(costs)
-        elif on_measure is not None:
-            on_measure(f"{disagreeing_share({0: spread}):.0%} of the batch's timed forwards varied by more than "
-                       f"{MAX_SPREAD:.0%} between repeats (is the machine busy?); this run uses them, the next one "
-                       "measures them again")
+    if is_trusted({0: spread}):
+        store_step_costs(costs)
+    elif on_measure is not None:
+        on_measure(f"{disagreeing_share({0: spread}):.0%} of the batch's timed forwards varied by more than "
+                   f"{MAX_SPREAD:.0%} between repeats (is the machine busy?); they are not cached: measure again "
+                   "on a quieter machine")
     return costs
-
 
 
 def calibrate_batch(settings, batch, on_measure: Callable[[str], None] | None = None) -> list[tuple[str, StepCosts]]:
@@ -122,6 +118,8 @@ def calibrate_batch(settings, batch, on_measure: Callable[[str], None] | None = 
     these settings (SessionSettings, BatchSettings): its target's, and its draft model's (self-sparse: over its
     window; self-skip: its layers). Returns (which, costs) pairs."""
     choice, target_settings, _ = settings_for(settings)
+    if target_settings.backend != "torch":
+        raise UserError("--calibrate --batch measures the torch backend's batch pool; add --backend torch")
     with open_batch_session(settings, batch) as session:
         engine = session.engine
         models = [("target", engine.target, choice.target_path)]
@@ -131,8 +129,7 @@ def calibrate_batch(settings, batch, on_measure: Callable[[str], None] | None = 
         measured = []
         for name, model, path in models:
             key = step_costs_key(path, target_settings, BatchShape.of(model, engine.max_batch))
-            measured.append((name, calibrated_step_costs(model, key, max_rows=engine.max_batch, force=True,
-                                                         on_measure=on_measure)))
+            measured.append((name, measure_and_store(model, key, max_rows=engine.max_batch, on_measure=on_measure)))
     return measured
 
 

@@ -49,6 +49,8 @@ def preview_batch_plan(settings: SessionSettings, batch: BatchSettings) -> Batch
     choice, target_settings, speculation = settings_for(settings)
     if target_settings.backend != "torch":
         raise UserError("plan --batch plans the torch backend's batch pool; add --backend torch")
+    if len(target_settings.devices) > 1:
+        raise UserError("plan --batch plans the pool of one device; leave out --devices")
     if choice.drafter in ("self-sparse", "self-skip"):
         check_self_draft(choice.drafter, target_settings, speculation)
     speculation = batch_speculation(speculation)
