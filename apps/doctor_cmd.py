@@ -73,7 +73,7 @@ def _calibrate_batch(session_settings, max_batch: int) -> None:
 
     batch = BatchSettings(max_batch=max_batch)
     for name, costs in calibrate_batch(session_settings, batch, on_measure=lambda line: click.echo(line, err=True)):
-        contexts = preview_contexts(costs.fixed_context or max(costs.kv_seconds) // max_batch or 1)
+        contexts = preview_contexts(max(1, max(costs.kv_seconds) // max_batch))
         click.echo(f"{name}:")
         for line in describe_step_costs(costs, max_batch, contexts):
             click.echo(line)

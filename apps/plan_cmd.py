@@ -34,12 +34,18 @@ def _settings_line(plan_) -> str:
     return ", ".join(parts)
 
 
+def _print_terms(terms: dict[str, int]) -> int:
+    """The memory terms as a table; returns its name column's width."""
+    width = max(len(name) for name in terms) + 2
+    click.echo(f"{'TERM'.ljust(width)}{'BYTES':>14}  SIZE")
+    for name, size in terms.items():
+        click.echo(f"{name.ljust(width)}{size:>14}  {format_bytes(size)}")
+    return width
+
+
 def _print_plan(plan_, title: str) -> None:
     click.echo(title)
-    width = max(len(name) for name in plan_.terms) + 2
-    click.echo(f"{'TERM'.ljust(width)}{'BYTES':>14}  SIZE")
-    for name, size in plan_.terms.items():
-        click.echo(f"{name.ljust(width)}{size:>14}  {format_bytes(size)}")
+    width = _print_terms(plan_.terms)
     click.echo(f"{'predicted peak'.ljust(width)}{plan_.predicted_peak_bytes:>14}  "
                f"{format_bytes(plan_.predicted_peak_bytes)}")
     click.echo(f"settings: {_settings_line(plan_)}")
@@ -77,11 +83,7 @@ def _print_split(plan_, title: str) -> None:
 
 def _print_batch(preview: BatchPreview) -> None:
     click.echo(preview.title)
-    terms = preview.plan.planner_result.terms
-    width = max(len(name) for name in terms) + 2
-    click.echo(f"{'TERM'.ljust(width)}{'BYTES':>14}  SIZE")
-    for name, size in terms.items():
-        click.echo(f"{name.ljust(width)}{size:>14}  {format_bytes(size)}")
+    _print_terms(preview.plan.planner_result.terms)
     for line in preview.plan.lines:
         click.echo(line)
     if not preview.predictions:

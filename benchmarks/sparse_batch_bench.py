@@ -65,7 +65,7 @@ def worker(config: dict) -> dict:
     from memplanner.defaults import ACCEPTANCE_PRIORS
     from memplanner.shapes import shape_from_gguf
     from memplanner.sizes import round_up
-    from pocketspec.backends.torch_backend import load_tokenizer
+    from pocketspec.backends.torch_backend import load_tokenizer, resolve_kv_dtype
     from pocketspec.batch.batched_model import BatchedModel
     from pocketspec.batch.drafting import BatchModelDrafter
     from pocketspec.batch.engine import BatchEngine
@@ -76,7 +76,7 @@ def worker(config: dict) -> dict:
     from pocketspec.stats import peak_rss_bytes
     from pocketspec.torch_model.device import resolve_device
     from pocketspec.torch_model.invariant import TileShape, make_batch_invariant
-    from pocketspec.torch_model.load import compute_dtype, load_model
+    from pocketspec.torch_model.load import load_model
 
     device = resolve_device(config["device"])
     if config["threads"]:
@@ -97,7 +97,7 @@ def worker(config: dict) -> dict:
     tiles = TileShape(batch.row_tile) if is_invariant else None
     if tiles is not None:
         make_batch_invariant(model, tiles)
-    kv_dtype = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[compute_dtype(weights, device)]
+    kv_dtype = resolve_kv_dtype("auto", model)  # the weights' compute dtype
     max_context = max(config["contexts"]) + config["max_tokens"] + 8
     rows = dict(num_rows=batch.max_batch, kv_dtype=kv_dtype, max_logits_rows=config["max_gamma"] + 1)
     target = BatchedModel(model, max_context=max_context, n_batch=512, tiles=tiles,

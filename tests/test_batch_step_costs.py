@@ -15,7 +15,7 @@ from memplanner.shapes import shape_from_gguf
 from memplanner.torch_sizes import torch_kv_bytes
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.step_calibration import measure_step_costs
-from pocketspec.batch.step_costs import BatchShape, batch_step_costs, cached_step_costs, step_costs_key
+from pocketspec.batch.step_costs import BatchModel, BatchShape, batch_step_costs, cached_step_costs, step_costs_key
 from pocketspec.batch_session import open_batch_session
 from pocketspec.session_settings import SessionSettings
 from pocketspec.settings import BatchSettings, ModelSettings
@@ -118,7 +118,7 @@ def test_an_uncalibrated_shape_is_priced_by_its_roofline(tiny_target, tmp_path, 
     shape = BatchShape(4, 512, 9, True, "fp32", 2)
     settings = ModelSettings(backend="torch")
     assert cached_step_costs(step_costs_key(tiny_target, settings, shape)) is None
-    costs = batch_step_costs(tiny_target, settings, shape, weights_format="fp32", on_gpu=False, is_window=True)
+    costs = batch_step_costs(BatchModel("draft (self-sparse)", tiny_target, shape, is_window=True), settings)
     assert not costs.is_measured and costs.fixed_context == 512
     assert step_costs_key(tiny_target, settings, replace(shape, num_rows=8)) != step_costs_key(tiny_target, settings,
                                                                                                shape)

@@ -14,16 +14,15 @@ from dataclasses import replace
 
 import torch
 
-from memplanner.batch_step_costs import StepCosts
 from pocketspec.backends.torch_backend import load_tokenizer, resolve_kv_dtype, resolve_weights_format
 from pocketspec.backends.torch_open import check_self_draft, self_skip_layers, self_sparse_window
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.engine import BatchEngine
 from pocketspec.batch.opened import OpenedBatch
-from pocketspec.batch.step_costs import BatchShape, batch_step_costs
+from pocketspec.batch.step_costs import batch_models, batch_step_costs
 from pocketspec.loader import ModelChoice
-from pocketspec.settings import SELF_DRAFTS, BatchSettings, ModelSettings, SamplingSettings, SpeculationSettings
+from pocketspec.settings import BatchSettings, ModelSettings, SamplingSettings, SpeculationSettings
 from pocketspec.torch_model.device import resolve_device
 from pocketspec.torch_model.invariant import TileShape, make_batch_invariant
 from pocketspec.torch_model.load import load_model
@@ -64,19 +63,10 @@ def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, sp
     if speculation.drafter == "auto" and choice.drafter in ("ngram", "none"):
         speculation = replace(speculation, drafter=choice.drafter)
     drafter = BatchModelDrafter(draft) if draft is not None else None
-    priced = dict(settings=target_settings, weights=weights, max_rows=batch.max_batch, on_gpu=device.type != "cpu")
-    draft_path = choice.target_path if choice.drafter in SELF_DRAFTS else choice.draft_path
+    priced_target, *priced_draft = batch_models(choice, target_settings, speculation, batch)
     engine = BatchEngine(target, is_end=tokenizer.is_end_of_generation, draft=drafter, sampling=sampling,
                          speculation=speculation, batch=batch,
-                         target_costs=_step_costs(target, choice.target_path, **priced),
-                         draft_costs=_step_costs(draft, draft_path, **priced, is_window=choice.drafter == "self-sparse"))
+                         target_costs=batch_step_costs(priced_target, target_settings),
+                         draft_costs=batch_step_costs(priced_draft[0], target_settings) if priced_draft else None)
     return OpenedBatch(engine, tokenizer, [vocab_model] if vocab_model is not None else [])
 
-
-def _step_costs(model: BatchedModel | None, path, settings: ModelSettings, *, weights: str, max_rows: int,
-                on_gpu: bool, is_window: bool = False) -> StepCosts | None:
-    """What the engine prices a model's forwards with (pocketspec/batch/step_costs.py); None without the model."""
-    if model is None:
-        return None
-    return batch_step_costs(path, settings, BatchShape.of(model, max_rows), weights_format=weights, on_gpu=on_gpu,
-                            is_window=is_window)

@@ -21,13 +21,14 @@ from typing import Callable
 
 from memplanner.batch_step_costs import StepCosts
 from pocketspec.batch.batched_model import BatchedModel
-from pocketspec.batch.step_costs import BatchShape, step_costs_key, store_step_costs
+from pocketspec.batch.step_costs import batch_models, step_costs_key, store_step_costs
 from pocketspec.batch_session import open_batch_session
 from pocketspec.cost_samples import (MAX_EXTRA_ROUNDS, MAX_SPREAD, NUM_ROUNDS, disagreeing_share, is_trusted,
                                      relative_spread, robust_cost)
 from pocketspec.errors import UserError
 from pocketspec.measured_cache import measuring_alone
 from pocketspec.session_settings import settings_for
+from pocketspec.speculation.draft_limits import batch_speculation
 
 Point = tuple[int, int, int]  # (rows, width, cached tokens per row)
 # widths whose attention is timed: a batch-invariant kernel's query tiles of 4 step at 5, 9, 17, 33
@@ -116,21 +117,17 @@ def measure_and_store(model: BatchedModel, key: str, *, max_rows: int,
 def calibrate_batch(settings, batch, on_measure: Callable[[str], None] | None = None) -> list[tuple[str, StepCosts]]:
     """Measure again, as `pocketspec doctor --calibrate --batch N` asks, the forward costs of a torch batch of
     these settings (SessionSettings, BatchSettings): its target's, and its draft model's (self-sparse: over its
-    window; self-skip: its layers). Returns (which, costs) pairs."""
-    choice, target_settings, _ = settings_for(settings)
+    window; self-skip: its layers). Returns (role, costs) pairs."""
+    choice, target_settings, speculation = settings_for(settings)
     if target_settings.backend != "torch":
         raise UserError("--calibrate --batch measures the torch backend's batch pool; add --backend torch")
+    priced = batch_models(choice, target_settings, batch_speculation(speculation), batch)
     with open_batch_session(settings, batch) as session:
         engine = session.engine
-        models = [("target", engine.target, choice.target_path)]
-        if engine.draft is not None:
-            models.append((f"draft ({choice.drafter})", engine.draft.draft,
-                           choice.draft_path or choice.target_path))
-        measured = []
-        for name, model, path in models:
-            key = step_costs_key(path, target_settings, BatchShape.of(model, engine.max_batch))
-            measured.append((name, measure_and_store(model, key, max_rows=engine.max_batch, on_measure=on_measure)))
-    return measured
+        opened = [engine.target] + ([engine.draft.draft] if engine.draft is not None else [])
+        return [(model.role, measure_and_store(batched, step_costs_key(model.path, target_settings, model.shape),
+                                               max_rows=model.shape.num_rows, on_measure=on_measure))
+                for model, batched in zip(priced, opened)]
 
 
 def describe_step_costs(costs: StepCosts, num_rows: int, contexts: list[int]) -> list[str]:

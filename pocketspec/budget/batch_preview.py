@@ -7,14 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplanner.batch_rows import kv_dtype_for
-from memplanner.batch_step_costs import SpeedupPrediction, StepCosts, crossover_context, predicted_speedup
+from memplanner.batch_step_costs import SpeedupPrediction, crossover_context, predicted_speedup
 from memplanner.defaults import ACCEPTANCE_PRIORS
-from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
-from memplanner.torch_sizes import resolve_weights_format
-from pocketspec.backends.torch_open import check_self_draft, self_skip_layers, self_sparse_window
-from pocketspec.batch.step_costs import BatchShape, batch_step_costs
+from pocketspec.backends.torch_open import check_self_draft, self_sparse_window
+from pocketspec.batch.step_costs import batch_models, batch_step_costs
 from pocketspec.budget.batch_plan import apply_batch_plan
 from pocketspec.budget.device_memory import read_device
 from pocketspec.budget.memory_plan import MemoryPlan
@@ -60,30 +57,14 @@ def preview_batch_plan(settings: SessionSettings, batch: BatchSettings) -> Batch
         raise UserError(f"cannot read {device.name}'s free memory (torch sees no such GPU); pass --memory-budget")
     plan = apply_batch_plan(choice, budget_bytes, target_settings, speculation, batch)
     rows = plan.batch.max_batch
-    on_gpu = target_settings.is_on_gpu
-    weights = resolve_weights_format(target_settings.weights, on_gpu)
-    kv_dtype = kv_dtype_for(target_settings.torch_kv_type, weights, on_gpu)
-    num_layers = shape_from_gguf(choice.target_path).num_layers
-    width = speculation.max_gamma + 1
-    target_shape = BatchShape(rows, target_settings.max_context, width, batch.batch_invariance_on(device.kind),
-                              kv_dtype, num_layers)
     title = (f"batch plan for {choice.target_path.stem} ({_drafting(choice, target_settings, speculation)}), "
              f"{rows} rows, max context {target_settings.max_context}, budget "
              f"{format_bytes(plan.budget_bytes)} on {device.name}")
-    draft_shape = _draft_shape(choice, target_settings, speculation, weights, on_gpu, rows, width)
-
-    def priced(may_be_measured: bool) -> tuple[StepCosts, StepCosts | None]:
-        costs = dict(weights_format=weights, on_gpu=on_gpu, may_be_measured=may_be_measured)
-        target = batch_step_costs(choice.target_path, target_settings, target_shape, **costs)
-        if draft_shape is None:
-            return target, None
-        path, shape = draft_shape
-        return target, batch_step_costs(path, target_settings, shape, **costs,
-                                        is_window=choice.drafter == "self-sparse")
-
-    target, draft = priced(True)
-    if draft is not None and target.is_measured != draft.is_measured:  # one measured, one not: not comparable
-        target, draft = priced(False)
+    models = batch_models(choice, target_settings, speculation, plan.batch)
+    target, *draft = (batch_step_costs(model, target_settings) for model in models)
+    if draft and target.is_measured != draft[0].is_measured:  # one measured, one not: not comparable
+        target, *draft = (batch_step_costs(model, target_settings, may_be_measured=False) for model in models)
+    draft = draft[0] if draft else None
     alpha = speculation.expected_acceptance if speculation.expected_acceptance is not None else \
         ACCEPTANCE_PRIORS["model"]
     if draft is None:
@@ -103,21 +84,3 @@ def _drafting(choice, target_settings, speculation) -> str:
         return f"draft {choice.draft_path.stem}"
     return f"{choice.drafter} drafting" if choice.drafter != "none" else "plain decoding"
 
-
-def _draft_shape(choice, target_settings, speculation, weights: str, on_gpu: bool, rows: int,
-                 width: int) -> tuple[object, BatchShape] | None:
-    """The draft's model file and batch shape, as pocketspec/batch/open.py opens it; None without a draft."""
-    shape = shape_from_gguf(choice.target_path)
-    fast = dict(num_rows=rows, width=width, is_batch_invariant=False)
-    kv_dtype = kv_dtype_for(target_settings.torch_kv_type, weights, on_gpu)
-    if choice.drafter == "self-sparse":
-        return choice.target_path, BatchShape(
-            max_context=self_sparse_window(target_settings, speculation), num_layers=shape.num_layers,
-            kv_dtype=kv_dtype_for(speculation.self_draft_kv_type, weights, on_gpu), **fast)
-    if choice.drafter == "self-skip":
-        return choice.target_path, BatchShape(max_context=target_settings.max_context, kv_dtype=kv_dtype,
-                                              num_layers=self_skip_layers(shape.num_layers, speculation), **fast)
-    if choice.draft_path is not None:
-        return choice.draft_path, BatchShape(max_context=target_settings.max_context, kv_dtype=kv_dtype,
-                                             num_layers=shape_from_gguf(choice.draft_path).num_layers, **fast)
-    return None
