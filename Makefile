@@ -6,6 +6,8 @@ POCKETSPEC_ACCEL ?= cpu
 export POCKETSPEC_ACCEL
 # The CPU build of torch from the local wheel; set TORCH_SPEC to a CUDA/ROCm build on a GPU box.
 TORCH_SPEC ?= torch==2.13.0
+# ONNX Runtime for --backend onnx: the CPU package, or the CUDA one with POCKETSPEC_ACCEL=cuda
+ONNX_EXTRA := $(if $(filter cuda,$(POCKETSPEC_ACCEL)),onnx-gpu,onnx)
 
 .PHONY: chat serve test setup llama peers models-test models-default bench bench-chat bench-memory clean-venv
 
@@ -36,7 +38,7 @@ llama: $(BIN)/pip
 $(VENV)/.pocketspec-installed: pyproject.toml native/build_llama_cpp.sh native/llama_build.sh | $(BIN)/pip
 	native/build_llama_cpp.sh $(BIN)/pip
 	$(BIN)/pip install -q '$(TORCH_SPEC)'
-	$(BIN)/pip install -q -e '.[test,torch,bench,serve]'
+	$(BIN)/pip install -q -e '.[test,torch,bench,serve,$(ONNX_EXTRA)]'
 	touch $@
 
 # The models the tests load: SmolLM2 for every run, and the qwen-coder pair.

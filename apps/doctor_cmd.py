@@ -46,6 +46,13 @@ def _print_human(report: dict) -> None:
         click.echo(f"torch             {torch_info['version']} ({torch_info['build']} build; {gpus}{note})")
     else:
         click.echo(f"torch             not importable: {torch_info['error']}")
+    onnx_info = report["onnxruntime"]
+    if onnx_info is None:
+        click.echo("onnxruntime       not installed (--backend onnx unavailable)")
+    elif "version" in onnx_info:
+        click.echo(f"onnxruntime       {onnx_info['version']} (--ep {', '.join(onnx_info['execution_providers'])})")
+    else:
+        click.echo(f"onnxruntime       not importable: {onnx_info['error']}")
     memory = report["memory"]
     click.echo(f"memory            {_gib(memory['available_bytes'])} available of {_gib(memory['total_bytes'])}")
     problem = report["pocketspec_home_problem"]

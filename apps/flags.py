@@ -14,8 +14,9 @@ from pocketspec.errors import UserError
 from pocketspec.setting_ranges import parse_setting, setting_range
 from pocketspec.session_settings import SessionSettings
 from pocketspec.settings import (ATTENTION_SINK_TOKENS, AUTO, BACKENDS, DECODE_STEPS, LLAMA_KV_TYPES, RANDOM_SEED, SCHEDULERS,
-                                 SPLIT_MODES, TORCH_KV_TYPES, TORCH_WEIGHTS, BatchSettings, GenerationSettings, ModelSettings,
-                                 SamplingSettings, SpeculationSettings, default_num_threads, resolve_weights_format)
+                                 EXECUTION_PROVIDERS, SPLIT_MODES, TORCH_KV_TYPES, TORCH_WEIGHTS, BatchSettings,
+                                 GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings,
+                                 default_num_threads, resolve_weights_format)
 
 SAMPLING = SamplingSettings()
 SPECULATION = SpeculationSettings()
@@ -131,7 +132,12 @@ def runtime_options(function):
 BACKEND_OPTIONS = {  # flag -> its click option, in --help's order
     "--backend": click.option(
         "--backend", type=click.Choice(BACKENDS), default=MODEL.backend, show_default=True,
-        help="Inference backend: llama.cpp (GGUF, CPU/GPU builds) or torch (PyTorch; CPU, CUDA, ROCm)."),
+        help="Inference backend: llama.cpp (GGUF, CPU/GPU builds), torch (PyTorch; CPU, CUDA, ROCm) or onnx "
+             "(ONNX Runtime, the GGUF exported once; its device is --ep)."),
+    "--ep": click.option(
+        "--ep", "execution_provider", type=click.Choice(EXECUTION_PROVIDERS), default=MODEL.execution_provider,
+        show_default=True, help="--backend onnx: ONNX Runtime's execution provider (pocketspec doctor lists "
+                                "those present)."),
     "--device": click.option(
         "--device", default=MODEL.device, show_default=True, help="torch device: cpu, cuda, cuda:N or rocm."),
     "--devices": click.option(
@@ -147,7 +153,8 @@ BACKEND_OPTIONS = {  # flag -> its click option, in --help's order
         "--weights", type=click.Choice(TORCH_WEIGHTS), default=MODEL.weights, show_default=True,
         help=f"torch weight format (auto: {resolve_weights_format(AUTO, on_gpu=False)} on a CPU, "
              f"{resolve_weights_format(AUTO, on_gpu=True)} on a GPU, fp16 where bf16 is emulated); "
-             "int8/int4 quantize on load."),
+             "int8/int4 quantize on load. --backend onnx: fp32, fp16 or int4 (MatMulNBits; auto: fp32 on the "
+             "cpu provider, fp16 on a GPU's)."),
     "--torch-kv-type": click.option(
         "--torch-kv-type", type=click.Choice(TORCH_KV_TYPES), default=MODEL.torch_kv_type, show_default=True,
         help="torch KV cache dtype (auto: the weights' compute dtype)."),

@@ -36,7 +36,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from apps.prompt_file import read_prompt_rows  # noqa: E402
 from apps.report import write_results  # noqa: E402
-from pocketspec.backends.torch_backend import load_tokenizer, resolve_weights_format  # noqa: E402
+from pocketspec.backends.gguf_tokenizer import load_tokenizer  # noqa: E402
+from pocketspec.backends.torch_backend import resolve_weights_format  # noqa: E402
 from pocketspec.batch.batched_model import BatchedModel  # noqa: E402
 from pocketspec.batch.drafting import BatchModelDrafter  # noqa: E402
 from pocketspec.batch.engine import BatchEngine  # noqa: E402

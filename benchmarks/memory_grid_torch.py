@@ -51,7 +51,7 @@ def predicted_terms(model: str, device: str, weights: str, context: int, kv: str
 
 def prompt_text(model: str, num_tokens: int) -> str:
     """Spec-Bench text cut to about num_tokens tokens of this model's tokenizer."""
-    from pocketspec.backends.torch_backend import load_tokenizer
+    from pocketspec.backends.gguf_tokenizer import load_tokenizer
     from pocketspec.models.catalog import model_path
 
     text = (ROOT / "benchmarks" / "data" / "spec_bench.jsonl").read_text()

@@ -65,7 +65,8 @@ def worker(config: dict) -> dict:
     from memplanner.defaults import ACCEPTANCE_PRIORS
     from memplanner.shapes import shape_from_gguf
     from memplanner.sizes import round_up
-    from pocketspec.backends.torch_backend import load_tokenizer, resolve_kv_dtype
+    from pocketspec.backends.gguf_tokenizer import load_tokenizer
+    from pocketspec.backends.torch_backend import resolve_kv_dtype
     from pocketspec.batch.batched_model import BatchedModel
     from pocketspec.batch.drafting import BatchModelDrafter
     from pocketspec.batch.engine import BatchEngine

@@ -43,6 +43,9 @@ def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
     budget that fits fewer is refused before loading. torch plans its rows (pocketspec/budget/batch_plan.py);
     llama.cpp plans a context of its sequences (plan_sequences)."""
     choice, target_settings, speculation = settings_for(settings)
+    if target_settings.backend == "onnx":
+        flag = "--max-concurrency" if min_rows else "--batch"
+        raise UserError(f"{flag} runs on --backend llama.cpp or torch; --backend onnx decodes one sequence at a time")
     if target_settings.backend == "llama.cpp":  # one context, split over --devices by llama.cpp if asked
         return _open_llama(settings, batch, on_note or (lambda line: None), on_progress,
                            count_flag="--max-concurrency" if min_rows else "--batch")

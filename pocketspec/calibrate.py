@@ -38,6 +38,11 @@ def _build_identity(settings) -> dict:
         return {"backend": "torch", "torch": torch.__version__, "device": settings.device,
                 "devices": list(settings.devices), "weights": settings.weights, "compile": settings.compiles,
                 "decode_step": settings.decode_step}
+    if settings.backend == "onnx":
+        import onnxruntime
+
+        return {"backend": "onnx", "onnxruntime": onnxruntime.__version__, "ep": settings.execution_provider,
+                "weights": settings.weights, "prepack": settings.prepack_weights}
     import llama_cpp
 
     return {"backend": "llama.cpp", "llama_cpp": llama_cpp.__version__,

@@ -71,7 +71,7 @@ def load_engine(
 ):
     """Load the backends and build the engine; the caller closes it (engine.close()).
 
-    notify(line): told before a first-time cost measurement, which takes seconds to a minute.
+    notify(line): told before a first-time cost measurement or ONNX export, which take seconds to minutes.
     """
     is_self_draft = choice.drafter in SELF_DRAFTS
     if speculation.drafter == "auto" and choice.drafter not in ("auto", *SELF_DRAFTS):
@@ -80,7 +80,7 @@ def load_engine(
         raise UserError("--drafter model needs a draft model: pass --draft NAME or --pair NAME")
     if is_self_draft:
         check_self_draft(choice.drafter, target_settings, speculation)
-    target_backend = open_backend(choice.target_path, target_settings)
+    target_backend = open_backend(choice.target_path, target_settings, notify)
     draft_backend = None
     try:
         target_costs = calibrated_for(target_backend, speculation, notify)
@@ -91,7 +91,7 @@ def load_engine(
             draft_settings = draft_settings or target_settings
             skip_reason = draft_cannot_pay(choice, target_costs, draft_settings, speculation)
             if skip_reason is None:
-                draft_backend = open_backend(choice.draft_path, draft_settings)
+                draft_backend = open_backend(choice.draft_path, draft_settings, notify)
                 draft_costs = calibrated_for(draft_backend, speculation, notify)
         engine = SpeculativeEngine(target_backend, draft_backend=draft_backend, sampling=sampling,
                                    speculation=speculation, target_costs=target_costs, draft_costs=draft_costs)

@@ -113,6 +113,20 @@ def _torch_report() -> dict | None:
         return {"error": f"{type(error).__name__}: {error}"}
 
 
+def _onnx_report() -> dict | None:
+    """onnxruntime's version and the --ep names its build offers (None: not installed)."""
+    if importlib.util.find_spec("onnxruntime") is None:
+        return None
+    try:
+        import onnxruntime
+
+        from pocketspec.backends.onnx_backend import available_providers
+
+        return {"version": onnxruntime.__version__, "execution_providers": available_providers()}
+    except Exception as error:  # a broken install can raise anything on import
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
 def _models_report() -> dict:
     catalog = load_catalog()
     return {name: {"downloaded": model_path(name).exists(), "path": str(model_path(name))}
@@ -130,6 +144,7 @@ def collect_report() -> dict:
         "cpu": _cpu_report(),
         "gpu": _gpu_report(),
         "torch": _torch_report(),
+        "onnxruntime": _onnx_report(),
         "memory": {"total_bytes": memory.total, "available_bytes": memory.available},
         "models": _models_report(),
     }

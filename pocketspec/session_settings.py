@@ -22,6 +22,11 @@ SPECULATION = SpeculationSettings()
 GENERATION = GenerationSettings()
 _MODEL_FIELDS = {field_.name for field_ in fields(ModelSettings)}
 TORCH_ONLY_FIELDS = ("device", "weights", "torch_kv_type", "compile", "decode_step")
+ONNX_ONLY_FIELDS = ("execution_provider", "prepack_weights")
+# The fields each backend does not read: a flag that sets one is refused rather than ignored
+NOT_READ_BY = {"llama.cpp": TORCH_ONLY_FIELDS + ONNX_ONLY_FIELDS, "torch": ONNX_ONLY_FIELDS,
+               "onnx": tuple(name for name in TORCH_ONLY_FIELDS if name != "weights")}
+FLAG_NAMES = {"execution_provider": "--ep"}
 
 
 @dataclass(frozen=True)
@@ -67,11 +72,14 @@ def apply_backend_options(target_settings: ModelSettings, speculation: Speculati
     speculation_options = {name: value for name, value in options.items() if name not in _MODEL_FIELDS}
     model_options["devices"] = _parse_devices(model_options.get("devices"), model_options.get("device", MODEL.device))
     target_settings = replace(target_settings, **model_options)
-    if target_settings.backend == "llama.cpp":
-        changed = [name for name in TORCH_ONLY_FIELDS if getattr(target_settings, name) != getattr(MODEL, name)]
-        if changed:
-            flag = "--" + changed[0].replace("_", "-")
-            raise UserError(f"{flag} applies to --backend torch; add --backend torch or leave {flag} out")
+    changed = [name for name in NOT_READ_BY[target_settings.backend]
+               if getattr(target_settings, name) != getattr(MODEL, name)]
+    if changed:
+        flag = FLAG_NAMES.get(changed[0], "--" + changed[0].replace("_", "-"))
+        owner = "onnx" if changed[0] in ONNX_ONLY_FIELDS else "torch"
+        raise UserError(f"{flag} applies to --backend {owner}; add --backend {owner} or leave {flag} out")
+    if target_settings.backend == "onnx" and target_settings.devices:
+        raise UserError("--backend onnx runs on one device; leave --devices out (--ep picks the device)")
     return target_settings, replace(speculation, **speculation_options)
 
 

@@ -28,7 +28,8 @@ TORCH_WEIGHTS = (AUTO, *WEIGHT_FORMATS)  # --weights
 TORCH_KV_TYPES = (AUTO, *KV_DTYPES)  # --torch-kv-type, --self-draft-kv-type
 DECODE_STEPS = (AUTO, "static", "dynamic")  # --decode-step (torch_model/static_step.py)
 SCHEDULERS = ("pad", "group")  # BatchSettings.scheduler
-BACKENDS = ("llama.cpp", "torch")  # ModelSettings.backend
+BACKENDS = ("llama.cpp", "torch", "onnx")  # ModelSettings.backend
+EXECUTION_PROVIDERS = ("cpu", "cuda", "rocm", "dml", "coreml")  # --ep: ONNX Runtime's, by the device they run on
 SPLIT_MODES = ("layer", "row")  # ModelSettings.split_mode
 # Read from here by the flags, homed in memplanner (the planner shares them): ACCEPTANCE_PRIORS,
 # ATTENTION_SINK_TOKENS (self-sparse's kept prefix), LLAMA_KV_TYPES and resolve_weights_format
@@ -119,9 +120,16 @@ class ModelSettings:
     # llama.cpp's repacked weights decode one token faster on x86 CPUs, but its batched
     # kernel then rounds differently from 4 rows on, which caps exact verify width at 3.
     repack_weights: bool = True
-    backend: str = "llama.cpp"  # llama.cpp | torch
+    backend: str = "llama.cpp"  # one of BACKENDS
+    execution_provider: str = "cpu"  # onnx: one of EXECUTION_PROVIDERS
+    # onnx: ONNX Runtime copies each MatMul weight into its kernels' layout (SmolLM2 decodes 25 % faster on a
+    # CPU); off, it reads the mapped file in place, in less memory (memplanner/onnx_sizes.py). A memory plan
+    # turns it off where the budget needs that.
+    prepack_weights: bool = True
     device: str = "cpu"  # torch: cpu | cuda | cuda:N | rocm
-    weights: str = AUTO  # torch: one of TORCH_WEIGHTS (auto: memplanner.torch_sizes.resolve_weights_format)
+    # torch: one of TORCH_WEIGHTS (auto: memplanner.torch_sizes.resolve_weights_format); onnx: auto or one of
+    # memplanner.onnx_sizes.ONNX_FORMATS (auto: memplanner.onnx_sizes.resolve_onnx_format)
+    weights: str = AUTO
     torch_kv_type: str = AUTO  # torch: one of TORCH_KV_TYPES (auto: the weights' compute format)
     compile: bool | None = None  # torch: torch.compile the forward; None: `compiles` says
     decode_step: str = AUTO  # torch: one of DECODE_STEPS; uses_static_step says what auto means

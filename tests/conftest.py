@@ -39,11 +39,11 @@ def require_model(name: str) -> Path:
 
 
 def home_with_measurements(home: Path) -> Path:
-    """A fresh POCKETSPEC_HOME at `home` whose models, cost tables and exact verify widths are the
+    """A fresh POCKETSPEC_HOME at `home` whose models, cost tables, exact verify widths and ONNX exports are the
     session home's: nothing is downloaded, and nothing an earlier test measured is measured again
     (pocketspec/measured_cache.py: measured once, under a lock, by whichever process needs it first)."""
     home.mkdir(parents=True, exist_ok=True)
-    for name in ("models", "costs", "exact_widths"):
+    for name in ("models", "costs", "exact_widths", "onnx"):
         shared = SESSION_HOME / name
         shared.mkdir(parents=True, exist_ok=True)
         (home / name).symlink_to(shared, target_is_directory=True)

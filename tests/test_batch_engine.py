@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import same_distribution_pvalue
-from pocketspec.backends.torch_backend import load_tokenizer
+from pocketspec.backends.gguf_tokenizer import load_tokenizer
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.engine import BatchEngine

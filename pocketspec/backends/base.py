@@ -83,6 +83,7 @@ class CachedTokens:
 
     def __init__(self) -> None:
         self._cached: list[int] = []
+        self._exact_widths: dict[int, int] = {}
         self.notes: list[str] = []  # what opening decided that the user should hear (a compile fallback)
 
     @property
@@ -141,6 +142,15 @@ class CachedTokens:
                rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
         """The token after `tokens`, chosen on the host from their last logits."""
         return choose_with_probs(self.prefill(tokens), sampling, rng)
+
+    def exact_verify_width(self, max_width: int) -> int:
+        """Probed once per width on this backend (batched vs one-token logits, bit for bit); llama.cpp's
+        caches the probe across runs instead."""
+        from pocketspec.backends.exact_width import probe_exact_width
+
+        if max_width not in self._exact_widths:
+            self._exact_widths[max_width] = probe_exact_width(self, max_width)
+        return self._exact_widths[max_width]
 
     def __enter__(self):
         return self

@@ -28,6 +28,10 @@ def check_devices(settings: ModelSettings) -> None:
                         "give them, or leave --split-mode out")
     if settings.backend == "llama.cpp":
         _check_llama_devices(settings.devices)
+    elif settings.backend == "onnx":
+        from pocketspec.backends.onnx_backend import check_provider
+
+        check_provider(settings.execution_provider)
     elif settings.backend == "torch":
         from pocketspec.torch_model.device import resolve_device, resolve_devices
 

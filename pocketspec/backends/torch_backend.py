@@ -21,6 +21,7 @@ import torch
 
 from memplanner.torch_sizes import resolve_weights_format as resolve_format_for
 from pocketspec.backends.base import CachedTokens
+from pocketspec.backends.gguf_tokenizer import load_tokenizer
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings, SamplingSettings
 from pocketspec.torch_model.compile_cache import use_compile_cache
@@ -62,27 +63,6 @@ def _layer_split(model_path: Path, settings: ModelSettings) -> LayerSplit | None
     return LayerSplit.of(settings.devices, settings.layers_per_device, num_layers)
 
 
-def load_tokenizer(path: Path):
-    """llama.cpp's tokenizer for this GGUF, without loading its weights."""
-    import llama_cpp
-    from llama_cpp._internals import LlamaModel
-
-    from pocketspec.backends.llama_context import init_llama
-    from pocketspec.tokenizer import Tokenizer
-
-    if path.is_dir():
-        raise UserError(f"{path} is a Hugging Face folder: --backend torch reads its tokenizer from a GGUF, "
-                        "so give the model's GGUF (load_model() reads HF folders from Python)")
-    init_llama()
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    try:
-        vocab_model = LlamaModel(path_model=str(path), params=params, verbose=False)
-    except ValueError as error:
-        raise UserError(f"llama.cpp could not read the vocabulary of {path}: {error}") from None
-    return vocab_model, Tokenizer(vocab_model)
-
-
 class TorchBackend(CachedTokens):
     def __init__(self, model: Transformer, settings: ModelSettings, *, tokenizer, model_path: Path,
                  num_layers: int | None = None, kv_dtype: str | None = None, owns_model: bool = True,
@@ -104,7 +84,6 @@ class TorchBackend(CachedTokens):
                                    kv_dtype=self.kv_dtype, device=self.device, layer_devices=layer_devices)
         self._owns_model = owns_model
         self._vocab_model = vocab_model
-        self._exact_widths: dict[int, int] = {}
         self.static_step: StaticDecodeStep | None = None
         if settings.uses_static_step:
             self.static_step = self._warmed_static_step(settings.compiles)
@@ -210,14 +189,6 @@ class TorchBackend(CachedTokens):
     def shift_out(self, start: int, count: int) -> None:
         self.cache.shift(start, count, len(self._cached), self.model.inv_freq)
         del self._cached[start:start + count]
-
-    def exact_verify_width(self, max_width: int) -> int:
-        """Probed once per width on this backend (batched vs one-token logits, bit for bit)."""
-        from pocketspec.backends.exact_width import probe_exact_width
-
-        if max_width not in self._exact_widths:
-            self._exact_widths[max_width] = probe_exact_width(self, max_width)
-        return self._exact_widths[max_width]
 
     def memory_report(self) -> dict[str, int]:
         """Bytes of every tensor this backend allocated; a self-draft view reports no weights of its own."""

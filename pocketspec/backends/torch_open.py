@@ -16,8 +16,8 @@ from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings, SpeculationSettings
 
 
-def open_backend(path: Path, settings: ModelSettings):
-    """The backend `settings.backend` names, loaded from `path`."""
+def open_backend(path: Path, settings: ModelSettings, notify=None):
+    """The backend `settings.backend` names, loaded from `path`; notify(line): told of a first-time export (onnx)."""
     if settings.backend == "torch" and settings.is_row_split:
         from pocketspec.backends.row_split import open_row_split
 
@@ -26,8 +26,12 @@ def open_backend(path: Path, settings: ModelSettings):
         from pocketspec.backends.torch_backend import TorchBackend
 
         return TorchBackend.open(path, settings)
+    if settings.backend == "onnx":
+        from pocketspec.backends.onnx_backend import OnnxBackend
+
+        return OnnxBackend.open(path, settings, notify=notify)
     if settings.backend != "llama.cpp":
-        raise UserError(f"unknown backend {settings.backend!r}: use llama.cpp or torch")
+        raise UserError(f"unknown backend {settings.backend!r}: use llama.cpp, torch or onnx")
     from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
 
     return LlamaCppBackend(path, settings)

@@ -14,7 +14,8 @@ from dataclasses import replace
 
 import torch
 
-from pocketspec.backends.torch_backend import load_tokenizer, resolve_kv_dtype, resolve_weights_format
+from pocketspec.backends.gguf_tokenizer import load_tokenizer
+from pocketspec.backends.torch_backend import resolve_kv_dtype, resolve_weights_format
 from pocketspec.backends.torch_open import check_self_draft, self_skip_layers, self_sparse_window
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter

