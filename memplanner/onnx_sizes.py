@@ -10,15 +10,18 @@ SmolLM2-135M and Qwen2.5-Coder-0.5B):
 - with prepacking off, ONNX Runtime maps the weights file and reads it in place, so the resident
   weights are at most the file; an int4 MatMulNBits then dequantizes each weight as it runs, and
   the largest (the head) lives as float32 for a moment;
+- a separate embedding matrix (an untied model's, or the float one beside an int4 head) is read only
+  at the rows of the tokens seen, so of it only those pages are resident (Qwen2.5-0.5B's is 519 MiB,
+  of which 4096 positions touch at most 32 MiB);
 - with prepacking on (its default, faster), it copies every MatMul weight into its kernels' layout
-  while the file is mapped: PREPACKED_WEIGHT_FACTOR x the file bounds what that holds;
+  while the file is mapped: PREPACKED_WEIGHT_FACTOR x the file bounds what that holds (int4's
+  MatMulNBits holds more);
 - fp16 on the CPU provider is cast to fp32 where ORT lacks fp16 kernels: CPU_FP16_WEIGHT_FACTOR.
 
 The KV cache is the backend's own fixed-capacity buffers. A step's activations are dominated by
 attention's scores, heads × new tokens × cached tokens float32, of which ATTENTION_SCORE_COPIES
 live at once. The CPU arena is off (pocketspec/backends/onnx_backend.py), so a step's buffers
-are freed after it. The weights terms are bounds: SmolLM2 peaked at 0.92-0.99 of the prediction, and
-Qwen2.5-0.5B, which leaves much of its mapped file untouched, at 0.71-0.85.
+are freed after it. The prediction is a bound: on the grid every run peaked at 0.87-0.99 of it.
 """
 
 from __future__ import annotations
@@ -28,10 +31,13 @@ from memplanner.shapes import ModelShape
 ONNX_FORMATS = ("fp32", "fp16", "int4")
 INT4_BLOCK_SIZE = 32  # MatMulNBits block: ONNX Runtime's CPU kernels are tuned for 32 (and 128)
 INT4_BLOCK_BYTES = INT4_BLOCK_SIZE // 2 + 4  # packed values and a float32 scale (symmetric: no zero point)
-RUNTIME_BYTES = 150 * 2**20  # the interpreter, numpy, onnxruntime, llama.cpp's tokenizer, the session
+RUNTIME_BYTES = 170 * 2**20  # the interpreter, numpy, onnxruntime, llama.cpp's tokenizer, the session
 ATTENTION_SCORE_COPIES = 3.1  # scores, masked scores and their softmax
 HIDDEN_ROW_COPIES = 0.8  # per new token: its hidden states and feed-forward intermediates
-PREPACKED_WEIGHT_FACTOR = 1.2  # resident weights with prepacking over the file (SmolLM2 fp32: 1.04 over 1.1)
+EXPANDED_KEY_COPIES = 2  # keys and values over the whole context, joined and repeated to every query head
+PAGE_BYTES = 4096
+# resident weights (but a lookup table) with prepacking over the file: fp32 (SmolLM2 measured 1.14), int4 (1.5, 1.6)
+PREPACKED_WEIGHT_FACTOR = {"fp32": 1.2, "fp16": 1.2, "int4": 1.7}
 CPU_FP16_WEIGHT_FACTOR = 2.5  # fp16 weights and the fp32 casts of those ORT's CPU kernels need
 
 
@@ -81,18 +87,33 @@ def onnx_step_bytes(shape: ModelShape, *, n_batch: int, max_context: int, max_lo
     num_tokens = min(n_batch, max_context)
     scores = ATTENTION_SCORE_COPIES * 4 * shape.num_heads * num_tokens * max_context
     hidden = HIDDEN_ROW_COPIES * 4 * num_tokens * (2 * shape.intermediate_size + 4 * shape.hidden_size)
+    keys = EXPANDED_KEY_COPIES * 2 * 4 * shape.num_heads * max_context * shape.head_dim
     logits = 2 * 4 * max_logits_rows * shape.vocab_size  # the graph's logits and their copy to numpy
-    return int(scores + hidden + logits)
+    return int(scores + hidden + keys + logits)
+
+
+def lookup_table_bytes(shape: ModelShape, weights_format: str, *, is_tied: bool) -> int:
+    """The embedding matrix that only the token lookup reads (0 where the head's own matrix serves it)."""
+    return 0 if is_tied and weights_format != "int4" else shape.vocab_size * shape.hidden_size * float_bytes(weights_format)
+
+
+def looked_up_bytes(shape: ModelShape, weights_format: str, *, is_tied: bool, max_context: int) -> int:
+    """What the lookup table holds resident: mapped, it is read only at the rows of the tokens seen, at most
+    one per position, each over at most one page more than its own bytes."""
+    table = lookup_table_bytes(shape, weights_format, is_tied=is_tied)
+    row_pages = -(-shape.hidden_size * float_bytes(weights_format) // PAGE_BYTES) + 1
+    return min(table, max_context * row_pages * PAGE_BYTES)
 
 
 def onnx_resident_weight_bytes(shape: ModelShape, weights_format: str, *, is_tied: bool, has_qkv_bias: bool,
                                prepacks: bool, on_cpu: bool) -> int:
-    """What the weights hold in memory at their peak (a bound: module docstring)."""
-    weights = onnx_weight_bytes(shape, weights_format, is_tied=is_tied, has_qkv_bias=has_qkv_bias)
+    """What the weights but the lookup table hold in memory at their peak (a bound: module docstring)."""
+    weights = (onnx_weight_bytes(shape, weights_format, is_tied=is_tied, has_qkv_bias=has_qkv_bias)
+               - lookup_table_bytes(shape, weights_format, is_tied=is_tied))
     if weights_format == "fp16" and on_cpu:
         weights *= CPU_FP16_WEIGHT_FACTOR
     if prepacks:
-        weights *= PREPACKED_WEIGHT_FACTOR
+        weights *= PREPACKED_WEIGHT_FACTOR[weights_format]
     elif weights_format == "int4":
         weights += shape.hidden_size * shape.vocab_size * 4  # the head dequantized as it runs
     return int(weights)
@@ -104,6 +125,7 @@ def onnx_peak_terms(shape: ModelShape, *, weights_format: str, max_context: int,
     return {"runtime": RUNTIME_BYTES,
             "weights": onnx_resident_weight_bytes(shape, weights_format, is_tied=is_tied, has_qkv_bias=has_qkv_bias,
                                                   prepacks=prepacks, on_cpu=on_cpu),
+            "embedding rows": looked_up_bytes(shape, weights_format, is_tied=is_tied, max_context=max_context),
             "KV cache": onnx_kv_bytes(shape, weights_format, max_context),
             "activations": onnx_step_bytes(shape, n_batch=n_batch, max_context=max_context,
                                            max_logits_rows=max_logits_rows)}

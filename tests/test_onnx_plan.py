@@ -40,3 +40,19 @@ def test_a_draft_model_adds_its_weights_and_cache(smollm2_path):
     paired = onnx_peak(ModelChoice(smollm2_path, smollm2_path, "auto"), SETTINGS, SPECULATION)
     assert paired["draft weights"] == alone["weights"] and paired["draft KV cache"] == alone["KV cache"]
     assert paired["activations"] == alone["activations"]  # one model's step at a time
+
+
+def test_only_the_rows_a_context_can_touch_of_a_lookup_table_are_planned(smollm2_path, qwen_draft_path):
+    """An untied model's embedding (or the float one beside an int4 head) is read at the tokens seen; a tied
+    float model looks its tokens up in the head, which is resident whole anyway."""
+    from memplanner.onnx_sizes import lookup_table_bytes, looked_up_bytes
+    from memplanner.shapes import shape_from_gguf
+
+    qwen, smollm2 = shape_from_gguf(qwen_draft_path), shape_from_gguf(smollm2_path)
+    table = lookup_table_bytes(qwen, "fp32", is_tied=False)
+    assert table == qwen.vocab_size * qwen.hidden_size * 4
+    short, long = (looked_up_bytes(qwen, "fp32", is_tied=False, max_context=context) for context in (512, 4096))
+    assert 0 < short < long < table / 10
+    assert looked_up_bytes(qwen, "fp32", is_tied=False, max_context=10**6) == table
+    assert lookup_table_bytes(smollm2, "fp32", is_tied=True) == 0
+    assert lookup_table_bytes(smollm2, "int4", is_tied=True) == smollm2.vocab_size * smollm2.hidden_size * 4
