@@ -27,6 +27,7 @@ are freed after it. The prediction is a bound: on the grid every run peaked at 0
 from __future__ import annotations
 
 from memplanner.shapes import ModelShape
+from memplanner.torch_sizes import compute_dtype_bytes  # 2 for fp16, else 4 (fp32 beside int4 on a CPU)
 
 ONNX_FORMATS = ("fp32", "fp16", "int4")
 INT4_BLOCK_SIZE = 32  # MatMulNBits block: ONNX Runtime's CPU kernels are tuned for 32 (and 128)
@@ -49,15 +50,11 @@ def resolve_onnx_format(weights: str, provider: str) -> str:
     return "fp32" if provider == "cpu" else "fp16"
 
 
-def float_bytes(weights_format: str) -> int:
-    return 2 if weights_format == "fp16" else 4
-
-
 def onnx_linear_bytes(num_in: int, num_out: int, weights_format: str) -> int:
     """One [num_in, num_out] MatMul weight."""
     if weights_format == "int4":
         return num_out * -(-num_in // INT4_BLOCK_SIZE) * INT4_BLOCK_BYTES
-    return num_in * num_out * float_bytes(weights_format)
+    return num_in * num_out * compute_dtype_bytes(weights_format)
 
 
 def onnx_weight_bytes(shape: ModelShape, weights_format: str, *, is_tied: bool, has_qkv_bias: bool) -> int:
@@ -66,7 +63,7 @@ def onnx_weight_bytes(shape: ModelShape, weights_format: str, *, is_tied: bool, 
         raise ValueError(f"unknown ONNX weights format {weights_format!r}; use one of {', '.join(ONNX_FORMATS)}")
     dim, ffn, vocab = shape.hidden_size, shape.intermediate_size, shape.vocab_size
     q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    plain = float_bytes(weights_format)  # norms, biases and the embedding lookup (fp32 beside int4)
+    plain = compute_dtype_bytes(weights_format)  # norms, biases and the embedding lookup (fp32 beside int4)
     block = (onnx_linear_bytes(dim, q_size, weights_format) + 2 * onnx_linear_bytes(dim, kv_size, weights_format)
              + onnx_linear_bytes(q_size, dim, weights_format) + 2 * onnx_linear_bytes(dim, ffn, weights_format)
              + onnx_linear_bytes(ffn, dim, weights_format) + 2 * dim * plain
@@ -79,7 +76,8 @@ def onnx_weight_bytes(shape: ModelShape, weights_format: str, *, is_tied: bool, 
 
 def onnx_kv_bytes(shape: ModelShape, weights_format: str, max_context: int) -> int:
     """Keys and values of every layer and position, in the compute dtype (fp32 beside int4)."""
-    return 2 * shape.num_layers * max_context * shape.num_kv_heads * shape.head_dim * float_bytes(weights_format)
+    per_position = shape.num_kv_heads * shape.head_dim * compute_dtype_bytes(weights_format)
+    return 2 * shape.num_layers * max_context * per_position
 
 
 def onnx_step_bytes(shape: ModelShape, *, n_batch: int, max_context: int, max_logits_rows: int) -> int:
@@ -94,14 +92,16 @@ def onnx_step_bytes(shape: ModelShape, *, n_batch: int, max_context: int, max_lo
 
 def lookup_table_bytes(shape: ModelShape, weights_format: str, *, is_tied: bool) -> int:
     """The embedding matrix that only the token lookup reads (0 where the head's own matrix serves it)."""
-    return 0 if is_tied and weights_format != "int4" else shape.vocab_size * shape.hidden_size * float_bytes(weights_format)
+    if is_tied and weights_format != "int4":
+        return 0
+    return shape.vocab_size * shape.hidden_size * compute_dtype_bytes(weights_format)
 
 
 def looked_up_bytes(shape: ModelShape, weights_format: str, *, is_tied: bool, max_context: int) -> int:
     """What the lookup table holds resident: mapped, it is read only at the rows of the tokens seen, at most
     one per position, each over at most one page more than its own bytes."""
     table = lookup_table_bytes(shape, weights_format, is_tied=is_tied)
-    row_pages = -(-shape.hidden_size * float_bytes(weights_format) // PAGE_BYTES) + 1
+    row_pages = -(-shape.hidden_size * compute_dtype_bytes(weights_format) // PAGE_BYTES) + 1
     return min(table, max_context * row_pages * PAGE_BYTES)
 
 

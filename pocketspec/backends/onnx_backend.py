@@ -97,15 +97,17 @@ class OnnxBackend(CachedTokens):
         self._position_shape = [config["num_kv_heads"], config["head_dim"]]
         self._position_bytes = int(np.prod(self._position_shape)) * self._dtype.itemsize
         shape = [self._capacity, *self._position_shape]
-        # [capacity, kv_heads, head_dim] each; on the CPU provider plain arrays, on a GPU's OrtValues there
-        self._host_caches = [np.zeros(shape, self._dtype) for _ in range(2 * config["num_layers"])] \
-            if self._device == "cpu" else []
-        self._device_caches = [
-            onnxruntime.OrtValue.ortvalue_from_shape_and_type(shape, self._dtype.type, self._device, 0)
-            for _ in range(2 * config["num_layers"])] if self._device != "cpu" else []
-        addresses = [cache.ctypes.data for cache in self._host_caches] or \
-                    [cache.data_ptr() for cache in self._device_caches]
-        self._caches = list(zip(past_names(config["num_layers"]), addresses))
+        # [capacity, kv_heads, head_dim] each: on the CPU provider numpy arrays, on a GPU's OrtValues there
+        if self._device == "cpu":
+            self._buffers = [np.zeros(shape, self._dtype) for _ in range(2 * config["num_layers"])]
+            addresses = [buffer.ctypes.data for buffer in self._buffers]
+        else:
+            self._buffers = [onnxruntime.OrtValue.ortvalue_from_shape_and_type(shape, self._dtype.type, self._device, 0)
+                             for _ in range(2 * config["num_layers"])]
+            addresses = [buffer.data_ptr() for buffer in self._buffers]
+        # (input name, output name, buffer address) of every cache, bound anew each step
+        self._caches = [(name, new_name(name), address)
+                        for name, address in zip(past_names(config["num_layers"]), addresses)]
         self.binding = self.session.io_binding()
 
     @classmethod
@@ -135,10 +137,11 @@ class OnnxBackend(CachedTokens):
         binding.bind_cpu_input(TOKENS, np.asarray([tokens], dtype=np.int64))
         binding.bind_cpu_input(LOGITS_ROWS, np.asarray(logits_rows, dtype=np.int64))
         binding.bind_output(LOGITS, self._device)  # its shape changes with the rows: a fresh buffer each step
-        for name, address in self._caches:
-            binding.bind_input(name, self._device, 0, element_type, [num_cached, *self._position_shape], address)
-            binding.bind_output(new_name(name), self._device, 0, element_type, [num_tokens, *self._position_shape],
-                                address + num_cached * self._position_bytes)
+        past_shape, new_shape = [num_cached, *self._position_shape], [num_tokens, *self._position_shape]
+        new_offset = num_cached * self._position_bytes
+        for past, new, address in self._caches:
+            binding.bind_input(past, self._device, 0, element_type, past_shape, address)
+            binding.bind_output(new, self._device, 0, element_type, new_shape, address + new_offset)
         self.session.run_with_iobinding(binding)
         logits = binding.get_outputs()[0].numpy()  # [R, vocab]
         self._cached.extend(tokens)
@@ -152,8 +155,8 @@ class OnnxBackend(CachedTokens):
         end = len(self._cached)
         angles = -float(count) * self._inv_freq  # [head_dim / 2]
         cos, sin = np.cos(angles), np.sin(angles)
-        for index in range(len(self._caches)):
-            values = self._host_caches[index] if self._host_caches else self._device_caches[index].numpy()
+        for index, buffer in enumerate(self._buffers):
+            values = buffer if self._device == "cpu" else buffer.numpy()  # a GPU's: through the host
             moved = values[start + count:end].astype(np.float32)  # [kept, kv_heads, head_dim]
             if index % 2 == 0:  # keys: rotate-half layout, as pocketspec/torch_model/model.apply_rope
                 half = moved.shape[-1] // 2
@@ -161,8 +164,8 @@ class OnnxBackend(CachedTokens):
                 moved[..., :half] = first * cos - second * sin
                 moved[..., half:] = second * cos + first * sin
             values[start:end - count] = moved.astype(values.dtype)
-            if not self._host_caches:
-                self._device_caches[index].update_inplace(values)
+            if self._device != "cpu":
+                buffer.update_inplace(values)
         del self._cached[start:start + count]
 
     def memory_report(self) -> dict[str, int]:
@@ -173,7 +176,7 @@ class OnnxBackend(CachedTokens):
     def close(self) -> None:
         self.binding = None
         self.session = None
-        self._caches, self._host_caches, self._device_caches = [], [], []
+        self._caches, self._buffers = [], []
         if self._vocab_model is not None:
             self._vocab_model.close()
             self._vocab_model = None

@@ -64,8 +64,9 @@ def gguf_sha256(path: Path, notify: Notify | None = None) -> str:
     """The GGUF's sha256: from its pull stamp (`<file>.sha256`) when that still matches the file, else hashed."""
     stamp = path.with_name(path.name + ".sha256")
     with contextlib.suppress(OSError, IndexError):
-        known = stamp.read_text().split()[0]
-        if stamp.read_text() == stamp_text(path, known):
+        text = stamp.read_text()
+        known = text.split()[0]
+        if text == stamp_text(path, known):
             return known
     return hash_file(path, progress=notify is not None)
 
@@ -82,9 +83,10 @@ def read_intact(folder: Path) -> ExportedModel | None:
         manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
         for name, stamp in manifest["files"].items():
             path = folder / name
-            if path.stat().st_size != stamp["size"]:
+            stat = path.stat()
+            if stat.st_size != stamp["size"]:
                 return None
-            if path.stat().st_mtime_ns != stamp["mtime_ns"] and hash_file(path, progress=False) != stamp["sha256"]:
+            if stat.st_mtime_ns != stamp["mtime_ns"] and hash_file(path, progress=False) != stamp["sha256"]:
                 return None
         return ExportedModel(folder, manifest["config"], manifest["weights_format"])
     except (OSError, ValueError, KeyError, TypeError):
