@@ -30,12 +30,14 @@ $(BIN)/pip:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# The portable llama.cpp build (native/build_llama_cpp.sh skips it when already built;
-# pip caches the built wheel, so a new venv reinstalls it in seconds).
+# The portable llama.cpp build, with PocketSpec's row-exact verify patch (native/build_llama_cpp.sh
+# skips it when already built; the built wheel is kept in POCKETSPEC_HOME/wheels, so a new venv
+# reinstalls it in seconds).
 llama: $(BIN)/pip
 	native/build_llama_cpp.sh $(BIN)/pip
 
-$(VENV)/.pocketspec-installed: pyproject.toml native/build_llama_cpp.sh native/llama_build.sh | $(BIN)/pip
+$(VENV)/.pocketspec-installed: pyproject.toml native/build_llama_cpp.sh native/llama_build.sh \
+		native/patches/row-exact-verify.patch | $(BIN)/pip
 	native/build_llama_cpp.sh $(BIN)/pip
 	$(BIN)/pip install -q '$(TORCH_SPEC)'
 	$(BIN)/pip install -q -e '.[test,torch,bench,serve,$(ONNX_EXTRA)]'

@@ -19,6 +19,7 @@ from pocketspec.conversation.conversation import Conversation, Replayed, assista
 from pocketspec.errors import UserError
 from pocketspec.session import open_session
 from pocketspec.settings import GenerationSettings
+from pocketspec.speculation.verify_mode import verify_label
 from pocketspec.conversation.transcript import TranscriptWriter, find_transcript, load_transcript, new_transcript_path
 
 NUM_MESSAGES_SHOWN_ON_RESUME = 6
@@ -124,7 +125,9 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
             if not is_interactive:
                 _answer_piped(chat_, session, message, show_stats)
                 return
-            note(f"chat with {models[0]} (draft: {_drafting_label(session)}), context {chat_.max_context} tokens; "
+            drafting = _drafting_label(session)
+            verify = "" if drafting == "none" else f", verify: {verify_label(session.engine.is_exact_verify)}"
+            note(f"chat with {models[0]} (draft: {drafting}{verify}), context {chat_.max_context} tokens; "
                  "/help for commands, Ctrl-D or /exit to quit")
             note(f"transcript: {transcript_path}")
             if replayed is not None:

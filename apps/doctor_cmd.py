@@ -17,6 +17,17 @@ def _gib(num_bytes: int) -> str:
     return f"{num_bytes / 2**30:.1f} GiB"
 
 
+def _describe_row_exact(max_rows: int, patch: str | None) -> str:
+    """Which verify mode llama.cpp's CPU kernels allow for free, and why."""
+    if max_rows:
+        return (f"up to {max_rows} rows: CPU verify batches round like one-token decoding, so --exact-verify "
+                f"(the default on the CPU) costs no speed (native/patches/row-exact-verify.patch {patch or ''})")
+    if patch not in (None, "none"):
+        return "off (GGML_CPU_ROW_EXACT=0): stock kernels, --exact-verify drafts less"
+    return ("no: stock llama.cpp kernels, so --fast-verify is the CPU default; native/build_llama_cpp.sh builds "
+            "the row-exact kernels")
+
+
 def _print_human(report: dict) -> None:
     llama = report["llama_cpp"]
     build = llama["build"] or {}
@@ -28,6 +39,8 @@ def _print_human(report: dict) -> None:
         click.echo(f"cmake args        {build['cmake_args']}")
     if llama["system_info"]:
         click.echo(f"llama.cpp         {llama['system_info']}")
+    if llama["importable"]:
+        click.echo(f"row-exact verify  {_describe_row_exact(llama['row_exact_max_rows'], build.get('patch'))}")
     cpu = report["cpu"]
     flags = " ".join(f"{flag}={'yes' if present else 'no'}" for flag, present in cpu["flags"].items())
     click.echo(f"cpu               {cpu['model']} ({cpu['num_logical_cores']} logical cores)")

@@ -110,15 +110,17 @@ def kv_type_option(function):
     return click.option("--kv-type", type=click.Choice(LLAMA_KV_TYPES), default=None,
                         help="The target's KV cache type [default: f16]; a memory plan never changes it, "
                              "only the draft's. bf16, as big as f16, keeps llama.cpp's CPU batches rounding like "
-                             "one-token decoding past 256 cached tokens, so --exact-verify drafts there (wider with "
-                             "--no-repack).")(function)
+                             "one-token decoding past 256 cached tokens on a stock llama.cpp build, so --exact-verify "
+                             "drafts there (wider with --no-repack).")(function)
 
 
 def runtime_options(function):
-    function = click.option("--exact-verify/--fast-verify", default=SPECULATION.exact_verify, show_default=True,
-                            help="Only verify batches proven to round bit for bit like one-token decoding "
-                                 "(on a CPU that means plain decoding), or draft freely: a greedy token may then "
-                                 "differ where the target's two best logits are within kernel rounding.")(function)
+    function = click.option("--exact-verify/--fast-verify", default=SPECULATION.exact_verify,
+                            help="Only verify batches proven to round bit for bit like one-token decoding, or "
+                                 "draft freely: a greedy token may then differ where the target's two best logits "
+                                 "are within kernel rounding [default: exact where that costs no speed (llama.cpp "
+                                 "on the CPU with PocketSpec's row-exact kernels, see `pocketspec doctor`), fast "
+                                 "elsewhere].")(function)
     function = repack_option(function)
     function = threads_option(function)
     function = kv_type_option(function)

@@ -140,7 +140,7 @@ class ReplayTarget(CachedTokens):
     def rollback(self, num_kept: int) -> None:
         del self._cached[num_kept:]
 
-    def exact_verify_width(self, max_width: int) -> int:
+    def exact_verify_width(self, max_width: int, on_measure=None) -> int:
         """As pocketspec/backends/exact_width.py probes it: the width exact both early and deep."""
         if self.exact_width is None:
             return max_width

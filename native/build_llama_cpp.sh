@@ -12,6 +12,7 @@ source "$(dirname "$0")/llama_build.sh"
 PIP="${1:-.venv/bin/pip}"
 ACCEL="${POCKETSPEC_ACCEL:-cpu}"
 CMAKE_ARGS="$(llama_cmake_args "$ACCEL")" || exit 2
+PATCH_ID="$(row_exact_patch_id)"
 
 if [[ ! -x "$PIP" ]]; then
   echo "error: pip '$PIP' not found; pass the venv's pip as the first argument" >&2
@@ -33,15 +34,16 @@ PY
 
 INSTALLED="$(installed_version)"
 if [[ "$INSTALLED" == "$LLAMA_CPP_PYTHON_VERSION" && "${POCKETSPEC_FORCE_REBUILD:-0}" != "1" ]] && stamp_matches "$PYTHON" "$STAMP" \
-    "version=$LLAMA_CPP_PYTHON_VERSION" "accel=$ACCEL" "cmake_args=$CMAKE_ARGS"; then
+    "version=$LLAMA_CPP_PYTHON_VERSION" "accel=$ACCEL" "cmake_args=$CMAKE_ARGS" "patch=$PATCH_ID"; then
   echo "llama-cpp-python $INSTALLED ($ACCEL) is already built in $VENV; nothing to do"
   exit 0
 fi
 
 # pip's own cache keeps one wheel per version whatever CMAKE_ARGS built it, so a wheel built
 # for another CPU (or the CPU build, for a GPU) would come back. Built wheels are kept here
-# instead, one folder per version and CMake arguments.
+# instead, one folder per version, CMake arguments and patch.
 ARGS_HASH="$(printf '%s' "$CMAKE_ARGS" | sha1sum | cut -c1-12)"
+if [[ "$PATCH_ID" != none ]]; then ARGS_HASH="$ARGS_HASH-patch-$PATCH_ID"; fi
 WHEEL_DIR="${POCKETSPEC_HOME:-$HOME/.cache/pocketspec}/wheels/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION-$ACCEL-$ARGS_HASH"
 if [[ "${POCKETSPEC_FORCE_REBUILD:-0}" == "1" ]]; then
   rm -rf "$WHEEL_DIR"
@@ -49,9 +51,17 @@ fi
 if ! compgen -G "$WHEEL_DIR/llama_cpp_python-*.whl" > /dev/null; then
   echo "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION for $ACCEL (about 10 minutes on 2 cores)"
   echo "CMAKE_ARGS=$CMAKE_ARGS"
+  WORK="$(mktemp -d)"
+  trap 'rm -rf "$WORK"' EXIT
+  "$PIP" download -q --no-deps --no-binary :all: -d "$WORK" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+  tar -xzf "$WORK"/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION".tar.gz -C "$WORK"
+  SOURCE="$WORK/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
+  if [[ "$PATCH_ID" != none ]]; then
+    echo "applying native/patches/row-exact-verify.patch ($PATCH_ID)"
+    patch -p1 --forward --silent -d "$SOURCE" < "$ROW_EXACT_PATCH"
+  fi
   mkdir -p "$WHEEL_DIR.partial"
-  CMAKE_ARGS="$CMAKE_ARGS" "$PIP" wheel --no-deps --no-cache-dir -w "$WHEEL_DIR.partial" \
-    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+  CMAKE_ARGS="$CMAKE_ARGS" "$PIP" wheel --no-deps --no-cache-dir -w "$WHEEL_DIR.partial" "$SOURCE"
   rm -rf "$WHEEL_DIR"
   mv "$WHEEL_DIR.partial" "$WHEEL_DIR"
 fi
@@ -62,5 +72,5 @@ fi
   || { echo "error: llama.cpp does not start after the build (CMAKE_ARGS=$CMAKE_ARGS)" >&2; exit 1; }
 
 write_stamp "$PYTHON" "$STAMP" package=llama-cpp-python "version=$LLAMA_CPP_PYTHON_VERSION" "accel=$ACCEL" \
-  "cmake_args=$CMAKE_ARGS"
+  "cmake_args=$CMAKE_ARGS" "patch=$PATCH_ID"
 echo "done: stamp written to $STAMP"

@@ -62,6 +62,15 @@ llama_cmake_args() {
   esac
 }
 
+# PocketSpec's patch to ggml's CPU backend, applied to the Python bindings' build (not to llama.cpp's
+# own tools, which stay llama.cpp's): verify batches of up to 32 rows computed row for row as
+# one-token decoding computes them (native/README.md). POCKETSPEC_ROW_EXACT_PATCH=0 builds without it.
+ROW_EXACT_PATCH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/patches/row-exact-verify.patch"
+# "none", or the patch's content hash: it names the wheel and goes into the stamp
+row_exact_patch_id() {
+  if [[ "${POCKETSPEC_ROW_EXACT_PATCH:-1}" == "0" ]]; then echo none; else sha256sum "$ROW_EXACT_PATCH" | cut -c1-12; fi
+}
+
 # stamp_matches PYTHON STAMP KEY=VALUE...: status 0 when the JSON stamp exists and holds every pair.
 stamp_matches() {
   local python="$1" stamp="$2"

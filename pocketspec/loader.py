@@ -71,7 +71,8 @@ def load_engine(
 ):
     """Load the backends and build the engine; the caller closes it (engine.close()).
 
-    notify(line): told before a first-time cost measurement or ONNX export, which take seconds to minutes.
+    notify(line): told before a first-time cost measurement, ONNX export or --exact-verify probe, which take
+    seconds to minutes.
     """
     is_self_draft = choice.drafter in SELF_DRAFTS
     if speculation.drafter == "auto" and choice.drafter not in ("auto", *SELF_DRAFTS):
@@ -94,7 +95,8 @@ def load_engine(
                 draft_backend = open_backend(choice.draft_path, draft_settings, notify)
                 draft_costs = calibrated_for(draft_backend, speculation, notify)
         engine = SpeculativeEngine(target_backend, draft_backend=draft_backend, sampling=sampling,
-                                   speculation=speculation, target_costs=target_costs, draft_costs=draft_costs)
+                                   speculation=speculation, target_costs=target_costs, draft_costs=draft_costs,
+                                   on_measure=notify)
         if skip_reason is not None:
             engine.notes.append(skip_reason)
         engine.notes.extend(target_backend.notes + (draft_backend.notes if draft_backend is not None else []))

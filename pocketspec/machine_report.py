@@ -46,6 +46,9 @@ def _llama_report() -> dict:
 
         report["importable"] = True
         report["system_info"] = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+        from pocketspec.backends.ggml_ops import row_exact_max_rows
+
+        report["row_exact_max_rows"] = row_exact_max_rows()
     except Exception as error:  # a broken native build can raise anything on import
         report["import_error"] = f"{type(error).__name__}: {error}"
     report["build"] = read_build_stamp()

@@ -27,6 +27,7 @@ from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, load_engine
 from pocketspec.settings import ModelSettings, SpeculationSettings, draft_settings_for
 from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
+from pocketspec.speculation.verify_mode import resolve_verify_mode
 from pocketspec.stats import GenerationStats, gpu_allocator_peaks, peak_rss_bytes
 
 Notify = Callable[[str], None]
@@ -136,8 +137,9 @@ def open_session(settings: SessionSettings, *, on_note: Notify | None = None,
     if plan is not None and not plan.shown_after_loading:
         for line in notes:
             notify(line)
+    speculation = resolve_verify_mode(planned.speculation, planned.target_settings)  # one sequence: exact if free
     engine = load_engine(choice, target_settings=planned.target_settings, draft_settings=planned.draft_settings,
-                         sampling=settings.sampling, speculation=planned.speculation, notify=on_progress)
+                         sampling=settings.sampling, speculation=speculation, notify=on_progress)
     if plan is not None and plan.shown_after_loading:
         for line in notes:
             notify(line)

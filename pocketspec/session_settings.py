@@ -42,7 +42,7 @@ class SessionSettings:
     threads: int = 0
     max_new_tokens: int = GENERATION.max_new_tokens  # the longest generation the plan makes room for
     repack: bool | None = None  # None: the plan may choose
-    exact_verify: bool = SPECULATION.exact_verify
+    exact_verify: bool | None = SPECULATION.exact_verify  # None: exact where it is free (verify_mode.py)
     # The other flags by field name (backend, device, devices as text, weights, torch_kv_type,
     # expected_acceptance, ...): each goes to its home, ModelSettings or SpeculationSettings.
     options: Mapping[str, object] = field(default_factory=dict)

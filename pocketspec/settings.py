@@ -80,12 +80,13 @@ class SpeculationSettings:
     # n-grams up to 8 tokens tell which earlier copy a suffix continues: on the recorded code edits
     # the replay (benchmarks/replay_drafting.py) went from 1.54x to 1.60x plain, in every category
     ngram_max: int = NGRAM_MAX_N
-    # llama.cpp's batched kernels round differently from its one-token kernels (on CPU,
-    # every width past 256 cached tokens), so a verified greedy token can differ from plain
-    # decoding where the target's two best logits are within that rounding. True caps
-    # γ + 1 at the widest batch proven bit-identical at short and long contexts, which on
-    # llama.cpp's CPU backend means plain decoding.
-    exact_verify: bool = False
+    # Batched kernels may round differently from one-token kernels (stock llama.cpp on the CPU
+    # does: docs/exactness.md), so a verified greedy token can differ from plain decoding where
+    # the target's two best logits are within that rounding. True caps γ + 1 at the widest batch
+    # proven bit-identical at short and long contexts; False drafts freely; None: exact where
+    # that is free (llama.cpp's CPU backend with PocketSpec's row-exact kernels), fast elsewhere
+    # (pocketspec/speculation/verify_mode.py).
+    exact_verify: bool | None = None
     # --draft self-sparse / self-skip (torch backend): the target drafts for itself
     self_draft_window: int = field(default=256, metadata=in_range("--self-draft-window", 16, MAX_CONTEXT,
                                                                   is_integer=True))  # attention sinks + recent tokens

@@ -298,9 +298,10 @@ def test_ctrl_c_on_a_piped_reply_is_recorded_as_interrupted(chat_home):
     assert [(reply["cut"], reply["stop_reason"]) for reply in replies] == [(True, "interrupted")]
 
 
-def test_the_banner_names_the_drafter_that_runs(tmp_path, qwen_target_path, qwen_draft_path):
+def test_the_banner_names_the_drafter_and_the_verify_mode_that_run(tmp_path, qwen_target_path, qwen_draft_path):
     """A pair whose draft model cannot pay on this machine is left unloaded (the loader says so); the banner
-    then names the n-gram drafter that runs, not the pair's draft."""
+    then names the n-gram drafter that runs, not the pair's draft. It names the verify mode too: exact on
+    llama.cpp's CPU backend with the row-exact kernels (the default there), fast without them."""
     home = home_with_measurements(tmp_path / "home")
     child = pexpect.spawn(str(POCKETSPEC), ["chat", "--pair", "qwen-coder", "--threads", "1", "--max-context", "1024"],
                           env=_env(home), encoding="utf-8", timeout=300, dimensions=(50, 200))
@@ -308,9 +309,12 @@ def test_the_banner_names_the_drafter_that_runs(tmp_path, qwen_target_path, qwen
     child.expect("/help for commands")
     screen = _screen(child)
     banner = next(line for line in screen.splitlines() if line.startswith("chat with "))
+    from pocketspec.backends.ggml_ops import row_exact_max_rows
+
+    verify = "exact" if row_exact_max_rows() else "fast"
     if f"draft model {qwen_draft_path.name} not loaded" in screen:
-        assert "(draft: ngram)" in banner, screen
+        assert f"(draft: ngram, verify: {verify})" in banner, screen
     else:
-        assert f"(draft: {qwen_draft_path.stem})" in banner, screen
+        assert f"(draft: {qwen_draft_path.stem}, verify: {verify})" in banner, screen
     child.sendeof()
     child.expect(pexpect.EOF)

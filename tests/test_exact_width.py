@@ -34,19 +34,22 @@ def test_the_width_cache_key_tells_devices_and_splits_apart(smollm2_path, monkey
     assert exact_width_cache_key(Loaded(smollm2_path, ModelSettings(devices=("cuda:0",))), 8) != keys[1]
 
 
-@pytest.mark.parametrize("settings, width, advised", [
-    (ModelSettings(), 1, ("--kv-type bf16", "--no-repack")),  # the defaults past 256 cached tokens
-    (ModelSettings(kv_type="bf16"), 3, ("--no-repack",)),  # bf16 with repacked weights
-    (ModelSettings(kv_type="bf16", repack_weights=False), 7, ()),
-    (ModelSettings(repack_weights=False), 1, ("--kv-type bf16",)),
-    (ModelSettings(gpu_layers=-1), 1, ()),  # the CPU kernels' advice is not a GPU's
-    (ModelSettings(backend="torch"), 1, ()),
+@pytest.mark.parametrize("settings, width, row_exact_rows, advised", [
+    # a stock build: PocketSpec's, then the stock kernels' levers
+    (ModelSettings(), 1, 0, ("row-exact-verify.patch", "--kv-type bf16", "--no-repack")),
+    (ModelSettings(kv_type="bf16"), 3, 0, ("row-exact-verify.patch", "--no-repack")),
+    (ModelSettings(kv_type="bf16", repack_weights=False), 7, 0, ("row-exact-verify.patch",)),
+    (ModelSettings(repack_weights=False), 1, 0, ("row-exact-verify.patch", "--kv-type bf16")),
+    # PocketSpec's build: only a repacked type without a row-exact kernel (Q4_0) narrows it
+    (ModelSettings(), 3, 32, ("--no-repack",)),
+    (ModelSettings(), 32, 32, ()),
+    (ModelSettings(gpu_layers=-1), 1, 0, ()),  # the CPU kernels' advice is not a GPU's
+    (ModelSettings(backend="torch"), 1, 0, ()),
 ])
-def test_a_narrow_exact_width_names_the_cpu_settings_that_widen_it(settings, width, advised):
-    advice = wider_exact_advice(settings, width)
+def test_a_narrow_exact_width_names_the_cpu_settings_that_widen_it(settings, width, row_exact_rows, advised):
+    advice = wider_exact_advice(settings, width, row_exact_rows)
     if not advised:
         assert advice is None
     else:
-        assert all(flag in advice for flag in advised)
-        assert ("--kv-type" in advice) == ("--kv-type bf16" in advised)
-        assert ("--no-repack" in advice) == ("--no-repack" in advised)
+        for lever in ("row-exact-verify.patch", "--kv-type bf16", "--no-repack"):
+            assert (lever in advice) == (lever in advised), advice

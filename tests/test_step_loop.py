@@ -79,7 +79,7 @@ class OneSequenceModel(CachedTokens):
         self.calls.append(("rollback", num_kept))
         del self._cached[num_kept:]
 
-    def exact_verify_width(self, max_width: int) -> int:
+    def exact_verify_width(self, max_width: int, on_measure=None) -> int:
         return max_width
 
     def close(self) -> None:

@@ -127,8 +127,8 @@ def _command_line() -> str:
 @setting_option("--max-context", BenchSettings, "max_context", show_default=True, help="Context of every system, in tokens.")
 @repack_option
 @kv_type_option
-@click.option("--exact-verify/--fast-verify", default=SPECULATION.exact_verify, show_default=True,
-              help="PocketSpec's verify width: proven bit-exact, or free (see `pocketspec generate --help`).")
+@click.option("--exact-verify/--fast-verify", default=SPECULATION.exact_verify,
+              help="PocketSpec's verify width: proven bit-exact, or free [default: as `pocketspec generate`].")
 @click.option("--out", "--out-dir", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_OUT,
               help="Folder for results.json, report.md and the plots [default: benchmarks/results/bench].")
 def bench(target, draft, pair, suite, categories, per_category, max_tokens, repeats, turns, temperature, top_p, top_k, seed,

@@ -63,7 +63,7 @@ def session_settings(job: dict):
         gamma=parse_gamma(options.pop("gamma", "auto")), memory_budget=options.pop("memory_budget", None),
         max_context=job["max_context"], threads=job["num_threads"], max_new_tokens=job["max_tokens"],
         repack=options.pop("repack", None), kv_type=options.pop("kv_type", None),
-        exact_verify=options.pop("exact_verify", False), options=options)
+        exact_verify=options.pop("exact_verify", None), options=options)
 
 
 def run_pocketspec(job: dict) -> None:

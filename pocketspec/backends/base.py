@@ -64,8 +64,9 @@ class Backend(Protocol):
     def shift_out(self, start: int, count: int) -> None:
         """Drop `count` cached tokens from `start` and move the later ones down (a sliding window)."""
 
-    def exact_verify_width(self, max_width: int) -> int:
-        """Widest forward (<= max_width) whose logits equal one-token forwards bit for bit."""
+    def exact_verify_width(self, max_width: int, on_measure=None) -> int:
+        """Widest forward (<= max_width) whose logits equal one-token forwards bit for bit; on_measure(line):
+        told before a probe that takes seconds."""
 
     def memory_report(self) -> dict[str, int]:
         """Bytes held by this backend, by term (weights, kv_cache, compute, logits)."""
@@ -143,7 +144,7 @@ class CachedTokens:
         """The token after `tokens`, chosen on the host from their last logits."""
         return choose_with_probs(self.prefill(tokens), sampling, rng)
 
-    def exact_verify_width(self, max_width: int) -> int:
+    def exact_verify_width(self, max_width: int, on_measure=None) -> int:
         """Probed once per width on this backend (batched vs one-token logits, bit for bit); llama.cpp's
         caches the probe across runs instead."""
         from pocketspec.backends.exact_width import probe_exact_width

@@ -1,13 +1,14 @@
 """How wide a verify batch may be while its logits stay bit-identical to one-token decoding.
 
-llama.cpp's CPU kernels switch algorithms with the batch width (llama-cpp-python
-0.3.36 here: repacked Q4_K weights use a gemm path from 4 rows on; without
-repacking, another path from 8 rows on) and, past 256 cached tokens, one-token
-attention over an f16 cache splits the cache over the threads, rounding differently from any
-batch (a bf16 cache is read in one pass at every width). With --exact-verify the engine caps
-γ + 1 at the width probed exact at the start and deep into the context. The probe
-runs once per model and settings and is cached in POCKETSPEC_HOME/exact_widths/
-(pocketspec/measured_cache.py).
+Stock llama.cpp's CPU kernels switch algorithms with the batch width (llama-cpp-python 0.3.36:
+repacked Q4_K weights use a gemm from 4 rows on; unrepacked K-quants the tiled kernel from 8 rows)
+and, past 256 cached tokens, one-token attention over an f16 cache splits the cache over the threads,
+rounding differently from any batch (docs/exactness.md has the table per operator). PocketSpec's
+build of llama.cpp carries native/patches/row-exact-verify.patch, whose kernels compute batches of
+up to 32 rows row for row as one-token decoding does; the probe then finds every width exact.
+With --exact-verify the engine caps γ + 1 at the width probed exact at the start and deep into the
+context. The probe runs once per model, build and settings and is cached in
+POCKETSPEC_HOME/exact_widths/ (pocketspec/measured_cache.py).
 """
 
 from __future__ import annotations
@@ -33,9 +34,12 @@ def exact_width_cache_key(backend, max_width: int) -> str:
     stat = os.stat(backend.model_path)
     import llama_cpp
 
+    from pocketspec.backends.ggml_ops import row_exact_max_rows
+
     settings = backend.settings
     parts = [str(backend.model_path.resolve()), str(stat.st_size), str(stat.st_mtime_ns), llama_cpp.__version__,
-             llama_cpp.llama_print_system_info().decode(), repr(settings.repack_weights),
+             llama_cpp.llama_print_system_info().decode(), f"row-exact={row_exact_max_rows()}",
+             repr(settings.repack_weights),
              str(settings.gpu_layers), str(settings.kv_type), str(max_width), str(LONG_CONTEXT_PROBE),
              ",".join(settings.devices), settings.split_mode, repr(settings.layers_per_device),
              *(f"{name}={os.environ.get(name, '')}" for name in VISIBLE_DEVICES_VARIABLES)]
@@ -68,8 +72,9 @@ def probe_exact_width(backend, max_width: int) -> int:
     return exact_width
 
 
-def exact_width(backend, max_width: int) -> int:
-    """The cached probe result for this model, build and settings; probes on a miss (one process at a time)."""
+def exact_width(backend, max_width: int, on_measure=None) -> int:
+    """The cached probe result for this model, build and settings; probes on a miss (one process at a time),
+    after telling on_measure(line)."""
     cache_file = exact_widths_dir() / f"{exact_width_cache_key(backend, max_width)}.json"
     cached = read_json(cache_file)
     if isinstance(cached, int):
@@ -78,30 +83,42 @@ def exact_width(backend, max_width: int) -> int:
         cached = read_json(cache_file)  # another process may have probed it while this one waited
         if isinstance(cached, int):
             return cached
+        if on_measure is not None:
+            on_measure(f"probing which verify widths (up to {max_width} rows) round like one-token decoding: once "
+                       "per model and settings, seconds to a minute")
         width = probe_exact_width(backend, max_width)
         write_json(cache_file, width)
     return width
 
 
-# llama.cpp 0.3.36 computes repacked Q4_K CPU weights with another kernel from this many rows;
-# unrepacked ones with the one-token kernel up to 7 rows (measured: docs/bench.md)
+# Stock llama.cpp 0.3.36 computes repacked Q4_K CPU weights with another kernel from this many rows;
+# unrepacked ones with the one-token kernel up to 7 rows (docs/exactness.md)
 REPACKED_KERNEL_SWITCH_ROWS = 4
 
 
-def wider_exact_advice(settings, exact_width: int) -> str | None:
-    """What would widen --exact-verify's batches on llama.cpp's CPU backend, or None: a bf16 KV cache
-    where one-token attention parts from batches (past 256 cached tokens with f16), unrepacked weights
-    where the repacked kernel caps the width."""
+def wider_exact_advice(settings, exact_width: int, row_exact_rows: int | None = None) -> str | None:
+    """What would widen --exact-verify's batches on llama.cpp's CPU backend, or None. A build without
+    the row-exact kernels (row_exact_rows 0; None reads this build's) is pointed at PocketSpec's own,
+    then at the stock kernels' levers: a bf16 KV cache where one-token attention parts from batches
+    (past 256 cached tokens with f16), unrepacked weights where a repacked kernel caps the width (with
+    the row-exact kernels, still the case for repacked Q2_K weights)."""
     if settings.backend != "llama.cpp":
         return None
     from pocketspec.backends.llama_split import is_cpu_planned
 
     if not is_cpu_planned(settings):
         return None
+    if row_exact_rows is None:
+        from pocketspec.backends.ggml_ops import row_exact_max_rows
+
+        row_exact_rows = row_exact_max_rows()
     changes = []
-    if exact_width == 1 and settings.kv_type == "f16":
-        changes.append("--kv-type bf16 keeps batches exact past 256 cached tokens")
+    if row_exact_rows == 0:
+        changes.append("PocketSpec's build of llama.cpp (native/build_llama_cpp.sh, which applies "
+                       "native/patches/row-exact-verify.patch) keeps batches of up to 32 rows exact")
+        if exact_width == 1 and settings.kv_type == "f16":
+            changes.append("--kv-type bf16 keeps batches exact past 256 cached tokens")
     if settings.repack_weights and exact_width < REPACKED_KERNEL_SWITCH_ROWS:
         changes.append(f"--no-repack lets batches of more than {REPACKED_KERNEL_SWITCH_ROWS - 1} rows stay exact (the "
                        f"kernel for repacked weights changes at {REPACKED_KERNEL_SWITCH_ROWS})")
-    return "on llama.cpp's CPU backend " + " and ".join(changes) if changes else None
+    return "on llama.cpp's CPU backend " + "; ".join(changes) if changes else None

@@ -56,10 +56,10 @@ class LlamaSequence(CachedTokens):
         self.native.shift_out(self.sequence_id, start, count)
         del self._cached[start:start + count]
 
-    def exact_verify_width(self, max_width: int) -> int:
+    def exact_verify_width(self, max_width: int, on_measure=None) -> int:
         from pocketspec.backends.exact_width import exact_width
 
-        return exact_width(self, max_width)
+        return exact_width(self, max_width, on_measure)
 
     def memory_report(self) -> dict[str, int]:
         """The whole context's bytes (every sequence's)."""

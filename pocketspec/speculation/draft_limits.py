@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pocketspec.backends.exact_width import wider_exact_advice
+from pocketspec.speculation.verify_mode import capped_exact_line
 from pocketspec.settings import SpeculationSettings
 
 
@@ -56,20 +57,21 @@ def batch_speculation(speculation: SpeculationSettings) -> SpeculationSettings:
     return speculation if speculation.gamma is None else replace(speculation, max_gamma=speculation.gamma)
 
 
-def widest_verified_draft(target, speculation: SpeculationSettings, requested: DraftLimits, notes: list[str]) -> int:
+def widest_verified_draft(target, speculation: SpeculationSettings, requested: DraftLimits, notes: list[str],
+                          on_measure=None) -> int:
     """The longest draft `target` (a Backend, or one sequence of a batch's context) can verify: its logits
     rows allow it, and with --exact-verify its verify pass (γ + 1 rows) reproduces one-token logits exactly
-    (probed once, pocketspec/backends/exact_width.py). What the user should know goes to `notes`."""
+    (probed once, pocketspec/backends/exact_width.py; on_measure(line) is told before a probe). What the
+    user should know goes to `notes`."""
     max_width = min(requested.verify_width, target.max_logits_rows)
     if not speculation.exact_verify or requested.widest == 0:
         return max_width - 1
-    exact_width = target.exact_verify_width(max_width)
+    exact_width = target.exact_verify_width(max_width, on_measure)
     settings = getattr(target, "settings", None)
     advice = None if settings is None else wider_exact_advice(settings, exact_width)
     if exact_width == 1:
         notes.append("--exact-verify: no verify batch rounds exactly like one-token decoding on this "
                      "backend, so decoding is plain; --fast-verify drafts" + (f"; {advice}" if advice else ""))
-    elif advice is not None:
-        notes.append(f"--exact-verify: verify batches of up to {exact_width} rows round like one-token "
-                     f"decoding here; {advice}")
+    elif exact_width < max_width:
+        notes.append(capped_exact_line(exact_width, max_width) + (f"; {advice}" if advice else ""))
     return exact_width - 1

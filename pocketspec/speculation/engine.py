@@ -47,10 +47,12 @@ class SpeculativeEngine:
         target_costs: MeasuredCosts | None = None,
         draft_costs: MeasuredCosts | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        on_measure: Callable[[str], None] | None = None,
     ):
         """target_costs / draft_costs: this machine's calibrated forward costs (pocketspec/calibrate.py);
         clock: seconds for every timing the controller learns from (a replay of recorded outputs,
-        benchmarks/replay_drafting.py, passes a virtual one)."""
+        benchmarks/replay_drafting.py, passes a virtual one); on_measure(line): told before a first-time
+        --exact-verify probe."""
         if speculation.drafter not in DRAFTERS:
             raise UserError(f"unknown drafter {speculation.drafter!r}: use one of {', '.join(DRAFTERS)}")
         self.target = target
@@ -62,8 +64,10 @@ class SpeculativeEngine:
         self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max) if uses_ngram else None
         self.model = ModelDrafter(draft_backend, sampling, self.rng) if uses_model else None
         self.notes: list[str] = []
+        self.is_exact_verify = bool(speculation.exact_verify)  # verify batches capped at the probed exact width
         requested = requested_draft_limits(speculation, drafts=self.ngram is not None or self.model is not None)
-        self.limits = requested.within(widest_verified_draft(self.target, speculation, requested, self.notes))
+        self.limits = requested.within(widest_verified_draft(self.target, speculation, requested, self.notes,
+                                                             on_measure))
         if requested.fixed is not None and self.limits.fixed < requested.fixed:
             why = ("with --exact-verify, only verify batches that round exactly like one-token decoding on this "
                    "backend are used" if speculation.exact_verify else
