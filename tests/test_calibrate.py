@@ -51,6 +51,24 @@ def test_the_key_changes_with_what_decides_the_cost(smollm2_path):
     assert cost_key(smollm2_path, replace(settings, max_context=512, max_logits_rows=3)) == cost_key(smollm2_path, settings)
 
 
+def test_the_key_tells_the_row_exact_kernels_from_the_stock_ones(smollm2_path):
+    """A verify costs less with the row-exact kernels: a table measured with the stock ones (the same build
+    with GGML_CPU_ROW_EXACT=0, read once per process, so in a child) is another table."""
+    import os
+    import subprocess
+    import sys
+
+    from pocketspec.backends.ggml_ops import row_exact_max_rows
+
+    script = ("import sys; from pocketspec.calibrate import cost_key; from pocketspec.settings import ModelSettings; "
+              "print(cost_key(sys.argv[1], ModelSettings(num_threads=2)))")
+    stock = subprocess.run([sys.executable, "-c", script, str(smollm2_path)], capture_output=True, text=True,
+                           check=True, env={**os.environ, "GGML_CPU_ROW_EXACT": "0"}).stdout.strip()
+    here = cost_key(smollm2_path, ModelSettings(num_threads=2))
+    assert '"row_exact": 0' in stock
+    assert (stock != here) == (row_exact_max_rows() > 0)
+
+
 STEPPED_CPU = {width: 0.037 * ratio for width, ratio in {1: 1.0, 2: 1.6, 3: 2.2, 4: 2.6, 8: 6.0, 16: 6.1, 32: 12}.items()}
 NEARLY_FREE_VERIFY = {width: 0.020 * (1 + 0.02 * (width - 1)) for width in range(1, 33)}
 
