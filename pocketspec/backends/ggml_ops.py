@@ -30,10 +30,12 @@ def installed_lib_dir() -> Path:
     return Path(llama_cpp.__file__).parent / "lib"
 
 
+@functools.cache
 def row_exact_max_rows(lib_dir: Path | None = None) -> int:
     """The widest verify batch whose matmul and attention rows this build computes bit for bit as
     one-row decoding does (PocketSpec's patch to ggml's CPU backend); 0 for a build without the
-    patch, or with GGML_CPU_ROW_EXACT=0 in the environment."""
+    patch, or with GGML_CPU_ROW_EXACT=0 in the environment (which the library reads once per process,
+    so the answer is asked once too)."""
     cpu = ctypes.CDLL(str((lib_dir or installed_lib_dir()) / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
     query = getattr(cpu, ROW_EXACT_SYMBOL, None)
     if query is None:
