@@ -45,11 +45,13 @@ def _build_identity(settings) -> dict:
                 "weights": settings.weights, "prepack": settings.prepack_weights}
     import llama_cpp
 
-    from pocketspec.backends.ggml_ops import row_exact_max_rows
+    from pocketspec.backends.ggml_ops import cpu_library_identity, row_exact_max_rows
 
-    # the row-exact kernels (native/patches/row-exact-verify.patch) change what a verify of 2-32 rows costs
+    # the row-exact kernels (native/patches/row-exact-verify.patch), and each version of them, change
+    # what a verify of 2-32 rows costs
     return {"backend": "llama.cpp", "llama_cpp": llama_cpp.__version__,
             "system": llama_cpp.llama_print_system_info().decode(errors="replace"), "row_exact": row_exact_max_rows(),
+            "cpu_kernels": cpu_library_identity(),
             "repack": settings.repack_weights, "gpu_layers": settings.gpu_layers, "kv_type": settings.kv_type,
             "devices": list(settings.devices)}
 

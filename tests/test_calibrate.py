@@ -69,6 +69,25 @@ def test_the_key_tells_the_row_exact_kernels_from_the_stock_ones(smollm2_path):
     assert (stock != here) == (row_exact_max_rows() > 0)
 
 
+def test_the_key_tells_one_build_of_the_kernels_from_another(smollm2_path, tmp_path, monkeypatch):
+    """Another build of ggml's CPU library (a new version of the row-exact patch, say) may price every
+    width differently, so the table is measured again for it. A copy of the installed library stands
+    for the installed one, so that no other test sees its date move."""
+    import os
+    import shutil
+
+    from pocketspec.backends import ggml_ops
+
+    copy = tmp_path / "libggml-cpu.so"
+    shutil.copy2(ggml_ops.installed_lib_dir() / "libggml-cpu.so", copy)
+    monkeypatch.setattr(ggml_ops, "installed_lib_dir", lambda: tmp_path)
+    first = cost_key(smollm2_path, ModelSettings(num_threads=2))
+    assert cost_key(smollm2_path, ModelSettings(num_threads=2)) == first
+    stat = copy.stat()
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert cost_key(smollm2_path, ModelSettings(num_threads=2)) != first
+
+
 STEPPED_CPU = {width: 0.037 * ratio for width, ratio in {1: 1.0, 2: 1.6, 3: 2.2, 4: 2.6, 8: 6.0, 16: 6.1, 32: 12}.items()}
 NEARLY_FREE_VERIFY = {width: 0.020 * (1 + 0.02 * (width - 1)) for width in range(1, 33)}
 

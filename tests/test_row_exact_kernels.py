@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from pocketspec.backends import ggml_ops
@@ -46,6 +47,35 @@ def test_every_row_of_a_verify_batch_attends_as_one_token(kv_type, depth):
     """Past 512 cache cells a stock build splits one token's f16 attention over the threads."""
     exact = ggml_ops.attention_exact_widths(kv_type, depth, WIDTHS)
     assert all(exact), f"{kv_type} at depth {depth}: exact widths {ggml_ops.describe_widths(exact)}"
+
+
+ATTENTION_SCRIPT = """
+import sys
+import numpy as np
+from pocketspec.backends import ggml_ops
+rng = np.random.default_rng(7)
+out = {}
+for width in (3, 5, 8):
+    queries = rng.standard_normal((width, 12, 128)).astype(np.float32)
+    keys, values = rng.standard_normal((2, 1100, 2, 128)).astype(np.float32)
+    out[str(width)] = ggml_ops.attention("f16", queries, keys, values, 700)
+np.savez(sys.argv[1], **out)
+"""
+
+
+@needs_row_exact
+def test_the_wide_attention_pass_is_the_one_query_loop(tmp_path):
+    """The patch's attention reads each key and value row once for all the queries of a K/V head; each
+    query's result is still bit for bit what ggml's one-query loop gives (a stock build runs that loop
+    for a batch of fewer than its tile's rows), whichever heads and rows a thread's chunk holds."""
+    results = {}
+    for mode, environment in (("wide", os.environ), ("stock", {**os.environ, "GGML_CPU_ROW_EXACT": "0"})):
+        path = tmp_path / f"{mode}.npz"
+        subprocess.run([sys.executable, "-c", ATTENTION_SCRIPT, str(path)], check=True, env=environment)
+        results[mode] = np.load(path)
+    for width in ("3", "5", "8"):
+        wide, stock = results["wide"][width], results["stock"][width]
+        assert np.array_equal(wide.view(np.uint32), stock.view(np.uint32)), f"{width} rows"
 
 
 FALLBACK_SCRIPT = """

@@ -30,6 +30,13 @@ def installed_lib_dir() -> Path:
     return Path(llama_cpp.__file__).parent / "lib"
 
 
+def cpu_library_identity(lib_dir: Path | None = None) -> str:
+    """Which build of ggml's CPU kernels is installed (its library file's size and modification time):
+    a rebuild, with another version of the row-exact patch for one, gives another identity."""
+    stat = ((lib_dir or installed_lib_dir()) / "libggml-cpu.so").stat()
+    return f"{stat.st_size}-{stat.st_mtime_ns}"
+
+
 @functools.cache
 def row_exact_max_rows(lib_dir: Path | None = None) -> int:
     """The widest verify batch whose matmul and attention rows this build computes bit for bit as
