@@ -34,11 +34,12 @@ def exact_width_cache_key(backend, max_width: int) -> str:
     stat = os.stat(backend.model_path)
     import llama_cpp
 
-    from pocketspec.backends.ggml_ops import row_exact_max_rows
+    from pocketspec.backends.ggml_ops import cpu_library_identity, row_exact_max_rows
 
     settings = backend.settings
     parts = [str(backend.model_path.resolve()), str(stat.st_size), str(stat.st_mtime_ns), llama_cpp.__version__,
              llama_cpp.llama_print_system_info().decode(), f"row-exact={row_exact_max_rows()}",
+             f"cpu-kernels={cpu_library_identity()}",
              repr(settings.repack_weights),
              str(settings.gpu_layers), str(settings.kv_type), str(max_width), str(LONG_CONTEXT_PROBE),
              ",".join(settings.devices), settings.split_mode, repr(settings.layers_per_device),

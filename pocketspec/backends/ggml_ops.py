@@ -30,10 +30,15 @@ def installed_lib_dir() -> Path:
     return Path(llama_cpp.__file__).parent / "lib"
 
 
+def cpu_library(lib_dir: Path | None = None) -> Path:
+    """ggml's CPU backend library, where the kernels (and the row-exact patch's) live."""
+    return (lib_dir or installed_lib_dir()) / "libggml-cpu.so"
+
+
 def cpu_library_identity(lib_dir: Path | None = None) -> str:
     """Which build of ggml's CPU kernels is installed (its library file's size and modification time):
     a rebuild, with another version of the row-exact patch for one, gives another identity."""
-    stat = ((lib_dir or installed_lib_dir()) / "libggml-cpu.so").stat()
+    stat = cpu_library(lib_dir).stat()
     return f"{stat.st_size}-{stat.st_mtime_ns}"
 
 
@@ -43,7 +48,7 @@ def row_exact_max_rows(lib_dir: Path | None = None) -> int:
     one-row decoding does (PocketSpec's patch to ggml's CPU backend); 0 for a build without the
     patch, or with GGML_CPU_ROW_EXACT=0 in the environment (which the library reads once per process,
     so the answer is asked once too)."""
-    cpu = ctypes.CDLL(str((lib_dir or installed_lib_dir()) / "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+    cpu = ctypes.CDLL(str(cpu_library(lib_dir)), mode=ctypes.RTLD_GLOBAL)
     query = getattr(cpu, ROW_EXACT_SYMBOL, None)
     if query is None:
         return 0
@@ -71,7 +76,7 @@ class Ggml:
         mode = ctypes.RTLD_GLOBAL
         base = ctypes.CDLL(str(lib_dir / "libggml-base.so"), mode=mode)
         ctypes.CDLL(str(lib_dir / "libggml.so"), mode=mode)
-        cpu = ctypes.CDLL(str(lib_dir / "libggml-cpu.so"), mode=mode)
+        cpu = ctypes.CDLL(str(cpu_library(lib_dir)), mode=mode)
         p, i64, i32, size = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
         self.init = _declare(base, "ggml_init", p, _InitParams)
         self.free = _declare(base, "ggml_free", None, p)
