@@ -14,7 +14,7 @@ from pocketspec.errors import UserError
 from pocketspec.setting_ranges import parse_setting, setting_range
 from pocketspec.session_settings import SessionSettings
 from pocketspec.settings import (ATTENTION_SINK_TOKENS, AUTO, BACKENDS, DECODE_STEPS, LLAMA_KV_TYPES, RANDOM_SEED, SCHEDULERS,
-                                 EXECUTION_PROVIDERS, SPLIT_MODES, TORCH_KV_TYPES, TORCH_WEIGHTS, BatchSettings,
+                                 EXECUTION_PROVIDERS, SELF_DRAFT_KEYS, SPLIT_MODES, TORCH_KV_TYPES, TORCH_WEIGHTS, BatchSettings,
                                  GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings,
                                  default_num_threads, resolve_weights_format)
 
@@ -177,6 +177,11 @@ BACKEND_OPTIONS = {  # flag -> its click option, in --help's order
     "--self-draft-kv-type": click.option(
         "--self-draft-kv-type", type=click.Choice(TORCH_KV_TYPES), default=SPECULATION.self_draft_kv_type,
         show_default=True, help="--draft self-sparse: the draft's KV dtype."),
+    "--self-draft-keys": click.option(
+        "--self-draft-keys", type=click.Choice(SELF_DRAFT_KEYS), default=SPECULATION.self_draft_keys,
+        show_default=True,
+        help="--draft self-sparse: what the window keeps besides recent tokens: the attention sinks, or the keys "
+             "the target attended to most (SnapKV-style, chosen again as the window fills)."),
     "--self-skip-layers": setting_option(
         "--self-skip-layers", SpeculationSettings, "self_skip_layers", show_default=True,
         help="--draft self-skip: first layers the draft runs (0: half)."),
@@ -185,7 +190,7 @@ BACKEND_OPTIONS = {  # flag -> its click option, in --help's order
 
 # the torch flags `pocketspec plan --batch` takes (it has its own --max-gamma, and plans on one device)
 PLAN_BATCH_FLAGS = ("--backend", "--device", "--weights", "--torch-kv-type", "--self-draft-window",
-                    "--self-draft-kv-type", "--self-skip-layers")
+                    "--self-draft-kv-type", "--self-skip-layers")  # not --self-draft-keys: batches keep sinks
 
 
 def backend_options(function=None, *, flags: tuple[str, ...] | None = None):

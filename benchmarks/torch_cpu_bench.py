@@ -2,11 +2,12 @@
 
     .venv/bin/python benchmarks/torch_cpu_bench.py [--contexts 512 2048 8192] [--max-tokens 64]
 
-Per context, one worker process loads SmolLM2-135M (fp32 weights and KV), prefills a
-Spec-Bench summarization prompt of about that many tokens once, then decodes the same
-continuation several ways, reusing the prefilled KV cache: plain, n-gram (γ fixed),
-self-sparse (the target drafting for itself over 4 sinks + a recent window) and
-self-skip (its first layers plus the head), γ fixed.
+Per context, one worker process loads SmolLM2-135M (fp32 weights and KV). For each of --prompts
+prompts (Spec-Bench summarization documents joined to about that many tokens, each prompt starting
+at a later document) it prefills the prompt once, then decodes the same continuation several ways,
+reusing the prefilled KV cache: plain, n-gram (γ fixed), self-sparse (the target drafting for itself
+over 4 sinks + a recent window), self-sparse-attended (over the keys the target attended to most +
+a recent window, --self-draft-keys attended) and self-skip (its first layers plus the head), γ fixed.
 It records decode tok/s, acceptance, whether the tokens equal plain decoding, the mean
 time of one draft forward (flat across contexts if the sparse window works) next to one
 target forward, the bytes each part allocates and the process's peak RSS. Run it with --threads 1 on a
@@ -21,6 +22,7 @@ import json
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from worker_process import answer_if_worker, run_worker
@@ -35,9 +37,10 @@ RESULTS = ROOT / "benchmarks" / "results"
 MODEL = "smollm2-135m-instruct"
 
 
-def _document(tokenizer, num_tokens: int) -> str:
-    """Summarization documents joined until they hold num_tokens tokens, cut there."""
+def _document(tokenizer, num_tokens: int, first: int = 0) -> str:
+    """Summarization documents from the `first` on, joined until they hold num_tokens tokens, cut there."""
     texts = [row.text for row in read_prompt_rows(DATA_PATH, "Spec-Bench") if row.category == "summarization"]
+    texts = texts[first:] + texts[:first]
     tokens: list[int] = []
     for text in texts:
         tokens += tokenizer.encode(text + "\n\n", add_bos=False)
@@ -73,38 +76,47 @@ def worker(config: dict) -> dict:
     target = TorchBackend.open(model_path(MODEL), settings)
     tokenizer = target.tokenizer
     question = "Summarize the text above in three sentences.\n\n"
-    document = _document(tokenizer, context - 64)
-    prompt = encode_chat(tokenizer, template_for(tokenizer), [{"role": "user", "content": document + "\n\n" + question}])
-    started = time.perf_counter()
-    target.prefill(prompt[:-1])
-    prefill_seconds = time.perf_counter() - started
-    num_prefilled = target.num_cached
-    rows = []
-    plain_tokens = None
     speculation = SpeculationSettings(self_draft_window=config["window"], self_draft_kv_type=config["draft_kv"],
                                       self_skip_layers=config["skip_layers"])
-    for mode in config["modes"]:
-        target.rollback(num_prefilled)
-        draft = open_self_draft(target, mode, settings, speculation) if mode.startswith("self-") else None
-        engine_speculation = SpeculationSettings(drafter={"plain": "none", "ngram": "ngram"}.get(mode, "model"),
-                                                 gamma=None if mode == "plain" else config["gamma"])
-        engine = SpeculativeEngine(target, draft_backend=draft, speculation=engine_speculation)
-        result = engine.generate(prompt, config["max_tokens"])
-        plain_tokens = result.tokens if mode == "plain" else plain_tokens
-        memory = target.memory_report()
-        rows.append({
-            "mode": mode, "context": context, "num_prompt_tokens": len(prompt),
-            "num_tokens": result.stats.num_tokens, "decode_tokens_per_second": round(result.stats.tokens_per_second, 3),
-            "acceptance_rate": round(result.stats.acceptance_rate, 4),
-            "mean_accepted_per_step": round(result.stats.mean_accepted_per_step, 3),
-            "equals_plain": result.tokens == plain_tokens,
-            # one-token forwards: the target over the whole context, the draft over its full window
-            "target_forward_ms": _token_ms(target, target.num_cached - 1),
-            "draft_forward_ms": _token_ms(draft, draft.num_cached - 1) if draft is not None else None,
-            "weight_bytes": memory["weights"], "target_kv_bytes": memory["kv_cache"],
-            "draft_kv_bytes": draft.memory_report()["kv_cache"] if draft is not None else 0,
-            "peak_rss_bytes": peak_rss_bytes(), "prefill_seconds": round(prefill_seconds, 2),
-        })
+    rows = []
+    for prompt_index in range(config["prompts"]):
+        document = _document(tokenizer, context - 64, first=prompt_index)
+        prompt = encode_chat(tokenizer, template_for(tokenizer),
+                             [{"role": "user", "content": document + "\n\n" + question}])
+        target.rollback(0)
+        started = time.perf_counter()
+        target.prefill(prompt[:-1])
+        prefill_seconds = time.perf_counter() - started
+        num_prefilled = target.num_cached
+        plain_tokens = None
+        for mode in config["modes"]:
+            target.rollback(num_prefilled)
+            draft = None
+            if mode.startswith("self-"):
+                keys = "attended" if mode == "self-sparse-attended" else "sinks"
+                draft = open_self_draft(target, mode.removesuffix("-attended"), settings,
+                                        replace(speculation, self_draft_keys=keys))
+            engine_speculation = SpeculationSettings(drafter={"plain": "none", "ngram": "ngram"}.get(mode, "model"),
+                                                     gamma=None if mode == "plain" else config["gamma"])
+            engine = SpeculativeEngine(target, draft_backend=draft, speculation=engine_speculation)
+            result = engine.generate(prompt, config["max_tokens"])
+            plain_tokens = result.tokens if mode == "plain" else plain_tokens
+            memory = target.memory_report()
+            rows.append({
+                "mode": mode, "context": context, "prompt": prompt_index, "num_prompt_tokens": len(prompt),
+                "num_tokens": result.stats.num_tokens,
+                "decode_tokens_per_second": round(result.stats.tokens_per_second, 3),
+                "acceptance_rate": round(result.stats.acceptance_rate, 4),
+                "num_drafted": result.stats.num_drafted, "num_accepted": result.stats.num_accepted,
+                "mean_accepted_per_step": round(result.stats.mean_accepted_per_step, 3),
+                "equals_plain": result.tokens == plain_tokens,
+                # one-token forwards: the target over the whole context, the draft over its full window
+                "target_forward_ms": _token_ms(target, target.num_cached - 1),
+                "draft_forward_ms": _token_ms(draft, draft.num_cached - 1) if draft is not None else None,
+                "weight_bytes": memory["weights"], "target_kv_bytes": memory["kv_cache"],
+                "draft_kv_bytes": draft.memory_report()["kv_cache"] if draft is not None else 0,
+                "peak_rss_bytes": peak_rss_bytes(), "prefill_seconds": round(prefill_seconds, 2),
+            })
     return {"rows": rows}
 
 
@@ -114,18 +126,40 @@ def _markdown(results: dict) -> str:
              f"γ = {results['gamma']} for the drafters; self-sparse window {results['window']}, draft KV "
              f"{results['draft_kv']}; self-skip keeps {results.get('skip_layers', '-')} of 30 layers. "
              "Peak RSS is the worker's, cumulative over its runs.", "",
-             "| context | mode | tok/s | acceptance | accepted/step | = plain | target fwd ms | draft fwd ms "
+             "| context | prompt | mode | tok/s | acceptance | accepted/step | = plain | target fwd ms | draft fwd ms "
              "| weights MiB | target KV MiB | draft KV MiB | peak RSS MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     mib = 2 ** 20
     for row in results["rows"]:
         lines.append(
-            f"| {row['num_prompt_tokens']} | {row['mode']} | {row['decode_tokens_per_second']:.2f} | "
+            f"| {row['num_prompt_tokens']} | {row.get('prompt', 0)} | {row['mode']} | "
+            f"{row['decode_tokens_per_second']:.2f} | "
             f"{row['acceptance_rate']:.0%} | {row['mean_accepted_per_step']:.2f} | {row['equals_plain']} | "
             f"{row['target_forward_ms']:.1f} | {row['draft_forward_ms'] if row['draft_forward_ms'] is not None else '-'} | "
             f"{row['weight_bytes'] / mib:.1f} | {row['target_kv_bytes'] / mib:.1f} | {row['draft_kv_bytes'] / mib:.2f} | "
             f"{row['peak_rss_bytes'] / mib:.0f} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _summary_lines(results["rows"])) + "\n"
+
+
+def _summary_lines(rows: list[dict]) -> list[str]:
+    """Per context and drafting mode over the prompts: pooled acceptance (accepted ÷ drafted) and the
+    median ratio of decode tok/s to plain decoding's on the same prompt."""
+    plain = {(row["context"], row.get("prompt", 0)): row["decode_tokens_per_second"]
+             for row in rows if row["mode"] == "plain"}
+    lines = ["", "| context | mode | prompts | acceptance (pooled) | × plain (median over prompts) | all = plain |",
+             "|---|---|---|---|---|---|"]
+    for context in sorted({row["context"] for row in rows}):
+        for mode in dict.fromkeys(row["mode"] for row in rows if row["mode"] != "plain"):
+            group = [row for row in rows if row["context"] == context and row["mode"] == mode]
+            if not group or "num_drafted" not in group[0]:
+                continue
+            drafted, accepted = sum(row["num_drafted"] for row in group), sum(row["num_accepted"] for row in group)
+            ratios = sorted(row["decode_tokens_per_second"] / plain[(context, row.get("prompt", 0))]
+                            for row in group if (context, row.get("prompt", 0)) in plain)
+            ratio = f"{ratios[len(ratios) // 2]:.2f}×" if ratios else "-"
+            lines.append(f"| {context} | {mode} | {len(group)} | {accepted / max(drafted, 1):.1%} | {ratio} | "
+                         f"{all(row['equals_plain'] for row in group)} |")
+    return lines
 
 
 def main() -> None:
@@ -137,7 +171,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--draft-kv", default="auto")
     parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--modes", nargs="+", default=["plain", "ngram", "self-sparse", "self-skip"])
+    parser.add_argument("--modes", nargs="+", default=["plain", "ngram", "self-sparse", "self-skip"],
+                        help="of plain, ngram, self-sparse, self-sparse-attended, self-skip")
+    parser.add_argument("--prompts", type=int, default=1, help="prompts a context, each from a later document")
     parser.add_argument("--skip-layers", type=int, default=20, help="self-skip: layers the draft keeps (of 30)")
     parser.add_argument("--name", default="torch_cpu_bench", help="results file stem under benchmarks/results")
     args = parser.parse_args()
@@ -148,7 +184,7 @@ def main() -> None:
                "window": args.window, "draft_kv": args.draft_kv, "skip_layers": args.skip_layers, "rows": []}
     for context in args.contexts:
         config = {"context": context, "max_tokens": args.max_tokens, "gamma": args.gamma, "window": args.window,
-                  "draft_kv": args.draft_kv, "threads": args.threads, "modes": args.modes,
+                  "draft_kv": args.draft_kv, "threads": args.threads, "modes": args.modes, "prompts": args.prompts,
                   "skip_layers": args.skip_layers}
         results["rows"] += run_worker(__file__, config, what=f"context {context} worker")["rows"]
         print(_markdown(results).splitlines()[-1], flush=True)

@@ -27,6 +27,9 @@ SELF_DRAFTS = ("self-sparse", "self-skip")  # --draft values where the torch tar
 TORCH_WEIGHTS = (AUTO, *WEIGHT_FORMATS)  # --weights
 TORCH_KV_TYPES = (AUTO, *KV_DTYPES)  # --torch-kv-type, --self-draft-kv-type
 DECODE_STEPS = (AUTO, "static", "dynamic")  # --decode-step (torch_model/static_step.py)
+# --self-draft-keys: what a self-sparse window keeps besides the recent tokens: StreamingLLM's sinks, or
+# the keys the target attended to most (SnapKV-style, pocketspec/drafters/attended_window.py)
+SELF_DRAFT_KEYS = ("sinks", "attended")
 SCHEDULERS = ("pad", "group")  # BatchSettings.scheduler
 BACKENDS = ("llama.cpp", "torch", "onnx")  # ModelSettings.backend
 EXECUTION_PROVIDERS = ("cpu", "cuda", "rocm", "dml", "coreml")  # --ep: ONNX Runtime's, by the device they run on
@@ -91,6 +94,7 @@ class SpeculationSettings:
     self_draft_window: int = field(default=256, metadata=in_range("--self-draft-window", 16, MAX_CONTEXT,
                                                                   is_integer=True))  # attention sinks + recent tokens
     self_draft_kv_type: str = AUTO  # self-sparse KV: one of TORCH_KV_TYPES (auto: the target's compute format)
+    self_draft_keys: str = SELF_DRAFT_KEYS[0]  # self-sparse: one of SELF_DRAFT_KEYS
     self_skip_layers: int = field(default=0, metadata=in_range("--self-skip-layers", 0, 4096, is_integer=True))  # 0: half
     # The planner's guess at the draft model's per-token acceptance (None: memplanner's default)
     expected_acceptance: float | None = field(default=None, metadata=in_range("--alpha", 0.0, 1.0))

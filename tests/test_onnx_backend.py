@@ -4,7 +4,9 @@ drafter it runs, sampling that keeps the target distribution, and the export cac
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -19,6 +21,8 @@ from memplanner.onnx_sizes import onnx_weight_bytes
 from memplanner.shapes import shape_from_gguf
 from memplanner.torch_sizes import gguf_layout
 from pocketspec.backends.torch_open import open_backend
+from pocketspec.file_digest import hash_file
+from pocketspec.onnx_model import export
 from pocketspec.onnx_model.export import MANIFEST_FILE, exported_model, read_intact
 from pocketspec.settings import ModelSettings
 from tiny_models import write_tiny_pair
@@ -187,6 +191,20 @@ def test_a_changed_gguf_gets_its_own_export(tmp_path, monkeypatch):
     assert second.folder != first.folder
     manifest = json.loads((second.folder / MANIFEST_FILE).read_text())
     assert manifest["weights_format"] == "fp32" and manifest["config"]["num_layers"] == 2
+
+
+def test_a_gguf_without_a_pull_stamp_is_hashed_once_while_it_is_unchanged(tmp_path, monkeypatch):
+    monkeypatch.setenv("POCKETSPEC_HOME", str(tmp_path / "home"))
+    (tmp_path / "models").mkdir()
+    target, _ = write_tiny_pair(tmp_path / "models", quant=None)
+    hashed = []
+    monkeypatch.setattr(export, "hash_file", lambda path, progress: hashed.append(path) or hash_file(path,
+                                                                                                   progress=progress))
+    digest = export.gguf_sha256(target)
+    assert export.gguf_sha256(target) == digest and hashed == [target]  # the second open reads the home's note
+    os.utime(target, ns=(target.stat().st_atime_ns, target.stat().st_mtime_ns + 10 ** 9))  # touched: hashed again
+    assert export.gguf_sha256(target) == digest and hashed == [target, target]
+    assert digest == hashlib.sha256(target.read_bytes()).hexdigest()
 
 
 @pytest.mark.parametrize("flags, fragments", [

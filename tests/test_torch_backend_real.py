@@ -10,6 +10,7 @@ from pocketspec.backends.llama_cpp_backend import LlamaCppBackend
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.backends.torch_open import open_self_draft
 from pocketspec.conversation.chat_template import encode_chat, template_for
+from pocketspec.drafters.attended_window import SELECTED_SHARE
 from pocketspec.speculation.engine import SpeculativeEngine
 from f32_copy import write_f32_copy
 from pocketspec.settings import ModelSettings, SpeculationSettings
@@ -119,15 +120,22 @@ def plain_code_tokens(smollm2_torch) -> list[int]:
     return _generate(smollm2_torch, _chat(smollm2_torch, PROMPTS[1]), NUM_SELF_DRAFTED, drafter="none").tokens
 
 
-@pytest.mark.parametrize("kind, kv_type", [("self-sparse", "auto"), ("self-sparse", "int8"), ("self-skip", "auto")])
-def test_self_draft_greedy_equals_plain_exactly(smollm2_torch, plain_code_tokens, kind, kv_type):
-    """A 96-position sparse window slides during these 120 tokens after a 40-token prompt."""
+@pytest.mark.parametrize("kind, kv_type, keys", [("self-sparse", "auto", "sinks"), ("self-sparse", "int8", "sinks"),
+                                                 ("self-sparse", "auto", "attended"), ("self-skip", "auto", "sinks")])
+def test_self_draft_greedy_equals_plain_exactly(smollm2_torch, plain_code_tokens, kind, kv_type, keys):
+    """A 96-position sparse window slides (or its attended keys are chosen again) during these 120 tokens after
+    a 40-token prompt."""
     prompt = _chat(smollm2_torch, PROMPTS[1])
-    speculation = SpeculationSettings(self_draft_window=96, self_draft_kv_type=kv_type, self_skip_layers=20)
+    speculation = SpeculationSettings(self_draft_window=96, self_draft_kv_type=kv_type, self_skip_layers=20,
+                                      self_draft_keys=keys)
     draft_backend = open_self_draft(smollm2_torch, kind, SETTINGS, speculation)
     result = _generate(smollm2_torch, prompt, NUM_SELF_DRAFTED, drafter="model", gamma=4, draft_backend=draft_backend)
     assert result.tokens == plain_code_tokens
     assert result.stats.num_accepted > 0
-    if kind == "self-sparse":  # the window slid: the draft holds the sinks, then later tokens
-        held, context = draft_backend.cached_tokens, prompt + result.tokens
+    held, context = draft_backend.cached_tokens, prompt + result.tokens
+    if kind == "self-sparse" and keys == "sinks":  # the window slid: the draft holds the sinks, then later tokens
         assert draft_backend.max_context == 96 and held[:4] == context[:4] and held != context[:len(held)]
+    if keys == "attended":  # the draft holds the chosen keys' stand-ins, then recent tokens
+        num_chosen = int(SELECTED_SHARE * 96)
+        assert draft_backend.max_context == 96 and all(token < 0 for token in held[:num_chosen])
+        assert min(held[num_chosen:]) >= 0

@@ -23,6 +23,11 @@ def _prompt(engine) -> list[int]:
     return engine.target.tokenizer.encode(PROMPT_TEXT, add_bos=True)
 
 
+def _long_prompt(engine) -> list[int]:
+    """Longer than an 80-position self-sparse window."""
+    return engine.target.tokenizer.encode(" ".join([PROMPT_TEXT] * 24), add_bos=True)
+
+
 def _plain(target, num_tokens: int, max_context: int = 1024) -> list[int]:
     with built_engine(target, drafter="none", max_context=max_context, **TORCH) as plain:
         result = plain.generate(_prompt(plain), num_tokens)
@@ -50,18 +55,22 @@ def test_ngram_greedy_equals_plain(tiny_pair):
     assert result.stats.num_accepted > 0  # a random model falls into loops that n-grams predict
 
 
-@pytest.mark.parametrize("kv_type", ["fp32", "int8"])
-def test_self_sparse_greedy_equals_plain_while_its_window_slides(tiny_pair, kv_type):
+@pytest.mark.parametrize("kv_type, keys", [("fp32", "sinks"), ("int8", "sinks"), ("fp32", "attended"),
+                                           ("int8", "attended")])
+def test_self_sparse_greedy_equals_plain_while_its_window_slides(tiny_pair, kv_type, keys):
     target, _ = tiny_pair
     expected = _plain(target, 300, max_context=512)
     with built_engine(target, drafter="model", gamma=4, max_context=512, self_draft="self-sparse",
-                      self_draft_settings=dict(self_draft_window=96, self_draft_kv_type=kv_type), **TORCH) as engine:
+                      self_draft_settings=dict(self_draft_window=96, self_draft_kv_type=kv_type, self_draft_keys=keys),
+                      **TORCH) as engine:
         result = engine.generate(_prompt(engine), 300)
         draft_backend = engine.model.backend
         assert draft_backend.model is engine.target.model  # the same modules: no weight copy
         assert draft_backend.memory_report()["weights"] == 0
         assert draft_backend.cache.kv_dtype == kv_type and draft_backend.max_context == 96
         assert_drafted_past_its_window(engine, result, len(_prompt(engine)), gamma=4)
+        if keys == "attended":  # the keys were chosen again each time the window filled: every 24 tokens or so
+            assert engine.model.window.num_choices >= 8
     assert result.tokens == expected
     assert result.stats.num_accepted > 0
 
@@ -76,15 +85,19 @@ def test_self_skip_greedy_equals_plain(tiny_pair):
     assert result.stats.num_drafted > 0
 
 
-@pytest.mark.parametrize("self_draft", [None, "self-sparse"])
-def test_speculative_sampling_keeps_the_target_distribution(tiny_pair, self_draft):
-    """Two-sample chi-square at the third generated token: with a draft vs without, temperature 1."""
+@pytest.mark.parametrize("self_draft, keys", [(None, None), ("self-sparse", "sinks"), ("self-sparse", "attended")])
+def test_speculative_sampling_keeps_the_target_distribution(tiny_pair, self_draft, keys):
+    """Two-sample chi-square at the third generated token: with a draft vs without, temperature 1. The
+    self-sparse window (80 positions) is shorter than the prompt, so the drafts attend over sinks or attended keys."""
     target, draft = tiny_pair
     num_runs, position = 1200, 2
     with built_engine(target, drafter="none", temperature=1.0, **TORCH) as plain:
-        plain_counts = sampled_token_counts(plain, _prompt(plain), position, num_runs)
+        prompt = _long_prompt(plain) if keys else _prompt(plain)
+        plain_counts = sampled_token_counts(plain, prompt, position, num_runs)
+    window = dict(self_draft_window=80, self_draft_keys=keys) if keys else None
     with built_engine(target, draft_path=None if self_draft else draft, drafter="model", gamma=3, temperature=1.0,
-                      self_draft=self_draft, **TORCH) as engine:
-        spec_counts = sampled_token_counts(engine, _prompt(engine), position, num_runs)
+                      self_draft=self_draft, self_draft_settings=window, **TORCH) as engine:
+        spec_counts = sampled_token_counts(engine, prompt, position, num_runs)
         assert engine.controller.acceptance["model"].num_tried > 0
+        assert keys != "attended" or engine.model.window.num_choices > 0
     assert same_distribution_pvalue(plain_counts, spec_counts, num_runs) > 1e-3

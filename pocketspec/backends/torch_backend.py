@@ -2,8 +2,9 @@
 
 Rollback moves a position; nothing is reallocated during generation. A self-draft
 view (`self_draft`) shares the target's weight modules and owns only a small KV
-cache of its own: sinks plus a recent window (self-sparse), optionally int8, or the
-first layers only (self-skip). The tokenizer is llama.cpp's, read vocab-only from the GGUF.
+cache of its own: sinks or the target's most attended keys, plus a recent window
+(self-sparse), optionally int8, or the first layers only (self-skip). The tokenizer is
+llama.cpp's, read vocab-only from the GGUF.
 With several `devices` (split_mode layer) the blocks are spread over them
 (torch_model/layer_split.py) and every KV cache puts each layer's buffers with its layer.
 With the static decode step (torch_model/static_step.py; on GPUs by default), forwards up to the
@@ -24,6 +25,7 @@ from pocketspec.backends.base import CachedTokens
 from pocketspec.backends.gguf_tokenizer import load_tokenizer
 from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings, SamplingSettings
+from pocketspec.torch_model.attended_keys import attended_positions, attention_mass, copy_view
 from pocketspec.torch_model.compile_cache import use_compile_cache
 from pocketspec.torch_model.device import gpu_float_format, resolve_device
 from pocketspec.torch_model.kv_cache import KV_DTYPES, StaticKVCache
@@ -83,6 +85,7 @@ class TorchBackend(CachedTokens):
                                    head_dim=model.config.head_dim, max_context=settings.max_context,
                                    kv_dtype=self.kv_dtype, device=self.device, layer_devices=layer_devices)
         self._owns_model = owns_model
+        self.attended_source: TorchBackend | None = None  # a self-draft's target, when it keeps attended keys
         self._vocab_model = vocab_model
         self.static_step: StaticDecodeStep | None = None
         if settings.uses_static_step:
@@ -134,10 +137,31 @@ class TorchBackend(CachedTokens):
         return cls(model, settings, tokenizer=tokenizer, model_path=model_path, vocab_model=vocab_model)
 
     def self_draft(self, settings: ModelSettings, *, num_layers: int | None = None,
-                   kv_dtype: str | None = None) -> "TorchBackend":
-        """A draft that is this model itself, with its own KV cache sized by `settings.max_context`."""
-        return TorchBackend(self.model, settings, tokenizer=self.tokenizer, model_path=self.model_path,
-                            num_layers=num_layers, kv_dtype=kv_dtype, owns_model=False)
+                   kv_dtype: str | None = None, keeps_attended: bool = False) -> "TorchBackend":
+        """A draft that is this model itself, with its own KV cache sized by `settings.max_context`;
+        keeps_attended: its window holds the keys this backend attended to most (hold_attended_view)."""
+        draft = TorchBackend(self.model, settings, tokenizer=self.tokenizer, model_path=self.model_path,
+                             num_layers=num_layers, kv_dtype=kv_dtype, owns_model=False)
+        draft.attended_source = self if keeps_attended else None
+        return draft
+
+    @torch.inference_mode()
+    def hold_attended_view(self, selection: Sequence[int], num_observed: int, recent_start: int,
+                           recent_end: int) -> None:
+        """Fill this self-draft's cache from its source's (the target's): per layer and KV head, the
+        len(selection) positions before recent_start that the source's last num_observed cached tokens
+        attended to most, then positions recent_start .. recent_end - 1 (torch_model/attended_keys.py).
+        The cache then holds `selection` (stand-ins for the chosen keys, which differ by head) and the
+        recent tokens."""
+        source = self.attended_source
+        observed = source.cached_tokens[recent_end - num_observed:recent_end]
+        masses = attention_mass(self.model, source.cache, observed, recent_end, recent_start, self.num_layers)
+        recent = torch.arange(recent_start, recent_end, device=self.device)
+        for layer, mass in enumerate(masses):
+            chosen = attended_positions(mass, len(selection)).to(self.device)
+            positions = torch.cat([chosen, recent.expand(chosen.shape[0], -1)], dim=1)
+            copy_view(source.cache, self.cache, layer, positions, self.model.inv_freq)
+        self._cached = list(selection) + source.cached_tokens[recent_start:recent_end]
 
     @property
     def max_context(self) -> int:

@@ -1,8 +1,9 @@
 """Opening torch backends for the loader: the target, and a self-draft that reuses its weights.
 
 `--draft self-sparse`: the target attends only to its attention sinks plus a recent window
-(ModelDrafter slides it with shift_out once the draft context is full), optionally
-with an int8 KV cache. `--draft self-skip`: the target's first layers plus its head.
+(ModelDrafter slides it with shift_out once the draft context is full), or with
+`--self-draft-keys attended` to the keys it attended to most plus a recent window
+(pocketspec/drafters/attended_window.py), optionally with an int8 KV cache. `--draft self-skip`: the target's first layers plus its head.
 Neither copies a weight.
 """
 
@@ -42,8 +43,9 @@ def min_self_draft_window(max_gamma: int) -> int:
     return ATTENTION_SINK_TOKENS + SLIDE_SLACK_TOKENS + max_gamma + 2
 
 
-def check_self_draft(kind: str, target_settings: ModelSettings, speculation: SpeculationSettings) -> None:
-    """Refuse a self-draft the settings cannot give, before any model loads."""
+def check_self_draft(kind: str, target_settings: ModelSettings, speculation: SpeculationSettings, *,
+                     in_batch: bool = False) -> None:
+    """Refuse a self-draft the settings cannot give, before any model loads (in_batch: for generate --batch)."""
     if target_settings.backend != "torch":
         raise UserError(f"--draft {kind} drafts with the target's own weights and needs --backend torch")
     if target_settings.is_row_split:
@@ -53,6 +55,9 @@ def check_self_draft(kind: str, target_settings: ModelSettings, speculation: Spe
     if kind == "self-sparse" and window < min_self_draft_window(speculation.max_gamma):
         raise UserError(f"the self-sparse window {window} is too small: give at least "
                         f"{min_self_draft_window(speculation.max_gamma)} positions")
+    if kind == "self-sparse" and in_batch and speculation.self_draft_keys != "sinks":
+        raise UserError(f"--self-draft-keys {speculation.self_draft_keys} drafts one sequence at a time; "
+                        "--batch windows keep the attention sinks and recent tokens (--self-draft-keys sinks)")
 
 
 def self_sparse_window(target_settings: ModelSettings, speculation: SpeculationSettings) -> int:
@@ -66,7 +71,8 @@ def open_self_draft(target, kind: str, target_settings: ModelSettings, speculati
     if kind == "self-sparse":
         settings = replace(target_settings, max_context=self_sparse_window(target_settings, speculation),
                            max_logits_rows=1)
-        return target.self_draft(settings, kv_dtype=speculation.self_draft_kv_type)
+        return target.self_draft(settings, kv_dtype=speculation.self_draft_kv_type,
+                                 keeps_attended=speculation.self_draft_keys == "attended")
     num_kept = self_skip_layers(target.model.config.num_layers, speculation)
     return target.self_draft(replace(target_settings, max_logits_rows=1), num_layers=num_kept)
 

@@ -53,7 +53,7 @@ def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, sp
         num_layers = self_skip_layers(model.config.num_layers, speculation)
         draft = BatchedModel(model, settings=draft_settings, tiles=tiles, num_layers=num_layers, **rows)
     elif choice.drafter == "self-sparse" and speculation.drafter in ("auto", "model"):
-        check_self_draft(choice.drafter, target_settings, speculation)
+        check_self_draft(choice.drafter, target_settings, speculation, in_batch=True)
         window = self_sparse_window(target_settings, speculation)
         draft = BatchedModel(model, settings=draft_settings, tiles=tiles, **dict(
             rows, max_context=window, n_batch=min(target_settings.n_batch, window),

@@ -1,7 +1,9 @@
 """A draft model proposes a chain of γ tokens, with its distributions when sampling.
 
 Its KV cache follows the context lazily, and slides a window of attention sinks and recent tokens
-when the plan gives it a context shorter than the target's (pocketspec/drafters/draft_window.py).
+when the plan gives it a context shorter than the target's (pocketspec/drafters/draft_window.py);
+a self-sparse draft with --self-draft-keys attended keeps the target's most attended keys instead
+(pocketspec/drafters/attended_window.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from pocketspec.drafters.attended_window import AttendedWindow
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.draft_window import DraftWindow
 from pocketspec.settings import SamplingSettings
@@ -24,7 +27,8 @@ class ModelDrafter:
         self.sampling = sampling
         self.rng = rng
         self.has_probs = not sampling.is_greedy
-        self.window = DraftWindow(backend)
+        attended_source = getattr(backend, "attended_source", None)  # a self-draft that keeps attended keys
+        self.window = DraftWindow(backend) if attended_source is None else AttendedWindow(backend, attended_source)
 
     def lag(self, context: Sequence[int]) -> int:
         """Tokens of `context` that a proposal would first have to feed to the draft model."""

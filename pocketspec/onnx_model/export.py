@@ -13,6 +13,7 @@ shapes, RoPE base), so running an export needs neither torch nor the GGUF's weig
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata
 import json
 import logging
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from memplanner.onnx_sizes import INT4_BLOCK_SIZE, ONNX_FORMATS
+from pocketspec.atomic_file import replaced_on_success
 from pocketspec.errors import UserError
 from pocketspec.file_digest import hash_file, stamp_text
 from pocketspec.measured_cache import measuring_alone
@@ -61,14 +63,28 @@ def exporter_versions(weights_format: str) -> dict[str, str]:
 
 
 def gguf_sha256(path: Path, notify: Notify | None = None) -> str:
-    """The GGUF's sha256: from its pull stamp (`<file>.sha256`) when that still matches the file, else hashed."""
-    stamp = path.with_name(path.name + ".sha256")
-    with contextlib.suppress(OSError, IndexError):
-        text = stamp.read_text()
-        known = text.split()[0]
-        if text == stamp_text(path, known):
-            return known
-    return hash_file(path, progress=notify is not None)
+    """The GGUF's sha256: from its pull stamp (`<file>.sha256`) or this home's note of an earlier hash
+    (`digests/`, for a GGUF pulled by other means) when that still matches the file's size and mtime,
+    else hashed now and noted."""
+    note = _digest_note(path)
+    for stamp in (path.with_name(path.name + ".sha256"), note):
+        with contextlib.suppress(OSError, IndexError):
+            text = stamp.read_text()
+            known = text.split()[0]
+            if text == stamp_text(path, known):
+                return known
+    digest = hash_file(path, progress=notify is not None)
+    with contextlib.suppress(OSError, UserError):  # a home that cannot be written hashes again next time
+        note.parent.mkdir(parents=True, exist_ok=True)
+        with replaced_on_success(note, what="the GGUF's digest note") as file:
+            file.write(stamp_text(path, digest))
+    return digest
+
+
+def _digest_note(path: Path) -> Path:
+    """Where this home notes the sha256 of the GGUF at `path` (named by a hash of its resolved path)."""
+    name = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]
+    return pocketspec_home() / "digests" / f"{name}.sha256"
 
 
 def export_folder(gguf_path: Path, weights_format: str, notify: Notify | None = None) -> Path:

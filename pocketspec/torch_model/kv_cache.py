@@ -107,6 +107,18 @@ class StaticKVCache:
         return (keys * self.key_scales[layer][rows, :, :end].to(dtype),
                 values * self.value_scales[layer][rows, :, :end].to(dtype))
 
+    def gather(self, layer: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the first row at positions [kv_heads, n] (each head its own), [1, kv_heads, n, head_dim]
+        in float32 (an attended-keys draft view, pocketspec/torch_model/attended_keys.py)."""
+        index = positions[None, :, :, None]
+        head_dim = self.keys[layer].shape[-1]
+        keys = self.keys[layer][:1].gather(2, index.expand(-1, -1, -1, head_dim)).to(torch.float32)
+        values = self.values[layer][:1].gather(2, index.expand(-1, -1, -1, head_dim)).to(torch.float32)
+        if self.is_int8:
+            keys = keys * self.key_scales[layer][:1].gather(2, index)
+            values = values * self.value_scales[layer][:1].gather(2, index)
+        return keys, values
+
     def shift(self, start: int, count: int, num_cached: int, inv_freq: torch.Tensor,
               rows: slice = slice(None)) -> None:
         """Drop positions start .. start + count - 1 of `rows` (every row: a single sequence's cache; one
