@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import sys
 from pathlib import Path
 
-import click
+from pocketspec.progress import progress_bar
 
 CHUNK_BYTES = 8 * 1024 * 1024
-
-
-@contextlib.contextmanager
-def progress_bar(enabled: bool, num_bytes: int, label: str):
-    """Yields update(num_bytes); draws a bar on stderr when enabled."""
-    if not enabled:
-        yield lambda _: None
-        return
-    with click.progressbar(length=num_bytes, label=label, file=sys.stderr) as bar:
-        yield bar.update
 
 
 def hash_file(path: Path, *, progress: bool) -> str:

@@ -81,7 +81,7 @@ def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, te
                  max_context=1024, top_k=0, top_p=1.0, max_gamma=None, draft_max_context=None, exact_verify=False,
                  backend="llama.cpp", weights="auto", device="cpu", self_draft=None, self_draft_settings=None,
                  devices=(), split_mode="layer", layers_per_device=(), num_threads=0, decode_step="auto",
-                 compile=None, kv_type=None, repack=None):
+                 compile=None, kv_type=None, repack=None, on_progress=None):
     """An engine opened the way every front end opens one (pocketspec.session.open_session).
 
     drafter: SpeculationSettings.drafter; the draft is `draft_path`, else `self_draft` (`self-sparse`
@@ -89,7 +89,8 @@ def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, te
     nothing for drafter="none"). max_gamma: None is SpeculationSettings' default. devices, split_mode,
     layers_per_device: ModelSettings' fields (a split over several devices); 0 threads: every core;
     decode_step, compile: ModelSettings' (torch); kv_type: the target's llama.cpp KV type (None: the default);
-    repack: --repack/--no-repack (None: the default layout)."""
+    repack: --repack/--no-repack (None: the default layout); on_progress: open_session's (a watching terminal's
+    progress lines)."""
     from pocketspec.session import open_session
     from pocketspec.session_settings import SessionSettings
     from pocketspec.settings import SamplingSettings, SpeculationSettings
@@ -106,7 +107,7 @@ def built_engine(target_path, *, draft_path=None, drafter="auto", gamma=None, te
         target=str(target_path), draft=draft, gamma=gamma, max_context=max_context, threads=num_threads,
         kv_type=kv_type, repack=repack, exact_verify=exact_verify, draft_window=draft_max_context, options=options,
         sampling=SamplingSettings(temperature=temperature, seed=seed, top_k=top_k, top_p=top_p))
-    with open_session(settings) as session:
+    with open_session(settings, on_progress=on_progress) as session:
         yield session.engine
 
 

@@ -244,7 +244,7 @@ def test_ctrl_c_during_an_export_leaves_no_export_behind(tiny_pair, tmp_path):
     command = [sys.executable, "-m", "apps.cli", "generate", "--target", str(tiny_pair[0]), "--backend", "onnx",
                "--prompt", "the cat", "--max-tokens", "2", "--draft", "none"]
     child = pexpect.spawn(command[0], command[1:], env=env, encoding="utf-8", timeout=300)
-    child.expect("tracing and translating")  # shown on a terminal, like every progress line
+    child.expect("tracing and translating the graph 0 s")  # shown on a terminal, like every progress line
     child.sendintr()
     child.expect(pexpect.EOF)
     child.close()

@@ -139,16 +139,17 @@ def test_a_step_reads_the_device_once(tiny_pair, temperature):
         assert draft_step.num_host_reads == result.stats.num_drafted
 
 
-def test_compiled_step_gives_the_same_tokens_without_recompiling(tiny_pair):
+def test_compiled_step_gives_the_same_tokens_without_recompiling(tiny_pair, capsys):
     """Compiled (inductor on the CPU; CUDA graphs on a GPU) and warmed up for every bucket when it
-    opens: generating then compiles nothing more."""
+    opens, with a bar for a watching terminal: generating then compiles nothing more."""
     import torch._dynamo
 
     target, _ = tiny_pair
     dynamic = _generate(target, 64, drafter="ngram", gamma=3, decode_step="dynamic", max_gamma=3)
     torch._dynamo.reset()
     with built_engine(target, drafter="ngram", gamma=3, decode_step="static", max_gamma=3, max_context=256,
-                      compile=True, **TORCH) as engine:
+                      compile=True, on_progress=lambda line: None, **TORCH) as engine:
+        assert "compiling the target's decode step" in capsys.readouterr().err
         with torch._dynamo.config.patch(error_on_recompile=True):
             result = engine.generate(_prompt(engine), 64)
     assert result.tokens == dynamic.tokens

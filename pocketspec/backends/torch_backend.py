@@ -24,6 +24,7 @@ from memplanner.torch_sizes import resolve_weights_format as resolve_format_for
 from pocketspec.backends.base import CachedTokens
 from pocketspec.backends.gguf_tokenizer import load_tokenizer
 from pocketspec.errors import UserError
+from pocketspec.progress import progress_bar
 from pocketspec.settings import ModelSettings, SamplingSettings
 from pocketspec.torch_model.attended_keys import attended_positions, attention_mass, copy_view
 from pocketspec.torch_model.compile_cache import use_compile_cache
@@ -68,8 +69,10 @@ def _layer_split(model_path: Path, settings: ModelSettings) -> LayerSplit | None
 class TorchBackend(CachedTokens):
     def __init__(self, model: Transformer, settings: ModelSettings, *, tokenizer, model_path: Path,
                  num_layers: int | None = None, kv_dtype: str | None = None, owns_model: bool = True,
-                 vocab_model=None):
+                 vocab_model=None, notify=None):
+        """notify(line): a watching terminal's progress lines (compiling the static step draws a bar); None: quiet."""
         super().__init__()
+        self._notify = notify
         self.model = model
         self.settings = settings
         self.tokenizer = tokenizer
@@ -101,7 +104,7 @@ class TorchBackend(CachedTokens):
         if not (compiles or step.captures):
             return step
         try:
-            step.warm_up()
+            self._warm_up(step, compiles)
         except Exception as error:  # noqa: BLE001 - any compiler failure leaves eager decoding, which works
             if not compiles:
                 raise
@@ -109,13 +112,22 @@ class TorchBackend(CachedTokens):
             self.notes.append(f"torch.compile failed ({type(error).__name__}: {reason[:200]}); decoding eagerly")
             step = StaticDecodeStep(self.model, self.cache, num_layers=self.num_layers,
                                     max_width=self.settings.max_logits_rows, compile=False)
-            step.warm_up()
+            self._warm_up(step, compiles=False)
         return step
+
+    def _warm_up(self, step: StaticDecodeStep, compiles: bool) -> None:
+        """Compile and capture every width of `step`; a bar for a watching terminal while it compiles."""
+        shown = compiles and self._notify is not None
+        what = "target's" if self._owns_model else "draft's"
+        with progress_bar(shown, len(step.widths), f"compiling the {what} decode step, {len(step.widths)} widths "
+                                                   "(cached for later runs)") as update:
+            step.warm_up(on_width=update)
 
     @classmethod
     def open(cls, model_path: Path | str, settings: ModelSettings = ModelSettings(), *, shard=None,
-             with_tokenizer: bool = True) -> "TorchBackend":
-        """shard: this rank's tensor_parallel.TensorShard in a row split; followers need no tokenizer."""
+             with_tokenizer: bool = True, notify=None) -> "TorchBackend":
+        """shard: this rank's tensor_parallel.TensorShard in a row split; followers need no tokenizer;
+        notify(line): a watching terminal's progress lines."""
         device = resolve_device(settings.all_devices[0])
         if device.type == "cpu" and settings.num_threads:
             torch.set_num_threads(settings.num_threads)
@@ -134,14 +146,15 @@ class TorchBackend(CachedTokens):
         if settings.compiles and not settings.uses_static_step:
             use_compile_cache()
             model.forward = torch.compile(model.forward, dynamic=True)
-        return cls(model, settings, tokenizer=tokenizer, model_path=model_path, vocab_model=vocab_model)
+        return cls(model, settings, tokenizer=tokenizer, model_path=model_path, vocab_model=vocab_model,
+                   notify=notify)
 
     def self_draft(self, settings: ModelSettings, *, num_layers: int | None = None,
                    kv_dtype: str | None = None, keeps_attended: bool = False) -> "TorchBackend":
         """A draft that is this model itself, with its own KV cache sized by `settings.max_context`;
         keeps_attended: its window holds the keys this backend attended to most (hold_attended_view)."""
         draft = TorchBackend(self.model, settings, tokenizer=self.tokenizer, model_path=self.model_path,
-                             num_layers=num_layers, kv_dtype=kv_dtype, owns_model=False)
+                             num_layers=num_layers, kv_dtype=kv_dtype, owns_model=False, notify=self._notify)
         draft.attended_source = self if keeps_attended else None
         return draft
 

@@ -18,7 +18,8 @@ from pocketspec.settings import ModelSettings, SpeculationSettings
 
 
 def open_backend(path: Path, settings: ModelSettings, notify=None):
-    """The backend `settings.backend` names, loaded from `path`; notify(line): told of a first-time export (onnx)."""
+    """The backend `settings.backend` names, loaded from `path`; notify(line): told of a first-time export (onnx)
+    or of compiling (torch's static step)."""
     if settings.backend == "torch" and settings.is_row_split:
         from pocketspec.backends.row_split import open_row_split
 
@@ -26,7 +27,7 @@ def open_backend(path: Path, settings: ModelSettings, notify=None):
     if settings.backend == "torch":
         from pocketspec.backends.torch_backend import TorchBackend
 
-        return TorchBackend.open(path, settings)
+        return TorchBackend.open(path, settings, notify=notify)
     if settings.backend == "onnx":
         from pocketspec.backends.onnx_backend import OnnxBackend
 
@@ -56,8 +57,9 @@ def check_self_draft(kind: str, target_settings: ModelSettings, speculation: Spe
         raise UserError(f"the self-sparse window {window} is too small: give at least "
                         f"{min_self_draft_window(speculation.max_gamma)} positions")
     if kind == "self-sparse" and in_batch and speculation.self_draft_keys != "sinks":
-        raise UserError(f"--self-draft-keys {speculation.self_draft_keys} drafts one sequence at a time; "
-                        "--batch windows keep the attention sinks and recent tokens (--self-draft-keys sinks)")
+        raise UserError(f"--self-draft-keys {speculation.self_draft_keys} drafts one sequence at a time; batched "
+                        "decoding (--batch, or a server's concurrent requests) keeps the attention sinks and recent "
+                        "tokens: use --self-draft-keys sinks")
 
 
 def self_sparse_window(target_settings: ModelSettings, speculation: SpeculationSettings) -> int:

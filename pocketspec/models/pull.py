@@ -29,7 +29,8 @@ import click
 
 from pocketspec.models.catalog import ModelEntry, get_model, model_path, pocketspec_home, writable_home_folder
 from pocketspec.errors import UserError
-from pocketspec.file_digest import CHUNK_BYTES, hash_file, progress_bar, stamp_text
+from pocketspec.file_digest import CHUNK_BYTES, hash_file, stamp_text
+from pocketspec.progress import progress_bar
 from pocketspec.models.pull_work import die_with_parent, owned_work_folder, remove_stale_work_folders
 
 PIP_POLL_SECONDS = 0.2

@@ -32,6 +32,7 @@ from pocketspec.file_digest import hash_file, stamp_text
 from pocketspec.measured_cache import measuring_alone
 from pocketspec.models.catalog import pocketspec_home
 from pocketspec.onnx_model.io_names import LOGITS, LOGITS_ROWS, TOKENS, new_name, past_names
+from pocketspec.progress import elapsed_seconds
 
 GRAPH_VERSION = 3  # bump when pocketspec/onnx_model/graph.py changes what it computes or its names
 MODEL_FILE = "model.onnx"
@@ -122,15 +123,17 @@ def exported_model(gguf_path: Path, weights_format: str, notify: Notify | None =
         found = read_intact(folder)  # another process may have exported it while this one waited
         if found is not None:
             return found
-        _export(folder, gguf_path, weights_format, notify or (lambda line: None))
+        _export(folder, gguf_path, weights_format, notify)
     found = read_intact(folder)
     if found is None:
         raise UserError(f"the ONNX export in {folder} did not verify after writing; is the disk full?")
     return found
 
 
-def _export(folder: Path, gguf_path: Path, weights_format: str, say: Notify) -> None:
-    """Export into a hidden folder beside `folder`, then rename it into place whole."""
+def _export(folder: Path, gguf_path: Path, weights_format: str, notify: Notify | None) -> None:
+    """Export into a hidden folder beside `folder`, then rename it into place whole; notify: a watching terminal's
+    lines (None: quiet)."""
+    say = notify or (lambda line: None)
     if folder.exists():
         say(f"the ONNX export in {folder} is incomplete or corrupt; exporting again")
     try:
@@ -139,7 +142,7 @@ def _export(folder: Path, gguf_path: Path, weights_format: str, say: Notify) -> 
     except OSError as error:
         raise UserError(f"cannot write the ONNX export to {folder.parent}: {error.strerror or error}") from None
     try:
-        config = _export_into(partial, gguf_path, weights_format, say)
+        config = _export_into(partial, gguf_path, weights_format, say, shows_time=notify is not None)
         _write_manifest(partial, gguf_path, weights_format, config)
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(partial, folder)
@@ -151,8 +154,9 @@ def _export(folder: Path, gguf_path: Path, weights_format: str, say: Notify) -> 
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def _export_into(folder: Path, gguf_path: Path, weights_format: str, say: Notify) -> dict:
-    """Write MODEL_FILE and its weights into `folder`; the model's config as the manifest holds it."""
+def _export_into(folder: Path, gguf_path: Path, weights_format: str, say: Notify, *, shows_time: bool) -> dict:
+    """Write MODEL_FILE and its weights into `folder`; the model's config as the manifest holds it. shows_time:
+    the steps that report nothing until they end count their seconds on stderr."""
     say(f"exporting {gguf_path.name} to ONNX ({weights_format}), once; cached in {folder.parent}")
     say("  [1/3] loading the weights")
     import torch
@@ -171,16 +175,16 @@ def _export_into(folder: Path, gguf_path: Path, weights_format: str, say: Notify
     num_cached = Dim("num_cached", min=0, max=1 << 20)
     dynamic_shapes = ({1: Dim("num_tokens", min=1, max=1 << 16)}, {0: Dim("num_rows", min=0, max=1 << 16)},
                       tuple({0: num_cached} for _ in names))
-    say("  [2/3] tracing and translating the graph")
-    with _quiet_exporter(), torch.no_grad():
+    with elapsed_seconds(shows_time, "  [2/3] tracing and translating the graph"), _quiet_exporter(), \
+            torch.no_grad():
         torch.onnx.export(step, example, str(folder / MODEL_FILE), dynamo=True, dynamic_shapes=dynamic_shapes,
                           input_names=[TOKENS, LOGITS_ROWS, *names],
                           output_names=[LOGITS, *map(new_name, names)],
                           external_data=True, optimize=False, verbose=False)
     del step, model
     if weights_format == "int4":
-        say("  [3/3] quantizing the weights to int4 (MatMulNBits)")
-        _quantize_int4(folder)
+        with elapsed_seconds(shows_time, "  [3/3] quantizing the weights to int4 (MatMulNBits)"):
+            _quantize_int4(folder)
     else:
         say("  [3/3] written")
     return {"num_layers": config.num_layers, "num_kv_heads": config.num_kv_heads, "head_dim": config.head_dim,

@@ -37,7 +37,7 @@ query head, and runs as two matmuls around a float32 softmax (its docstring says
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -196,10 +196,12 @@ class StaticDecodeStep:
         width = next((width for width in self.widths if width >= num_tokens), num_tokens)
         return width if start + width <= self.cache.max_context else num_tokens
 
-    def warm_up(self) -> None:
-        """Run (and so compile and capture) every bucket once, at position 0 of an empty cache."""
+    def warm_up(self, on_width: Callable[[int], None] = lambda num_done: None) -> None:
+        """Run (and so compile and capture) every bucket once, at position 0 of an empty cache; on_width(1)
+        after each."""
         for width in self.widths:
             self.logits([0] * width, 0)
+            on_width(1)
 
     @torch.inference_mode()
     def logits(self, tokens: Sequence[int], start: int, uniforms: np.ndarray | None = None) -> torch.Tensor:
