@@ -14,7 +14,8 @@ from pocketspec.errors import UserError
 from pocketspec.setting_ranges import parse_setting, setting_range
 from pocketspec.session_settings import SessionSettings
 from pocketspec.settings import (ATTENTION_SINK_TOKENS, AUTO, BACKENDS, DECODE_STEPS, LLAMA_KV_TYPES, RANDOM_SEED, SCHEDULERS,
-                                 EXECUTION_PROVIDERS, SELF_DRAFT_KEYS, SPLIT_MODES, TORCH_KV_TYPES, TORCH_WEIGHTS, BatchSettings,
+                                 EXECUTION_PROVIDERS, SELF_DRAFT_KEYS, SPLIT_MODES, TORCH_KV_TYPES, TORCH_WEIGHTS,
+                                 BatchSettings,
                                  GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings,
                                  default_num_threads, resolve_weights_format)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -154,9 +155,9 @@ def _summary_lines(rows: list[dict]) -> list[str]:
             if not group or "num_drafted" not in group[0]:
                 continue
             drafted, accepted = sum(row["num_drafted"] for row in group), sum(row["num_accepted"] for row in group)
-            ratios = sorted(row["decode_tokens_per_second"] / plain[(context, row.get("prompt", 0))]
-                            for row in group if (context, row.get("prompt", 0)) in plain)
-            ratio = f"{ratios[len(ratios) // 2]:.2f}×" if ratios else "-"
+            ratios = [row["decode_tokens_per_second"] / plain[(context, row.get("prompt", 0))]
+                      for row in group if (context, row.get("prompt", 0)) in plain]
+            ratio = f"{statistics.median(ratios):.2f}×" if ratios else "-"
             lines.append(f"| {context} | {mode} | {len(group)} | {accepted / max(drafted, 1):.1%} | {ratio} | "
                          f"{all(row['equals_plain'] for row in group)} |")
     return lines

@@ -155,7 +155,8 @@ class TorchBackend(CachedTokens):
         keeps_attended: its window holds the keys this backend attended to most (hold_attended_view)."""
         draft = TorchBackend(self.model, settings, tokenizer=self.tokenizer, model_path=self.model_path,
                              num_layers=num_layers, kv_dtype=kv_dtype, owns_model=False, notify=self._notify)
-        draft.attended_source = self if keeps_attended else None
+        if keeps_attended:
+            draft.attended_source = self
         return draft
 
     @torch.inference_mode()

@@ -3,7 +3,8 @@
 `--draft self-sparse`: the target attends only to its attention sinks plus a recent window
 (ModelDrafter slides it with shift_out once the draft context is full), or with
 `--self-draft-keys attended` to the keys it attended to most plus a recent window
-(pocketspec/drafters/attended_window.py), optionally with an int8 KV cache. `--draft self-skip`: the target's first layers plus its head.
+(pocketspec/drafters/attended_window.py), optionally with an int8 KV cache. `--draft self-skip`:
+the target's first layers plus its head.
 Neither copies a weight.
 """
 

@@ -53,10 +53,13 @@ class AttendedWindow:
     def _num_kept(self, window: list[int]) -> int:
         return min(common_prefix_length(self.draft.cached_tokens, window), len(window) - 1)
 
+    def _holds_selection(self, window: list[int]) -> bool:
+        """Whether the draft's cache still holds the chosen keys (a rollback below them drops them)."""
+        return common_prefix_length(self.draft.cached_tokens, window) >= len(self.selection)
+
     def _needs_new_choice(self, context: Sequence[int], max_tokens: int) -> bool:
         window = self.window(context)
-        return (len(window) + max_tokens > self.capacity
-                or common_prefix_length(self.draft.cached_tokens, window) < len(self.selection))
+        return len(window) + max_tokens > self.capacity or not self._holds_selection(window)
 
     def _next_recent(self, context: Sequence[int]) -> tuple[int, int]:
         """Where a new choice would put the recent tokens: (recent_start, recent_end) in the target's cache."""
@@ -70,7 +73,7 @@ class AttendedWindow:
     def lag(self, context: Sequence[int]) -> int:
         """Tokens of `context` that a proposal would first have to feed to the draft model."""
         window = self.window(context)
-        if common_prefix_length(self.draft.cached_tokens, window) < len(self.selection):
+        if not self._holds_selection(window):
             return len(context) - self._next_recent(context)[1] - 1
         return len(window) - self._num_kept(window) - 1
 
