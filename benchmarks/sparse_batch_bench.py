@@ -5,11 +5,12 @@ measured beside what the cost model predicts.
         [--contexts 512 2048 8192] [--max-tokens 64] [--window 256] [--max-gamma 8] [--threads 0]
         [--device cpu|cuda] [--shape llama-3.1-8b] [--name sparse_batch_bench]
 
-One process per weight format (its peak memory is its own). It loads SmolLM2-135M (or, with --shape, a
-random-weight model of that shape read with SmolLM2's tokenizer), a pool of max(--batches) rows over
-max(--contexts) + --max-tokens positions with the kernels `generate --batch` uses on that device, and a
-self-sparse draft over --window positions a row (sinks + recent tokens). It times the pool's forwards
-(pocketspec/batch/step_calibration.py) for the cost model, then for each context (prompts of exactly that
+Two processes per weight format. Each loads SmolLM2-135M (or, with --shape, a random-weight model of that
+shape read with SmolLM2's tokenizer), a pool of max(--batches) rows over max(--contexts) + --max-tokens
+positions with the kernels `generate --batch` uses on that device, and a self-sparse draft over --window
+positions a row (sinks + recent tokens). The first times the pool's forwards (pocketspec/batch/
+step_calibration.py) for the cost model, as `doctor --calibrate --batch` does; the second, whose peak
+memory is decoding's alone, takes those costs and for each context (prompts of exactly that
 many tokens: the largest modules of Python's standard library, cut, with a question after them) and
 each batch size B decodes the first B prompts plainly and with the self-sparse draft, --max-tokens
 tokens each (end-of-generation ignored, so every run decodes as many). A row's prompt is prefilled once;
@@ -61,7 +62,7 @@ def worker(config: dict) -> dict:
     from dataclasses import replace
 
     from memplanner.batch_rows import BatchWorkload, plan_batch
-    from memplanner.batch_step_costs import predicted_speedup
+    from memplanner.batch_step_costs import StepCosts, predicted_speedup
     from memplanner.defaults import ACCEPTANCE_PRIORS
     from memplanner.shapes import shape_from_gguf
     from memplanner.sizes import round_up
@@ -105,10 +106,14 @@ def worker(config: dict) -> dict:
                           settings=replace(batch, is_batch_invariant=is_invariant), **rows)
     draft = BatchedModel(model, max_context=config["window"], n_batch=min(512, config["window"]), tiles=tiles,
                          settings=replace(batch, is_batch_invariant=False), **rows)
-    started = time.perf_counter()
-    target_costs, _ = measure_step_costs(target, "target", max_rows=batch.max_batch)
-    draft_costs = measure_step_costs(draft, "draft", max_rows=batch.max_batch)[0].with_window(config["window"])
-    calibration_seconds = time.perf_counter() - started
+    if config["costs"] is None:  # this process only times the pool's forwards: its heap is not the decoding's
+        started = time.perf_counter()
+        target_costs, _ = measure_step_costs(target, "target", max_rows=batch.max_batch)
+        draft_costs, _ = measure_step_costs(draft, "draft", max_rows=batch.max_batch)
+        return {"target_costs": target_costs.to_json(), "draft_costs": draft_costs.to_json(),
+                "calibration_seconds": time.perf_counter() - started}
+    target_costs = StepCosts.from_json(config["costs"]["target_costs"])
+    draft_costs = StepCosts.from_json(config["costs"]["draft_costs"]).with_window(config["window"])
 
     def never_ends(token: int) -> bool:
         return False
@@ -161,7 +166,7 @@ def worker(config: dict) -> dict:
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else peak_rss_bytes()
     return {"points": points, "planned_peak_bytes": planned.total_bytes, "peak_bytes": peak,
             "peak_kind": "torch.cuda.max_memory_allocated" if device.type == "cuda" else "peak RSS",
-            "calibration_seconds": calibration_seconds, "target_costs": target_costs.to_json(),
+            "calibration_seconds": config["costs"]["calibration_seconds"], "target_costs": target_costs.to_json(),
             "draft_costs": draft_costs.to_json(), "kernels": "invariant" if is_invariant else "fast",
             "threads": torch.get_num_threads()}
 
@@ -222,8 +227,10 @@ def main() -> None:
     args = parser.parse_args()
     formats = {}
     for weights in args.weights:
-        config = {**vars(args), "weights": weights}
+        config = {**vars(args), "weights": weights, "costs": None}
         del config["name"]
+        # two processes: the peak of the second is decoding's alone, as after `doctor --calibrate --batch`
+        config["costs"] = run_worker(__file__, config, what=f"the {weights} calibration", capture_stderr=False)
         formats[weights] = run_worker(__file__, config, what=f"the {weights} worker", capture_stderr=False)
     points = [point for result in formats.values() for point in result["points"]]
     model = f"{args.shape} (random weights)" if args.shape else "SmolLM2-135M"

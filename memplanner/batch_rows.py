@@ -17,7 +17,8 @@ from memplanner.defaults import MAX_GAMMA, N_BATCH
 from memplanner.gpu_terms import cuda_context_bytes
 from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes
-from memplanner.torch_peak import heap_reserve_bytes, loading_bytes, process_terms
+from memplanner.torch_peak import (CPU_ACTIVATION_FACTOR, activation_bytes, heap_reserve_bytes, loading_bytes,
+                                   process_terms)
 from memplanner.torch_sizes import (AUTO, KV_DTYPE_BYTES, compute_dtype_bytes, compute_format, torch_kv_bytes,
                                     torch_weight_bytes)
 
@@ -71,12 +72,14 @@ def forward_bytes_per_sequence(shape: ModelShape, workload: BatchWorkload, kv_dt
     return logits + scores + partials + _gathered_kv_bytes(shape, workload, kv_dtype) + hidden
 
 
-def prefill_bytes(shape: ModelShape, workload: BatchWorkload, kv_dtype: str) -> int:
-    """Activations of one prefill chunk of n_batch tokens (SDPA with a [chunk, context] boolean mask)."""
+def prefill_bytes(shape: ModelShape, workload: BatchWorkload, kv_dtype: str, compute_bytes: int = FLOAT32_BYTES,
+                  on_gpu: bool = False) -> int:
+    """Activations of one prefill chunk of n_batch tokens: one sequence's forward, as the single-sequence
+    plan counts it (torch_peak.activation_bytes: SDPA with a [chunk, context] mask), over the row's keys
+    and values copied out of the pool."""
     num_tokens = min(workload.n_batch, workload.max_context)
-    mask = num_tokens * workload.max_context
-    return (_hidden_bytes(shape, num_tokens) + mask + _gathered_kv_bytes(shape, workload, kv_dtype)
-            + shape.vocab_size * FLOAT32_BYTES)
+    return (activation_bytes(shape, num_tokens, workload.max_context, compute_bytes, 1, kv_dtype == "int8", on_gpu)
+            + _gathered_kv_bytes(shape, workload, kv_dtype))
 
 
 def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int, weights_format: str, kv_dtype: str,
@@ -103,9 +106,12 @@ def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int,
     fixed = {**process_terms(shape, on_gpu), **fixed}
     if on_gpu:  # the device gives the process its context too (gpu_terms.py)
         fixed["cuda context"] = cuda_context_bytes(on_gpu)
-    fixed["prefill activations"] = prefill_bytes(shape, workload, kv_dtype)
+    # glibc keeps what differently shaped forwards freed: on a CPU both terms get the single-sequence factor
+    heap_factor = 1.0 if on_gpu else CPU_ACTIVATION_FACTOR
+    prefill = prefill_bytes(shape, workload, kv_dtype, compute_dtype_bytes(weights_format, on_gpu), on_gpu)
+    fixed["prefill activations"] = int(heap_factor * prefill)
     row_bytes = sum(per_row.values())
-    sequence_bytes = forward_bytes_per_sequence(shape, workload, kv_dtype)
+    sequence_bytes = int(heap_factor * forward_bytes_per_sequence(shape, workload, kv_dtype))
     fixed_bytes = sum(fixed.values())
     # loading comes before the KV rows exist: the peak is the larger of the two moments
     loading = loading_bytes(shape, weights_format, on_gpu)
