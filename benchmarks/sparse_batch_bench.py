@@ -3,16 +3,17 @@ measured beside what the cost model predicts.
 
     .venv/bin/python benchmarks/sparse_batch_bench.py [--weights fp32 int8] [--batches 1 4 8 16]
         [--contexts 512 2048 8192] [--max-tokens 64] [--window 256] [--max-gamma 8] [--threads 0]
-        [--device cpu|cuda] [--shape llama-3.1-8b] [--name sparse_batch_bench]
+        [--keys sinks attended] [--device cpu|cuda] [--shape llama-3.1-8b] [--name sparse_batch_bench]
 
 Two processes per weight format. Each loads SmolLM2-135M (or, with --shape, a random-weight model of that
 shape read with SmolLM2's tokenizer), a pool of max(--batches) rows over max(--contexts) + --max-tokens
 positions with the kernels `generate --batch` uses on that device, and a self-sparse draft over --window
-positions a row (sinks + recent tokens). The first times the pool's forwards (pocketspec/batch/
+positions a row (sinks + recent tokens; with --keys attended, also the keys each row's target attended to
+most + recent tokens, pocketspec/drafters/attended_window.py). The first times the pool's forwards (pocketspec/batch/
 step_calibration.py) for the cost model, as `doctor --calibrate --batch` does; the second, whose peak
 memory is decoding's alone, takes those costs and for each context (prompts of exactly that
 many tokens: the largest modules of Python's standard library, cut, with a question after them) and
-each batch size B decodes the first B prompts plainly and with the self-sparse draft, --max-tokens
+each batch size B decodes the first B prompts plainly and with each --keys window, --max-tokens
 tokens each (end-of-generation ignored, so every run decodes as many). A row's prompt is prefilled once;
 later runs reuse it (BatchedModel.reusable_prefix), and prefill seconds are left out of the rates.
 
@@ -118,9 +119,12 @@ def worker(config: dict) -> dict:
     def never_ends(token: int) -> bool:
         return False
 
-    def run(prompts, drafts: bool) -> tuple[list[list[int]], dict]:
+    def run(prompts, keys: str | None) -> tuple[list[list[int]], dict]:
+        """keys: what the self-sparse window keeps besides recent tokens (None: plain decoding)."""
+        drafts = keys is not None
         speculation = SpeculationSettings(drafter="model" if drafts else "none", max_gamma=config["max_gamma"])
-        engine = BatchEngine(target, is_end=never_ends, draft=BatchModelDrafter(draft) if drafts else None,
+        drafter = BatchModelDrafter(draft, attended_source=target if keys == "attended" else None) if drafts else None
+        engine = BatchEngine(target, is_end=never_ends, draft=drafter,
                              speculation=speculation, batch=replace(batch, max_batch=len(prompts)),
                              target_costs=target_costs, draft_costs=draft_costs if drafts else None)
         began = time.perf_counter()
@@ -137,11 +141,12 @@ def worker(config: dict) -> dict:
     points = []
     for context in sorted(config["contexts"]):
         prompts = long_prompts(tokenizer, batch.max_batch, context)
-        for num_rows in sorted(config["batches"]):
-            plain_tokens, plain = run(prompts[:num_rows], drafts=False)
-            sparse_tokens, sparse = run(prompts[:num_rows], drafts=True)
+        for num_rows, keys in ((num_rows, keys) for num_rows in sorted(config["batches"]) for keys in config["keys"]):
+            if keys == config["keys"][0]:
+                plain_tokens, plain = run(prompts[:num_rows], None)
+            sparse_tokens, sparse = run(prompts[:num_rows], keys)
             alpha = sparse["num_accepted"] / max(1, sparse["num_drafted"])
-            point = {"weights": weights, "context": context, "batch": num_rows,
+            point = {"weights": weights, "context": context, "batch": num_rows, "keys": keys,
                      "plain_tokens_per_second": plain["tokens_per_second"],
                      "sparse_tokens_per_second": sparse["tokens_per_second"],
                      "speedup": sparse["tokens_per_second"] / plain["tokens_per_second"],
@@ -171,12 +176,13 @@ def worker(config: dict) -> dict:
             "threads": torch.get_num_threads()}
 
 
-COLUMNS = ["weights", "context", "batch", "plain tok/s", "self-sparse tok/s", "speedup", "predicted (measured α)",
-           "predicted (α prior)", "acceptance", "tokens/row-step", "= plain"]
+COLUMNS = ["weights", "context", "batch", "window keeps", "plain tok/s", "self-sparse tok/s", "speedup",
+           "predicted (measured α)", "predicted (α prior)", "acceptance", "tokens/row-step", "= plain"]
 
 
 def table_row(point: dict) -> list:
-    return [point["weights"], point["context"], point["batch"], f"{point['plain_tokens_per_second']:.1f}",
+    return [point["weights"], point["context"], point["batch"], point.get("keys", "sinks"),
+            f"{point['plain_tokens_per_second']:.1f}",
             f"{point['sparse_tokens_per_second']:.1f}", f"{point['speedup']:.2f}×",
             f"{point['predicted_at_measured_acceptance']:.2f}×", f"{point['predicted_at_prior']:.2f}×",
             f"{point['acceptance']:.2f}", f"{point['tokens_per_row_step']:.2f}", f"{100 * point['equals_plain']:.0f} %"]
@@ -192,7 +198,8 @@ def plot(path: Path, formats: dict[str, dict]) -> None:
     for axis, (weights, result) in zip(axes[0], formats.items()):
         batches = sorted({point["batch"] for point in result["points"]})
         for index, num_rows in enumerate(batches):
-            points = sorted((point for point in result["points"] if point["batch"] == num_rows),
+            points = sorted((point for point in result["points"]
+                             if point["batch"] == num_rows and point.get("keys", "sinks") == "sinks"),
                             key=lambda point: point["context"])
             contexts = [point["context"] for point in points]
             color = f"C{index}"
@@ -220,6 +227,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--window", type=int, default=256, help="self-sparse positions a row (4 sinks + recent)")
     parser.add_argument("--max-gamma", type=int, default=8)
+    parser.add_argument("--keys", nargs="+", choices=["sinks", "attended"], default=["sinks"],
+                        help="what the self-sparse window keeps besides recent tokens; each is run after one plain run "
+                             "(the plot shows sinks)")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--shape", default=None, help="a random-weight model of this shape instead of SmolLM2")

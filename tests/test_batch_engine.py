@@ -34,8 +34,10 @@ from tiny_models import tiny_vocabulary, write_near_tie_model, write_tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-DRAFTERS = ("none", "ngram", "model", "self-skip", "self-sparse")
+DRAFTERS = ("none", "ngram", "model", "self-skip", "self-sparse", "self-sparse-attended")
 SPARSE_WINDOW = 80  # a self-sparse draft's positions per row: 4 sinks, the slide's 64 slack and room for γ = 8
+# a window of attended keys: 8 chosen, 16 recent and room for γ = 7, so that most contexts here make it choose
+ATTENDED_WINDOW = 32
 MAX_TOKEN = len(tiny_vocabulary()[0]) - 1
 
 
@@ -60,18 +62,25 @@ class Models:
                             num_layers=num_layers)
 
     def engine(self, drafter: str, *, max_batch: int, num_rows: int, gamma: int | None = None, scheduler: str = "pad",
-               sampling: SamplingSettings = SamplingSettings(), ngram_min: int = 2, n_batch: int = 64) -> BatchEngine:
-        draft = None
+               sampling: SamplingSettings = SamplingSettings(), ngram_min: int = 2, n_batch: int = 64,
+               window: int | None = None) -> BatchEngine:
+        """drafter: one of DRAFTERS; window: a self-sparse draft's positions per row (default by kind)."""
+        target, draft, attended_source = self.rows(self.target, num_rows, n_batch=n_batch), None, None
         if drafter == "model":
             draft = self.rows(self.draft, num_rows, is_draft=True, n_batch=n_batch)
         elif drafter == "self-skip":
             draft = self.rows(self.target, num_rows, is_draft=True, num_layers=1, n_batch=n_batch)
         elif drafter == "self-sparse":
-            draft = self.rows(self.target, num_rows, is_draft=True, n_batch=n_batch, max_context=SPARSE_WINDOW)
-        kind = {"self-skip": "model", "self-sparse": "model"}.get(drafter, drafter)
-        return BatchEngine(self.rows(self.target, num_rows, n_batch=n_batch),
-                           is_end=self.tokenizer.is_end_of_generation,
-                           draft=BatchModelDrafter(draft) if draft is not None else None, sampling=sampling,
+            draft = self.rows(self.target, num_rows, is_draft=True, n_batch=n_batch,
+                              max_context=window or SPARSE_WINDOW)
+        elif drafter == "self-sparse-attended":
+            draft = self.rows(self.target, num_rows, is_draft=True, n_batch=n_batch,
+                              max_context=window or ATTENDED_WINDOW)
+            attended_source = target
+        kind = "model" if drafter.startswith("self-") else drafter
+        return BatchEngine(target, is_end=self.tokenizer.is_end_of_generation,
+                           draft=None if draft is None else BatchModelDrafter(draft, attended_source=attended_source),
+                           sampling=sampling,
                            speculation=SpeculationSettings(drafter=kind, gamma=gamma, ngram_min=ngram_min),
                            batch=replace(self.settings, max_batch=max_batch, scheduler=scheduler))
 
@@ -136,35 +145,67 @@ def test_every_sequence_equals_its_plain_decoding_alone(tiny, workload):
     _assert_each_equals_alone(tiny, requests, engine.run(requests))
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "model", "self-skip", "self-sparse"])
+@pytest.mark.parametrize("drafter", ["ngram", "model", "self-skip", "self-sparse", "self-sparse-attended"])
 def test_drafts_are_accepted_and_rejected_while_rows_join_and_leave(tiny, drafter):
-    rng = np.random.default_rng(3)
-    prompts = [list(rng.integers(3, MAX_TOKEN, int(rng.integers(2, 30)))) for _ in range(12)]
-    requests = _requests(prompts, [int(count) for count in rng.integers(8, 48, len(prompts))])
-    engine = tiny.engine(drafter, max_batch=4, num_rows=6, gamma=3)
+    engine, results = _run_random_prompts(tiny, drafter, seed=3, num_prompts=12, prompt_lengths=(2, 30),
+                                          new_tokens=(8, 48), max_batch=4, num_rows=6, gamma=3)
+    assert _some_accepted_some_rejected(results)
+    assert len(set(engine.rows_per_step)) > 1  # the batch shrank as sequences finished
+
+
+def _run_random_prompts(tiny, drafter: str, *, seed: int, num_prompts: int, prompt_lengths: tuple[int, int],
+                        new_tokens: tuple[int, int], **engine_args):
+    """(the engine, its results) for random prompts of random lengths, each checked against its plain decoding
+    alone."""
+    rng = np.random.default_rng(seed)
+    prompts = [list(rng.integers(3, MAX_TOKEN, int(rng.integers(*prompt_lengths)))) for _ in range(num_prompts)]
+    requests = _requests(prompts, [int(count) for count in rng.integers(*new_tokens, num_prompts)])
+    engine = tiny.engine(drafter, **engine_args)
     results = engine.run(requests)
     _assert_each_equals_alone(tiny, requests, results)
-    num_drafted = sum(result.stats.num_drafted for result in results)
-    num_accepted = sum(result.stats.num_accepted for result in results)
-    assert 0 < num_accepted < num_drafted
-    assert len(set(engine.rows_per_step)) > 1  # the batch shrank as sequences finished
+    return engine, results
+
+
+def _some_accepted_some_rejected(results) -> bool:
+    return 0 < sum(result.stats.num_accepted for result in results) < sum(result.stats.num_drafted
+                                                                          for result in results)
 
 
 def test_self_sparse_rows_slide_their_own_windows_and_each_equals_it_alone(tiny):
     """Contexts past the self-sparse window: each row's draft cache keeps its sinks and recent tokens,
     shifted (its keys re-rotated) in that row only, while the other rows' windows stay where they are."""
-    rng = np.random.default_rng(5)
-    prompts = [list(rng.integers(3, MAX_TOKEN, int(rng.integers(40, 120)))) for _ in range(6)]
-    requests = _requests(prompts, [int(count) for count in rng.integers(40, 90, len(prompts))])
-    engine = tiny.engine("self-sparse", max_batch=3, num_rows=4, gamma=3)
-    results = engine.run(requests)
-    _assert_each_equals_alone(tiny, requests, results)
+    engine, results = _run_random_prompts(tiny, "self-sparse", seed=5, num_prompts=6, prompt_lengths=(40, 120),
+                                          new_tokens=(40, 90), max_batch=3, num_rows=4, gamma=3)
     windows = engine.draft.windows
     assert any(window.num_dropped for window in windows)  # rows slid
     assert all(engine.draft.draft.num_cached(row) <= SPARSE_WINDOW for row in range(4))
     assert sum(result.stats.steps_by_drafter.get("model", 0) for result in results) > len(results)
-    assert 0 < sum(result.stats.num_accepted for result in results) < sum(result.stats.num_drafted
-                                                                            for result in results)
+    assert _some_accepted_some_rejected(results)
+
+
+def test_rows_choose_the_keys_their_own_target_row_attended_to_and_each_equals_it_alone(tiny):
+    """Contexts past a window of attended keys: each row chooses its keys again and again from its own row of
+    the target's pool, as rows join and leave, and every output is still its plain decoding alone."""
+    engine, results = _run_random_prompts(tiny, "self-sparse-attended", seed=6, num_prompts=7,
+                                          prompt_lengths=(2, 60), new_tokens=(30, 70), max_batch=3, num_rows=4,
+                                          gamma=3)
+    choices = [window.num_choices for window in engine.draft.windows]
+    assert sum(choices) >= 2 * len(results) and all(choices)
+    assert all(engine.draft.draft.num_cached(row) <= ATTENDED_WINDOW for row in range(4))
+    assert _some_accepted_some_rejected(results)
+
+
+def test_a_prompt_longer_than_the_attended_window_costs_the_draft_no_catching_up(tiny):
+    """The draft never sees such a prompt whole: its first proposal chooses keys from the target's row, so the
+    controller must not price a catch-up over the whole prompt (it would then never draft)."""
+    engine = tiny.engine("self-sparse-attended", max_batch=2, num_rows=2, gamma=3)
+    prompt = [1, *range(3, 3 + 3 * ATTENDED_WINDOW)]
+    engine.target.prefill(1, prompt)
+    engine.draft.admit(1, prompt)
+    window = engine.draft.windows[1]
+    assert window.lag(prompt) == 0 and window.fits(prompt, 3)
+    assert window.feed(prompt, 3) == prompt[-1:] and window.num_choices == 1
+    assert window.lag(prompt) == 0  # what the choice left: the draft holds all but the last token's view
 
 
 def test_with_an_adaptive_gamma_each_row_drafts_by_its_match_evidence(tiny):
@@ -263,7 +304,7 @@ def plain_counts(tiny):
     return _first_prompt_counts(tiny.engine("none", max_batch=1, num_rows=1, sampling=SAMPLING), POSITION + 1, False)
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram", "self-sparse"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "self-sparse", "self-sparse-attended"])
 def test_batched_sampling_keeps_each_request_distribution(tiny, plain_counts, drafter):
     batched = tiny.engine(drafter, max_batch=8, num_rows=8, gamma=3, sampling=SAMPLING, ngram_min=1)
     batched_counts = _first_prompt_counts(batched, POSITION + 4, True)
@@ -303,12 +344,15 @@ def test_smollm2_batched_equals_each_prompt_alone(smollm2_path):
         template = template_for(models.tokenizer)
         requests = [Request(encode_chat(models.tokenizer, template, [{"role": "user", "content": text}]), 16)
                     for text in SMOLLM2_PROMPTS]
-        for drafter, max_batch in (("ngram", 8), ("self-skip", 4)):
-            engine = models.engine(drafter, max_batch=max_batch, num_rows=max_batch, gamma=3)
+        # a window of 48 attended keys: 12 chosen and 24 recent, chosen again every 12 tokens or so
+        for drafter, max_batch in (("ngram", 8), ("self-skip", 4), ("self-sparse-attended", 4)):
+            engine = models.engine(drafter, max_batch=max_batch, num_rows=max_batch, gamma=3, window=48)
             if drafter == "self-skip":  # 20 of 30 layers: a draft that is right often
                 engine.draft = BatchModelDrafter(models.rows(models.target, max_batch, is_draft=True, num_layers=20))
             results = engine.run(requests)
             _assert_each_equals_alone(models, requests, results)
+            if drafter == "self-sparse-attended":
+                assert sum(window.num_choices for window in engine.draft.windows) > 0
             assert max(engine.rows_per_step) == max_batch
             assert sum(result.stats.num_accepted for result in results) > 0
     finally:

@@ -111,8 +111,6 @@ def test_taken_port_is_refused():
     (["--max-queue", "-1"], "--max-queue"),
     (["--port", "70000"], "--port"),
     (["--max-concurrency", "16", "--max-context", "4096", "--memory-budget", "400MiB"], "--max-concurrency 16"),
-    (["--max-concurrency", "2", "--backend", "torch", "--draft", "self-sparse", "--self-draft-keys", "attended"],
-     "a server's concurrent requests"),
 ])
 def test_bad_flags_get_one_line(flags, fragment):
     assert_one_line_error(_serve(*flags), fragment)

@@ -26,7 +26,7 @@ from pocketspec.backends.gguf_tokenizer import load_tokenizer
 from pocketspec.errors import UserError
 from pocketspec.progress import progress_bar
 from pocketspec.settings import ModelSettings, SamplingSettings
-from pocketspec.torch_model.attended_keys import attended_positions, attention_mass, copy_view
+from pocketspec.torch_model import attended_keys
 from pocketspec.torch_model.compile_cache import use_compile_cache
 from pocketspec.torch_model.device import gpu_float_format, resolve_device
 from pocketspec.torch_model.kv_cache import KV_DTYPES, StaticKVCache
@@ -169,12 +169,8 @@ class TorchBackend(CachedTokens):
         recent tokens."""
         source = self.attended_source
         observed = source.cached_tokens[recent_end - num_observed:recent_end]
-        masses = attention_mass(self.model, source.cache, observed, recent_end, recent_start, self.num_layers)
-        recent = torch.arange(recent_start, recent_end, device=self.device)
-        for layer, mass in enumerate(masses):
-            chosen = attended_positions(mass, len(selection)).to(self.device)
-            positions = torch.cat([chosen, recent.expand(chosen.shape[0], -1)], dim=1)
-            copy_view(source.cache, self.cache, layer, positions, self.model.inv_freq)
+        attended_keys.hold_attended_view(self.model, source.cache, self.cache, observed, num_selected=len(selection),
+                                         recent_start=recent_start, recent_end=recent_end, num_layers=self.num_layers)
         self._cached = list(selection) + source.cached_tokens[recent_start:recent_end]
 
     @property

@@ -45,9 +45,8 @@ def min_self_draft_window(max_gamma: int) -> int:
     return ATTENTION_SINK_TOKENS + SLIDE_SLACK_TOKENS + max_gamma + 2
 
 
-def check_self_draft(kind: str, target_settings: ModelSettings, speculation: SpeculationSettings, *,
-                     in_batch: bool = False) -> None:
-    """Refuse a self-draft the settings cannot give, before any model loads (in_batch: for generate --batch)."""
+def check_self_draft(kind: str, target_settings: ModelSettings, speculation: SpeculationSettings) -> None:
+    """Refuse a self-draft the settings cannot give, before any model loads."""
     if target_settings.backend != "torch":
         raise UserError(f"--draft {kind} drafts with the target's own weights and needs --backend torch")
     if target_settings.is_row_split:
@@ -57,10 +56,6 @@ def check_self_draft(kind: str, target_settings: ModelSettings, speculation: Spe
     if kind == "self-sparse" and window < min_self_draft_window(speculation.max_gamma):
         raise UserError(f"the self-sparse window {window} is too small: give at least "
                         f"{min_self_draft_window(speculation.max_gamma)} positions")
-    if kind == "self-sparse" and in_batch and speculation.self_draft_keys != "sinks":
-        raise UserError(f"--self-draft-keys {speculation.self_draft_keys} drafts one sequence at a time; batched "
-                        "decoding (--batch, or a server's concurrent requests) keeps the attention sinks and recent "
-                        "tokens: use --self-draft-keys sinks")
 
 
 def self_sparse_window(target_settings: ModelSettings, speculation: SpeculationSettings) -> int:

@@ -27,6 +27,7 @@ from pocketspec.batch.layout import BatchLayout, RowInput
 from pocketspec.errors import ContextFullError
 from pocketspec.speculation.prefix import common_prefix_length
 from pocketspec.settings import BatchSettings
+from pocketspec.torch_model import attended_keys
 from pocketspec.torch_model.invariant import TileShape
 from pocketspec.torch_model.kv_cache import StaticKVCache
 from pocketspec.torch_model.model import Transformer, rope_angles
@@ -138,6 +139,21 @@ class BatchedModel:
         self.cache.shift(start, count, self.num_cached(row), self.model.inv_freq, rows=slice(row, row + 1))
         del self.cached[row][start:start + count]
         self.num_exact[row] = min(self.num_exact[row], start)
+
+    @torch.inference_mode()
+    def hold_attended_view(self, row: int, source: BatchedModel, selection: Sequence[int], num_observed: int,
+                           recent_start: int, recent_end: int) -> None:
+        """Fill `row` from the same row of `source` (the target's pool, over the same model): per layer and KV
+        head, the len(selection) positions before recent_start that the row's last num_observed tokens up to
+        recent_end attended to most, then positions recent_start .. recent_end - 1 (a self-sparse draft that
+        keeps attended keys, pocketspec/drafters/attended_window.py). The row then holds `selection`
+        (stand-ins for the chosen keys, which differ by head) and the recent tokens."""
+        observed = source.cached[row][recent_end - num_observed:recent_end]
+        attended_keys.hold_attended_view(self.model, source.cache, self.cache, observed, num_selected=len(selection),
+                                         recent_start=recent_start, recent_end=recent_end,
+                                         num_layers=self.num_layers, row=row)
+        self.cached[row] = list(selection) + source.cached[row][recent_start:recent_end]
+        self.num_exact[row] = 0  # no prompt can reuse the stand-ins
 
     def memory_report(self) -> dict[str, int]:
         weight_bytes = sum(tensor.numel() * tensor.element_size()

@@ -5,7 +5,9 @@ Like ModelDrafter, each row's draft cache follows its context through a DraftWin
 with the context and catches up in the first pass, which is ragged (one or two tokens per
 row after a step); where the draft holds a shorter context than the target's (a llama.cpp
 plan's draft model, or torch's --draft self-sparse window), a row slides a window of sinks
-and recent tokens. Each row draws from its own sequence's generator. A
+and recent tokens, or, with --self-draft-keys attended, holds the keys the target's row attended
+to most beside its recent tokens (pocketspec/drafters/attended_window.py), copied from the
+target's pool. Each row draws from its own sequence's generator. A
 draft needs no batch invariance: verification keeps the output exact whatever it proposes,
 so it runs the fast kernels.
 """
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from pocketspec.batch.sequence import SequenceState
+from pocketspec.drafters.attended_window import AttendedWindow
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.draft_window import DraftWindow
 from pocketspec.speculation.sampling import choose_with_probs
@@ -27,10 +30,11 @@ if TYPE_CHECKING:  # a batch on llama.cpp loads no torch
 
 
 class _RowCache:
-    """One row of a batch's draft model, as its DraftWindow's cache."""
+    """One row of a batch's model: a DraftWindow's cache, or an AttendedWindow's draft (over the same row of
+    `source`, the target's pool) and target."""
 
-    def __init__(self, model: BatchedModel, row: int):
-        self.model, self.row = model, row
+    def __init__(self, model: BatchedModel, row: int, source: BatchedModel | None = None):
+        self.model, self.row, self.source = model, row, source
 
     @property
     def cached_tokens(self) -> list[int]:
@@ -46,16 +50,31 @@ class _RowCache:
     def shift_out(self, start: int, count: int) -> None:
         self.model.shift_out(self.row, start, count)
 
+    def hold_attended_view(self, selection: Sequence[int], num_observed: int, recent_start: int,
+                           recent_end: int) -> None:
+        self.model.hold_attended_view(self.row, self.source, selection, num_observed, recent_start, recent_end)
+
 
 class BatchModelDrafter:
-    def __init__(self, draft: BatchedModel, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, draft: BatchedModel, clock: Callable[[], float] = time.perf_counter,
+                 attended_source: BatchedModel | None = None):
+        """attended_source: the target's pool, when each row's window keeps the keys it attended to most."""
         self.draft, self.clock = draft, clock
-        self.windows = [DraftWindow(_RowCache(draft, row)) for row in range(draft.num_rows)]
+        self.keeps_attended = attended_source is not None
+        self.windows = [AttendedWindow(_RowCache(draft, row, attended_source), _RowCache(attended_source, row))
+                        if self.keeps_attended else DraftWindow(_RowCache(draft, row)) for row in range(draft.num_rows)]
 
     def admit(self, row: int, prompt: Sequence[int]) -> None:
         """Prefill a new request's prompt, keeping what the row holds of it from an earlier request; a
-        prompt the draft's context cannot hold, or a row whose window had slid, prefills the window anew."""
+        prompt the draft's context cannot hold, or a row whose window had slid, prefills the window anew.
+        A window of attended keys starts over; a prompt it cannot hold is left to the first proposal,
+        which chooses the keys from the target's row (prefilled by then)."""
         window = self.windows[row]
+        if self.keeps_attended:
+            window.reset()
+            if len(prompt) < self.draft.max_context:
+                self.draft.prefill(row, prompt)
+            return
         if window.num_dropped or len(prompt) >= self.draft.max_context:
             window.reset()
             self.draft.prefill(row, window.feed(prompt, 0))

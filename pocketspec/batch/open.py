@@ -53,7 +53,7 @@ def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, sp
         num_layers = self_skip_layers(model.config.num_layers, speculation)
         draft = BatchedModel(model, settings=draft_settings, tiles=tiles, num_layers=num_layers, **rows)
     elif choice.drafter == "self-sparse" and speculation.drafter in ("auto", "model"):
-        check_self_draft(choice.drafter, target_settings, speculation, in_batch=True)
+        check_self_draft(choice.drafter, target_settings, speculation)
         window = self_sparse_window(target_settings, speculation)
         draft = BatchedModel(model, settings=draft_settings, tiles=tiles, **dict(
             rows, max_context=window, n_batch=min(target_settings.n_batch, window),
@@ -63,7 +63,8 @@ def open_batch_engine(choice: ModelChoice, *, target_settings: ModelSettings, sp
         draft = BatchedModel(draft_model, settings=draft_settings, **rows)
     if speculation.drafter == "auto" and choice.drafter in ("ngram", "none"):
         speculation = replace(speculation, drafter=choice.drafter)
-    drafter = BatchModelDrafter(draft) if draft is not None else None
+    keeps_attended = choice.drafter == "self-sparse" and speculation.self_draft_keys == "attended"
+    drafter = None if draft is None else BatchModelDrafter(draft, attended_source=target if keeps_attended else None)
     priced_target, *priced_draft = batch_models(choice, target_settings, speculation, batch)
     engine = BatchEngine(target, is_end=tokenizer.is_end_of_generation, draft=drafter, sampling=sampling,
                          speculation=speculation, batch=batch,

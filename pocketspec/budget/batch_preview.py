@@ -49,7 +49,7 @@ def preview_batch_plan(settings: SessionSettings, batch: BatchSettings) -> Batch
     if len(target_settings.devices) > 1:
         raise UserError("plan --batch plans the pool of one device; leave out --devices")
     if choice.drafter in ("self-sparse", "self-skip"):
-        check_self_draft(choice.drafter, target_settings, speculation, in_batch=True)
+        check_self_draft(choice.drafter, target_settings, speculation)
     speculation = batch_speculation(speculation)
     device = read_device(target_settings.device)
     budget_bytes = settings.budget.total_bytes if settings.budget is not None else device.free_bytes

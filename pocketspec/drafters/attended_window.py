@@ -71,10 +71,12 @@ class AttendedWindow:
         return min(int(SELECTED_SHARE * self.capacity), recent_start) + len(context) - recent_start
 
     def lag(self, context: Sequence[int]) -> int:
-        """Tokens of `context` that a proposal would first have to feed to the draft model."""
-        window = self.window(context)
-        if not self._holds_selection(window):
+        """Tokens of `context` that a proposal would first have to feed to the draft model: after a new choice
+        where even a one-token draft needs one (a context the draft never saw, longer than its cache, costs the
+        few tokens past the target's cache, not the whole context)."""
+        if self._needs_new_choice(context, 1):
             return len(context) - self._next_recent(context)[1] - 1
+        window = self.window(context)
         return len(window) - self._num_kept(window) - 1
 
     def fits(self, context: Sequence[int], max_tokens: int) -> bool:

@@ -30,10 +30,10 @@ POOL_SIZE = 7  # SnapKV's pooling kernel: a kept position keeps the three on eac
 
 @torch.inference_mode()
 def attention_mass(model: Transformer, cache: StaticKVCache, observed: Sequence[int], num_cached: int,
-                   num_candidates: int, num_layers: int) -> list[torch.Tensor]:
+                   num_candidates: int, num_layers: int, row: int = 0) -> list[torch.Tensor]:
     """Per layer [kv_heads, num_candidates] float32: the attention that cached positions 0 .. num_candidates - 1
     received from the queries of `observed`, the tokens at positions num_cached - len(observed) .. num_cached - 1
-    of `cache` (which already holds their keys and values)."""
+    of the cache's `row` (which already holds their keys and values)."""
     start = num_cached - len(observed)
     device = model.tok_embeddings.weight.device
     x = model.embed(torch.tensor([list(observed)], dtype=torch.long, device=device))
@@ -41,10 +41,10 @@ def attention_mass(model: Transformer, cache: StaticKVCache, observed: Sequence[
     query_positions = torch.arange(start, num_cached, device=device)[:, None]
     masses = []
     for layer, block in enumerate(model.layers[:num_layers]):
-        layer_device = block.attention_norm.weight.device  # a layer split moves the hidden state along
+        layer_device = next(block.parameters()).device  # a layer split moves the hidden state along
         x, cos, sin = x.to(layer_device), cos.to(layer_device), sin.to(layer_device)
         q, _, _ = block.project(x, cos, sin)  # [1, heads, observed, head_dim]
-        keys, values = cache.read(layer, num_cached, dtype=q.dtype)  # [1, kv_heads, num_cached, head_dim]
+        keys, values = cache.read_rows(layer, slice(row, row + 1), num_cached, q.dtype)  # [1, kv_heads, n, head_dim]
         num_kv_heads, head_dim = keys.shape[1], keys.shape[3]
         group = q.shape[1] // num_kv_heads  # query head h reads KV head h // group
         grouped = q.reshape(num_kv_heads, group * len(observed), head_dim)
@@ -74,14 +74,28 @@ def attended_positions(mass: torch.Tensor, budget: int, pool_size: int = POOL_SI
 
 @torch.inference_mode()
 def copy_view(source: StaticKVCache, draft: StaticKVCache, layer: int, positions: torch.Tensor,
-              inv_freq: torch.Tensor) -> None:
+              inv_freq: torch.Tensor, row: int = 0) -> None:
     """Write the source's keys and values at positions [kv_heads, n] (each head its own) to the draft's slots
-    0 .. n - 1 of `layer`, each key rotated from its position to its slot."""
-    keys, values = source.gather(layer, positions.to(source.keys[layer].device))
+    0 .. n - 1 of `layer`, each key rotated from its position to its slot; `row` of both caches."""
+    keys, values = source.gather(layer, positions.to(source.keys[layer].device), row)
     device = draft.keys[layer].device
     keys, values, positions = keys.to(device), values.to(device), positions.to(device)
     num_kv_heads, num_slots = positions.shape
     shifts = torch.arange(num_slots, device=device)[None, :] - positions  # [kv_heads, n]
     cos, sin = rope_angles(shifts.reshape(-1), inv_freq.to(device))
     rotated = apply_rope(keys, cos.view(num_kv_heads, num_slots, -1), sin.view(num_kv_heads, num_slots, -1))
-    draft.write(layer, 0, rotated, values)
+    draft.write(layer, 0, rotated, values, row)
+
+
+def hold_attended_view(model: Transformer, source: StaticKVCache, draft: StaticKVCache, observed: Sequence[int], *,
+                       num_selected: int, recent_start: int, recent_end: int, num_layers: int, row: int = 0) -> None:
+    """Fill `row` of the draft's cache from the same row of the source's: per layer and KV head, the num_selected
+    positions before recent_start that `observed` (the source's tokens up to recent_end) attended to most, then
+    positions recent_start .. recent_end - 1."""
+    masses = attention_mass(model, source, observed, recent_end, recent_start, num_layers, row)
+    for layer, mass in enumerate(masses):
+        device = draft.keys[layer].device
+        chosen = attended_positions(mass, num_selected).to(device)
+        recent = torch.arange(recent_start, recent_end, device=device)
+        positions = torch.cat([chosen, recent.expand(chosen.shape[0], -1)], dim=1)
+        copy_view(source, draft, layer, positions, model.inv_freq, row)

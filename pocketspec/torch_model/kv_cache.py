@@ -58,15 +58,16 @@ class StaticKVCache:
             tensors += [self.key_scales[layer], self.value_scales[layer]]
         return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k and v [batch, kv_heads, T, head_dim] at positions start .. start + T - 1."""
-        batch, end = k.shape[0], start + k.shape[2]
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, first_row: int = 0) -> None:
+        """Store k and v [batch, kv_heads, T, head_dim] at positions start .. start + T - 1 of rows first_row ..
+        first_row + batch - 1."""
+        rows, end = slice(first_row, first_row + k.shape[0]), start + k.shape[2]
         if self.is_int8:
-            self.keys[layer][:batch, :, start:end], self.key_scales[layer][:batch, :, start:end] = _quantize(k)
-            self.values[layer][:batch, :, start:end], self.value_scales[layer][:batch, :, start:end] = _quantize(v)
+            self.keys[layer][rows, :, start:end], self.key_scales[layer][rows, :, start:end] = _quantize(k)
+            self.values[layer][rows, :, start:end], self.value_scales[layer][rows, :, start:end] = _quantize(v)
         else:
-            self.keys[layer][:batch, :, start:end] = k
-            self.values[layer][:batch, :, start:end] = v
+            self.keys[layer][rows, :, start:end] = k
+            self.values[layer][rows, :, start:end] = v
 
     def write_at(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k and v [batch, kv_heads, T, head_dim] at positions [T], a tensor on the cache's device
@@ -107,16 +108,16 @@ class StaticKVCache:
         return (keys * self.key_scales[layer][rows, :, :end].to(dtype),
                 values * self.value_scales[layer][rows, :, :end].to(dtype))
 
-    def gather(self, layer: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of the first row at positions [kv_heads, n] (each head its own), [1, kv_heads, n, head_dim]
+    def gather(self, layer: int, positions: torch.Tensor, row: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of `row` at positions [kv_heads, n] (each head its own), [1, kv_heads, n, head_dim]
         in float32 (an attended-keys draft view, pocketspec/torch_model/attended_keys.py)."""
         index = positions[None, :, :, None]
-        head_dim = self.keys[layer].shape[-1]
-        keys = self.keys[layer][:1].gather(2, index.expand(-1, -1, -1, head_dim)).to(torch.float32)
-        values = self.values[layer][:1].gather(2, index.expand(-1, -1, -1, head_dim)).to(torch.float32)
+        head_dim, rows = self.keys[layer].shape[-1], slice(row, row + 1)
+        keys = self.keys[layer][rows].gather(2, index.expand(-1, -1, -1, head_dim)).to(torch.float32)
+        values = self.values[layer][rows].gather(2, index.expand(-1, -1, -1, head_dim)).to(torch.float32)
         if self.is_int8:
-            keys = keys * self.key_scales[layer][:1].gather(2, index)
-            values = values * self.value_scales[layer][:1].gather(2, index)
+            keys = keys * self.key_scales[layer][rows].gather(2, index)
+            values = values * self.value_scales[layer][rows].gather(2, index)
         return keys, values
 
     def shift(self, start: int, count: int, num_cached: int, inv_freq: torch.Tensor,
