@@ -40,10 +40,13 @@ def worker(config: dict) -> dict:
     with open_backend(model_path(config["model"]), settings) as backend:
         if config.get("prepare_only"):
             return {}
+        opened = peak_rss_bytes()
         num_prompt = config["context"] - MAX_LOGITS_ROWS
         backend.prefill([(7 * index) % (backend.vocab_size - 200) + 100 for index in range(num_prompt)])
+        prefilled = peak_rss_bytes()
         backend.forward([100] * MAX_LOGITS_ROWS, range(MAX_LOGITS_ROWS))
-        return {"peak_bytes": peak_rss_bytes()}
+        # the process's peak so far after each phase: what opening, the prefill and the verify each raised it to
+        return {"peak_bytes": peak_rss_bytes(), "opened_peak_bytes": opened, "prefilled_peak_bytes": prefilled}
 
 
 def predicted(config: dict) -> dict[str, int]:
@@ -78,9 +81,11 @@ def main() -> None:
             config = {"model": model, "weights": weights, "context": context, "n_batch": n_batch, "prepack": prepack}
             print(f"{model} {weights} context {context} n_batch {n_batch} prepack {prepack}", file=sys.stderr)
             terms = predicted(config)
-            measured = run_worker(__file__, config, what=f"{model} {weights} {context}")["peak_bytes"]
-            total = sum(terms.values())
-            points.append({**config, "predicted_terms": terms, "predicted_bytes": total, "measured_bytes": measured})
+            peaks = run_worker(__file__, config, what=f"{model} {weights} {context}")
+            measured, total = peaks["peak_bytes"], sum(terms.values())
+            points.append({**config, "predicted_terms": terms, "predicted_bytes": total, "measured_bytes": measured,
+                           "opened_peak_bytes": peaks["opened_peak_bytes"],
+                           "prefilled_peak_bytes": peaks["prefilled_peak_bytes"]})
             rows.append([model, weights, context, n_batch, "yes" if prepack else "no", f"{total / 2**20:.0f}",
                          f"{measured / 2**20:.0f}", f"{measured / total:.3f}"])
     write_results(ROOT / "benchmarks" / "results", args.name, {"config": vars(args), "points": points},

@@ -21,7 +21,9 @@ SmolLM2-135M and Qwen2.5-Coder-0.5B):
 The KV cache is the backend's own fixed-capacity buffers. A step's activations are dominated by
 attention's scores, heads × new tokens × cached tokens float32, of which ATTENTION_SCORE_COPIES
 live at once. The CPU arena is off (pocketspec/backends/onnx_backend.py), so a step's buffers
-are freed after it. The prediction is a bound: on the grid every run peaked at 0.87-0.99 of it.
+are freed after it. On the grid, 13 of 14 runs peaked at 0.87-0.99 of the prediction and one at 1.05 (glibc's
+heap keeps freed buffers by amounts that vary between runs), so the budget keeps a reserve free beside it
+(pocketspec/budget/onnx_plan.py).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from memplanner.torch_peak import CPU_HEAP_RESERVE_BYTES
 from pocketspec.budget.onnx_plan import apply_onnx_plan, onnx_peak
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
@@ -15,9 +16,10 @@ SPECULATION = SpeculationSettings()
 
 
 def _total(choice, **changes) -> int:
+    """The least CPU budget for these settings: the predicted peak and the heap reserve kept free beside it."""
     from dataclasses import replace
 
-    return sum(onnx_peak(choice, replace(SETTINGS, **changes), SPECULATION).values())
+    return sum(onnx_peak(choice, replace(SETTINGS, **changes), SPECULATION).values()) + CPU_HEAP_RESERVE_BYTES
 
 
 def test_the_plan_drops_prepacking_then_shrinks_prompt_chunks_then_refuses(smollm2_path):
@@ -30,7 +32,8 @@ def test_the_plan_drops_prepacking_then_shrinks_prompt_chunks_then_refuses(smoll
     assert not tight.target_settings.prepack_weights and tight.target_settings.n_batch == 512
     assert any("not prepacked" in line for line in tight.lines)
     tighter = apply_onnx_plan(choice, unpacked - 1, SETTINGS, SPECULATION)
-    assert tighter.target_settings.n_batch < 512 and tighter.predicted_peak_bytes < unpacked
+    assert tighter.target_settings.n_batch < 512 and tighter.predicted_peak_bytes + CPU_HEAP_RESERVE_BYTES < unpacked
+    assert "kept free" in tighter.lines[0]
     with pytest.raises(UserError, match="below the ONNX backend's predicted peak .*KV cache"):
         apply_onnx_plan(choice, _total(choice, prepack_weights=False, n_batch=64) - 1, SETTINGS, SPECULATION)
 
