@@ -75,6 +75,19 @@ def test_self_sparse_greedy_equals_plain_while_its_window_slides(tiny_pair, kv_t
     assert result.stats.num_accepted > 0
 
 
+@pytest.mark.parametrize("keys", ["sinks", "attended"])
+def test_a_prompt_longer_than_the_window_is_priced_as_what_the_draft_will_feed(tiny_pair, keys):
+    """The controller prices a draft's catch-up by its lag: for a prompt the draft never saw, that is what the
+    first proposal feeds after sliding (or choosing keys), never the whole prompt, or it would never draft."""
+    target, _ = tiny_pair
+    with built_engine(target, drafter="model", gamma=4, max_context=1024, self_draft="self-sparse",
+                      self_draft_settings=dict(self_draft_window=96, self_draft_keys=keys), **TORCH) as engine:
+        prompt = _long_prompt(engine)
+        engine.target.prefill(prompt)
+        lag = engine.model.lag(prompt)
+        assert lag == len(engine.model.window.feed(prompt, 1)) - 1 and len(prompt) > 96 > lag
+
+
 def test_self_skip_greedy_equals_plain(tiny_pair):
     target, _ = tiny_pair
     expected = _plain(target, 64)

@@ -46,9 +46,22 @@ class DraftWindow:
         return min(common_prefix_length(self.cache.cached_tokens, window), len(window) - 1)
 
     def lag(self, context: Sequence[int]) -> int:
-        """Tokens of `context` that a proposal would first have to feed to the draft model."""
+        """Tokens of `context` that a proposal would first have to feed to the draft model: after the slide even a
+        one-token draft needs (a context longer than the draft's cache costs the window, not the whole context)."""
         window = self.window(context)
-        return len(window) - self._num_kept(window) - 1
+        num_dropping, num_kept, _ = self._slide(len(window), self._num_kept(window), 1)
+        return len(window) - num_dropping - num_kept - 1
+
+    def _slide(self, window_size: int, num_kept: int, max_tokens: int) -> tuple[int, int, bool]:
+        """For a draft of max_tokens after a window of window_size tokens of which the cache holds num_kept:
+        (tokens to drop after the sinks, cached tokens kept then, whether the kept ones shift down)."""
+        overflow = window_size + max_tokens - self.cache.max_context
+        if overflow <= 0:
+            return 0, num_kept, False
+        num_dropping = overflow + SLIDE_SLACK_TOKENS
+        if num_kept - ATTENTION_SINK_TOKENS >= num_dropping:
+            return num_dropping, num_kept - num_dropping, True
+        return num_dropping, min(num_kept, ATTENTION_SINK_TOKENS), False
 
     def fits(self, context: Sequence[int], max_tokens: int) -> bool:
         """Whether a draft of max_tokens after `context` fits: in the window as it is, or beside the sinks
@@ -62,14 +75,11 @@ class DraftWindow:
         window = self.window(context)
         num_kept = self._num_kept(window)
         self.cache.rollback(num_kept)
-        overflow = len(window) + max_tokens - self.cache.max_context
-        if overflow > 0:
-            num_dropping = overflow + SLIDE_SLACK_TOKENS
-            if num_kept - ATTENTION_SINK_TOKENS >= num_dropping:
+        num_dropping, num_kept, shifts = self._slide(len(window), num_kept, max_tokens)
+        if num_dropping:
+            if shifts:
                 self.cache.shift_out(ATTENTION_SINK_TOKENS, num_dropping)
-                num_kept -= num_dropping
             else:
-                num_kept = min(num_kept, ATTENTION_SINK_TOKENS)
                 self.cache.rollback(num_kept)
             self.num_dropped += num_dropping
             window = self.window(context)
