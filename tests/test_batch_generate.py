@@ -37,8 +37,10 @@ def _batch(tiny_target: str, prompt_file: str, *args: str):
                    "--threads", "1", "--max-context", "256", *args)
 
 
-@pytest.mark.parametrize("draft", [["--draft", "ngram"], ["--draft", "self-sparse", "--self-draft-window", "80"],
-                                   ["--draft", "self-sparse", "--self-draft-window", "80", "--self-draft-keys", "attended"]])
+SELF_SPARSE = ["--draft", "self-sparse", "--self-draft-window", "80"]
+
+
+@pytest.mark.parametrize("draft", [["--draft", "ngram"], SELF_SPARSE, [*SELF_SPARSE, "--self-draft-keys", "attended"]])
 def test_outputs_come_in_input_order_and_equal_each_prompt_alone(tiny_target, prompt_file, tmp_path, draft):
     alone = _batch(tiny_target, prompt_file, "--batch", "1", "--draft", "none")
     output = tmp_path / "out.jsonl"
