@@ -18,13 +18,15 @@ What it measures (batch 1, --context cached tokens):
   compiled = the same with its blocks and attention compiled (the default on a GPU);
   compiled-sdpa = that with attention through SDPA instead of matmuls; compiled-step = the
   whole step compiled, then captured; reduce-overhead = the whole step under Inductor's own
-  CUDA graphs (what --compile was before); compiled-dequant (int8) = compiled with the int8
-  weight dequantized inside the compiled matmul instead of torch's int8 kernel;
+  CUDA graphs (what --compile was before); compiled-unfused = compiled with q/k/v and gate/up
+  as separate matmuls (fused_projections.py fuses them on a GPU); compiled-dequant (int8) =
+  compiled with the int8 linears' "dequantize" kernel (Inductor lowers the dequantizing matmul
+  itself) instead of quant_kernels' int8_reduction and int8_dequantized_mm;
 - the first compile against a cached one (a second process on the same compile cache);
 - the compiled verify curve: ms per verify of width 1-32 at depth 0 and --context, and what
   of it is host time (the verify call's wall time minus its graph's replay);
-- the verify curve as a cost table (gpu_costs_<model>.json, POCKETSPEC_HOME/costs format),
-  and the speculative speedup benchmarks/replay_drafting.py predicts on it for the recorded
+- the default (compiled) step's verify curve as a cost table
+  (DIR/gpu_suite_costs_<model>_<weights>.json, POCKETSPEC_HOME/costs format), and the speculative speedup benchmarks/replay_drafting.py predicts on it for the recorded
   traces (benchmarks/results/traces), where those and the time are there.
 Results: DIR/gpu_suite.json and DIR/gpu_suite.md (default benchmarks/results; --device cpu
 writes gpu_suite_cpu.*).
@@ -54,15 +56,16 @@ def full_plan() -> list[dict]:
     """(model, weights, variants) groups in the order they matter; each runs in its own process."""
     return [
         {"model": "tiny", "weights": "fp32", "variants": ["eager", "graphs", "compiled"], "equality": True},
-        {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled", "compiled-sdpa", "graphs", "eager"],
-         "verify": True},
+        {"model": "tiny", "weights": "int8", "variants": ["graphs", "compiled"], "equality": True},
+        {"model": "qwen2.5-1.5b", "weights": "bf16",
+         "variants": ["compiled", "compiled-unfused", "compiled-sdpa", "graphs", "eager"], "verify": True},
         {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled"], "cached": True},
         {"model": "llama-3.1-8b", "weights": "bf16", "variants": ["compiled", "graphs"]},
         {"model": "llama-3.1-8b", "weights": "int4", "variants": ["compiled"]},
         {"model": "llama-3.1-8b", "weights": "int8", "variants": ["compiled", "compiled-dequant"]},
         {"model": "smollm2-135m", "weights": "bf16", "variants": ["compiled", "graphs"]},
         {"model": "qwen2.5-1.5b", "weights": "int4", "variants": ["compiled"]},
-        {"model": "qwen2.5-1.5b", "weights": "int8", "variants": ["compiled", "compiled-dequant"]},
+        {"model": "qwen2.5-1.5b", "weights": "int8", "variants": ["compiled", "compiled-dequant"], "verify": True},
         {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled-step", "reduce-overhead"]},
     ]
 
@@ -118,24 +121,24 @@ def cost_table(row: dict, device: str) -> dict:
             "weight_bytes": row["weight_bytes"], "seconds": seconds, "spread": {}}
 
 
-def predicted_speedups(costs_path: Path, deadline: float) -> list[dict]:
-    """replay_drafting's speedup on each recorded trace against the measured GPU table."""
+def predicted_speedups(costs_path: Path, table: str, deadline: float) -> list[dict]:
+    """replay_drafting's speedup on each recorded trace against the measured GPU table (named `table`)."""
     found = []
     for trace in TRACES:
         trace_path = ROOT / "benchmarks" / "results" / "traces" / trace
         remaining = deadline - time.time()
         if not trace_path.exists() or remaining < 20:
             continue
-        out = costs_path.with_name(costs_path.stem + "_replay_" + trace_path.stem)
+        out = costs_path.with_name(costs_path.stem + "_replay_" + trace_path.stem)  # the script adds .json, .md
         command = [sys.executable, str(ROOT / "benchmarks" / "replay_drafting.py"), str(trace_path),
                    "--costs", str(costs_path), "--out", str(out)]
         try:
             subprocess.run(command, capture_output=True, text=True, timeout=remaining - 10,
                            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
-            summary = json.loads(out.with_suffix(".json").read_text())
-            found.append({"trace": trace, "summary": summary.get("overall", summary.get("summary"))})
+            summary = json.loads(Path(f"{out}.json").read_text())  # not with_suffix: "qwen2.5-1.5b" has a dot
+            found.append({"table": table, "trace": trace, "summary": summary.get("overall", summary.get("summary"))})
         except (subprocess.TimeoutExpired, OSError, ValueError) as error:
-            found.append({"trace": trace, "error": f"{type(error).__name__}: {error}"})
+            found.append({"table": table, "trace": trace, "error": f"{type(error).__name__}: {error}"})
     return found
 
 
@@ -151,6 +154,7 @@ def markdown(results: dict) -> str:
     lines = [f"# GPU suite on {results['device']}", "",
              f"torch {results['torch']}; copy bandwidth {results['bandwidth_bytes_per_second'] / 1e9:.0f} GB/s; "
              f"batch 1, context {results['context']}; {results['seconds']:.0f} s in all.", "",
+             *([results["note"], ""] if results.get("note") else []),
              "| model | weights | decode step | open s | tok/s | roofline tok/s | of roofline | note |",
              "|---|---|---|---|---|---|---|---|"]
     for row in results["rows"]:
@@ -176,7 +180,12 @@ def markdown(results: dict) -> str:
             cells = [f"{widths[width]:.3f} ({replays[width]:.3f})" for width in widths]
             lines.append(f"| {depth} | " + " | ".join(cells) + f" | {widths['16'] / widths['1']:.2f} |")
     for replay in results.get("predicted", []):
-        lines += ["", f"Predicted on {replay['trace']}: {json.dumps(replay.get('summary') or replay.get('error'))[:600]}"]
+        if "error" in replay:
+            lines += ["", f"Predicted on {replay['trace']} ({replay.get('table')}): {replay['error'][:300]}"]
+            continue
+        speedups = ", ".join(f"{category} {found['speedup']:.2f}×" for category, found in replay["summary"].items())
+        lines += ["", f"Predicted × plain on {replay['trace']} (replay_drafting, γ auto, on the {replay.get('table')} "
+                      f"compiled verify curve): {speedups}"]
     return "\n".join(lines) + "\n"
 
 
@@ -189,6 +198,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=420, help="stop starting groups after this many seconds")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--groups", default=None, help="run only these groups of the plan (0-based, comma separated)")
+    parser.add_argument("--variants", default=None, help="run only these decode steps of each group (comma separated)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.context = args.context or (128 if args.quick else 1024)
@@ -207,6 +217,11 @@ def main() -> None:
         plan = quick_plan() if args.quick else full_plan()
         if args.groups:
             plan = [plan[int(index)] for index in args.groups.split(",")]
+        if args.variants:
+            kept = args.variants.split(",")
+            plan = [{**group, "variants": [variant for variant in group["variants"] if variant in kept]}
+                    for group in plan]
+            plan = [group for group in plan if group["variants"]]
         for group in plan:
             remaining = deadline - time.time()
             if remaining < 30:
@@ -217,11 +232,12 @@ def main() -> None:
             results["rows"] += rows
             results["seconds"] = time.time() - started
             write_results(results, args.out_dir, stem)
+    results["predicted"] = []
     for row in results["rows"]:
-        if "verify" in row and "error" not in row:
-            costs_path = args.out_dir / f"{stem}_costs_{row['model']}.json"
+        if "verify" in row and "error" not in row and row["variant"] == "compiled":  # the default step's
+            costs_path = args.out_dir / f"{stem}_costs_{row['model']}_{row['weights']}.json"
             costs_path.write_text(json.dumps(cost_table(row, device_name), indent=1))
-            results["predicted"] = predicted_speedups(costs_path, deadline + 60)
+            results["predicted"] += predicted_speedups(costs_path, f"{row['model']} {row['weights']}", deadline + 60)
     results["seconds"] = time.time() - started
     json_path = write_results(results, args.out_dir, stem)
     print((args.out_dir / f"{stem}.md").read_text())

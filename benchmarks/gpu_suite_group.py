@@ -17,10 +17,12 @@ def _open_backend(model, config, weights: str, device_name: str, variant: str, m
     """The torch backend on `model` for `variant`, and the seconds it took to open (compiling and capturing)."""
     from pocketspec.backends.torch_backend import TorchBackend
     from pocketspec.settings import ModelSettings
+    from pocketspec.torch_model.fused_projections import unfuse_projections
     from pocketspec.torch_model.quant_kernels import int8_kernel
     from pocketspec.torch_model.quantize import Int8Linear
     from pocketspec.torch_model.static_step import StaticDecodeStep
 
+    unfuse_projections(model)  # the step fuses again from the parts below, with their kernel
     for module in model.modules():  # compiled-dequant: the int8 weight dequantized in the (compiled) matmul
         if isinstance(module, Int8Linear):
             module.kernel = ("dequantize" if variant == "compiled-dequant"
@@ -31,12 +33,15 @@ def _open_backend(model, config, weights: str, device_name: str, variant: str, m
                              compile=variant in ("compiled", "compiled-dequant"))
     started = time.perf_counter()
     backend = TorchBackend(model, settings, tokenizer=None, model_path=None, owns_model=False)
-    if variant in ("compiled-step", "reduce-overhead", "compiled-sdpa"):
+    if variant in ("compiled-step", "reduce-overhead", "compiled-sdpa", "compiled-unfused"):
+        unfuse_projections(model)
         backend.static_step = StaticDecodeStep(model, backend.cache, num_layers=backend.num_layers,
                                                max_width=max_width, compile=True,
-                                               compile_scope="blocks" if variant == "compiled-sdpa" else "step",
+                                               compile_scope="step" if variant in ("compiled-step", "reduce-overhead")
+                                               else "blocks",
                                                captures=variant != "reduce-overhead",
-                                               gpu_attention="sdpa" if variant == "compiled-sdpa" else "matmul")
+                                               gpu_attention="sdpa" if variant == "compiled-sdpa" else "matmul",
+                                               fuses=variant != "compiled-unfused")
         backend.static_step.warm_up()
     _synchronize(backend.device)
     return backend, time.perf_counter() - started

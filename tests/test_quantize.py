@@ -138,3 +138,17 @@ def test_gpu_kernels_stay_close_to_the_dequantized_reference(kind):
         x = torch.randn(num_rows, 576, device=device, generator=generator, dtype=torch.bfloat16)
         expected = F.linear(x.float(), weight)
         assert (linear(x).float() - expected).abs().max() < 2e-2 * expected.abs().max(), (linear.kernel, num_rows)
+
+
+@pytest.mark.parametrize("num_rows", [1, 5])
+def test_compiled_int8_rows_on_a_gpu_take_a_path_that_stays_close_to_the_reference(one_torch_thread, monkeypatch,
+                                                                                    num_rows):
+    """Under torch.compile a "cuda-int8" linear runs int8_reduction (one row) or int8_dequantized_mm (more),
+    here on the CPU; the matmul's weight is dequantized a slice of 10 rows at a time."""
+    monkeypatch.setattr(quant_kernels, "DEQUANTIZE_SLICE_BYTES", 10 * 64 * 4)
+    linear, weight = _quantized(Int8Linear, 64, 96)
+    linear.kernel = "cuda-int8"
+    x = torch.randn(1, num_rows, 64, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        got = torch.compile(linear.forward, fullgraph=True)(x)
+    torch.testing.assert_close(got, F.linear(x, weight, linear.bias), rtol=1e-5, atol=1e-5)

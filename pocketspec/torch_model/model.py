@@ -74,13 +74,15 @@ class Attention(nn.Module):
         self.wk = nn.Linear(config.dim, config.num_kv_heads * config.head_dim, bias=bias)
         self.wv = nn.Linear(config.dim, config.num_kv_heads * config.head_dim, bias=bias)
         self.wo = nn.Linear(config.num_heads * config.head_dim, config.dim, bias=False)
+        self.wqkv = None  # wq, wk and wv as one matmul, where fused (fused_projections.py)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q [batch, heads, T, head_dim], k and v [batch, kv_heads, T, head_dim], q and k rotated."""
         batch, num_tokens, _ = x.shape
-        q = self.wq(x).view(batch, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.wqkv(x) if self.wqkv is not None else (self.wq(x), self.wk(x), self.wv(x))
+        q = q.view(batch, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(batch, num_tokens, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: int, start: int,
@@ -135,9 +137,11 @@ class FeedForward(nn.Module):
         self.w_gate = nn.Linear(config.dim, config.ffn_dim, bias=False)
         self.w_up = nn.Linear(config.dim, config.ffn_dim, bias=False)
         self.w_down = nn.Linear(config.ffn_dim, config.dim, bias=False)
+        self.w_gate_up = None  # w_gate and w_up as one matmul, where fused (fused_projections.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        gate, up = self.w_gate_up(x) if self.w_gate_up is not None else (self.w_gate(x), self.w_up(x))
+        return self.w_down(F.silu(gate) * up)
 
 
 class Block(nn.Module):

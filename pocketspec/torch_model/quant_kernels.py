@@ -13,6 +13,16 @@ forward reads 1 or 0.5 bytes a weight instead of materialising a float copy of i
   kernel on CUDA cores): used for decode and verify rows only, see MAX_CUDA_INT8_ROWS.
 - "dequantize": no fused kernel here; the linear dequantizes its weight in the call.
 
+Where torch.compile traces an int8 linear on a GPU (the static step), neither that kernel nor
+Inductor's own lowering of a dequantizing matmul is used: _weight_int8pack_mm computes in fp32
+at 101 µs a matmul (an H200, 2026-11-26), and Inductor turned `F.linear(x, w.to(bf16))` into a
+reduction over the transposed weight, 20 ms a qwen2.5-1.5b step (2026-11-28). Instead:
+- one row (a decode step) runs as int8_reduction, one kernel that reads each int8 weight once:
+  qwen2.5-1.5b at 411 tok/s, llama-3.1-8b at 129 (bf16: 474 and 158), H200, 2026-11-28;
+- more rows (a verify) run as int8_dequantized_mm, opaque to Inductor: a slice of the weight
+  dequantized at a time, then cuBLAS. The reduction read the weight once a row (qwen2.5-1.5b:
+  3.8 ms at 2 rows, 11 ms at 8, 22 ms at 16).
+
 Each output element is computed by one thread from its own row alone, so these kernels
 are batch-invariant on the CPU as they stand (tests/test_quantize.py checks it).
 """
@@ -27,6 +37,11 @@ INT4_KERNEL_GROUP_SIZES = (32, 64, 128, 256)
 # matmul, and cuBLAS's tensor cores beat the int8 gemv kernel. Decode and verify rows
 # are bandwidth-bound, where reading 1 byte a weight instead of 2 + 2 + 1 pays.
 MAX_CUDA_INT8_ROWS = 16
+# Under torch.compile on a GPU: rows up to this run as int8_reduction, more as int8_dequantized_mm.
+MAX_INT8_REDUCTION_ROWS = 1
+# The float slice of an int8 weight that int8_dequantized_mm holds at once (an 8B model's untied
+# head would be 1 GiB whole).
+DEQUANTIZE_SLICE_BYTES = 64 * 1024 * 1024
 # int32 codes unpacked at once while packing int4 (then freed): packing never holds a
 # second copy of the weight.
 PACK_SLICE_BYTES = 4 * 1024 * 1024
@@ -66,6 +81,29 @@ def int4_kernel(device: torch.device, compute_dtype: torch.dtype, out_features: 
 
 def use_fused(kernel: str, num_rows: int) -> bool:
     return kernel != "dequantize" and not (kernel == "cuda-int8" and num_rows > MAX_CUDA_INT8_ROWS)
+
+
+def int8_reduction(rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """rows [M, in] @ (weight [out, in] int8 * scales [out]).T as a product and a sum, for torch.compile:
+    Inductor turns it into one reduction kernel that reads each int8 weight once a row and keeps the
+    float weight in registers (gpt-fast's int8 decode). Eager, it would hold [M, out, in] floats."""
+    products = rows.float()[:, None, :] * weight[None].float()
+    return (products.sum(-1) * scales.float()).to(rows.dtype)
+
+
+@torch.library.custom_op("pocketspec::int8_dequantized_mm", mutates_args=())
+def int8_dequantized_mm(rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """rows [M, in] @ (weight [out, in] int8 * scales [out]).T -> [M, out] in rows' dtype: a slice of
+    the weight at a time dequantized (DEQUANTIZE_SLICE_BYTES) and multiplied by the device's matmul."""
+    slice_rows = max(1, DEQUANTIZE_SLICE_BYTES // (weight.shape[1] * rows.element_size()))
+    pieces = [torch.mm(rows, weight[start:start + slice_rows].to(rows.dtype).t())
+              for start in range(0, weight.shape[0], slice_rows)]
+    return (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)) * scales.to(rows.dtype)
+
+
+@int8_dequantized_mm.register_fake
+def _int8_dequantized_mm_shape(rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return rows.new_empty((rows.shape[0], weight.shape[0]))
 
 
 def int8_matmul(rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -62,7 +62,11 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        if quant_kernels.use_fused(self.kernel, rows.shape[0]):
+        if self.kernel == "cuda-int8" and torch.compiler.is_compiling():  # quant_kernels says why
+            matmul = (quant_kernels.int8_reduction if rows.shape[0] <= quant_kernels.MAX_INT8_REDUCTION_ROWS
+                      else quant_kernels.int8_dequantized_mm)
+            out = matmul(rows, self.weight, self.scales).view(*x.shape[:-1], -1)
+        elif quant_kernels.use_fused(self.kernel, rows.shape[0]):
             out = quant_kernels.int8_matmul(rows, self.weight, self.scales).view(*x.shape[:-1], -1)
         else:
             out = F.linear(x, self.weight.to(x.dtype)) * self.scales.to(x.dtype)

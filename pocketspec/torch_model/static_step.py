@@ -22,7 +22,7 @@ replayed: a step then costs one launch from the host instead of a thousand. Ever
 a fixed device buffer and every cache write is in place, so a replay needs nothing else. The
 graphs' memory pool (each bucket's logits and activations) is not in the memory plan yet. With
 `compile`, the two halves of a block around attention (Block.project and Block.finish) and the
-attention itself are torch.compile'd once for all blocks: they take modules and tensors, never
+attention itself are torch.compile'd once for all blocks (and the output head once): they take modules and tensors, never
 the cache or a layer number, so one compile serves every block, Inductor fuses their
 elementwise work, and compiling costs one block's graphs, not the whole model's; writing the
 cache stays eager inside the graph. `compile_scope="step"` compiles the whole step instead (the
@@ -46,6 +46,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pocketspec.settings import SamplingSettings
 from pocketspec.torch_model import device_sampling
+from pocketspec.torch_model.fused_projections import fuse_projections
 from pocketspec.torch_model.model import Block, masked_attention, rope_angles
 from pocketspec.speculation.verify import Verdict
 
@@ -118,9 +119,11 @@ def attention_kernels():
 
 class StaticDecodeStep:
     def __init__(self, model, cache, *, num_layers: int, max_width: int, compile: bool = False,
-                 compile_scope: str = "blocks", captures: bool | None = None, gpu_attention: str = "matmul"):
+                 compile_scope: str = "blocks", captures: bool | None = None, gpu_attention: str = "matmul",
+                 fuses: bool | None = None):
         """captures: replay CUDA graphs (None: on a CUDA device). gpu_attention: "matmul"
-        (grouped_attention) or "sdpa" (the same folded query rows through SDPA; the GPU suite compares)."""
+        (grouped_attention) or "sdpa" (the same folded query rows through SDPA; the GPU suite compares).
+        fuses: run q/k/v and gate/up as one matmul each (fused_projections.py; None: on a CUDA device)."""
         if compile_scope not in COMPILE_SCOPES:
             raise ValueError(f"compile_scope {compile_scope!r}: one of {COMPILE_SCOPES}")
         self.model, self.cache, self.num_layers = model, cache, num_layers
@@ -130,6 +133,8 @@ class StaticDecodeStep:
         self.num_host_bytes = 0
         is_gpu = self.device.type == "cuda"
         self.captures = is_gpu if captures is None else captures and is_gpu
+        if is_gpu if fuses is None else fuses:
+            fuse_projections(model)
         # one host buffer for a step's integers: [tokens (padded), start]; one for its uniforms
         self._host_ints = torch.zeros(self.widths[-1] + 1, dtype=torch.long, pin_memory=is_gpu)
         self._host_uniforms = torch.zeros(self.widths[-1] + 1, dtype=torch.float32, pin_memory=is_gpu)
@@ -141,10 +146,12 @@ class StaticDecodeStep:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._graph_pool = torch.cuda.graph_pool_handle() if self.captures else None
         self._project, self._finish, self._forward = Block.project, Block.finish, self._logits_eager
+        self._head = type(model).head
         self._attention = grouped_attention if gpu_attention == "matmul" else grouped_sdpa
         if compile and compile_scope == "blocks":
             self._project = torch.compile(Block.project)
             self._finish = torch.compile(Block.finish)
+            self._head = torch.compile(self._head)  # the norm fused, and an int8 head through int8_reduction
             self._attention = torch.compile(self._attention)
         elif compile:  # the whole step; without our own graphs, Inductor's (cudagraph trees) on a GPU
             if is_gpu and not self.captures:
@@ -162,7 +169,7 @@ class StaticDecodeStep:
         for layer, block in enumerate(self.model.layers[:self.num_layers]):
             q, k, v = self._project(block, x, layout.cos, layout.sin)
             x = self._finish(block, x, block.attention.attend(q, k, v, self.cache, layer, 0, layout))
-        return self.model.head(x[0]).float()
+        return self._head(self.model, x[0]).float()
 
     def _run(self, width: int) -> torch.Tensor:
         """The step of one bucket on the inputs already in the device buffers; its graph's if captured."""

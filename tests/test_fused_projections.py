@@ -1,0 +1,81 @@
+"""q/k/v and gate/up as one matmul each (pocketspec/torch_model/fused_projections.py), on the CPU: the
+same outputs and tokens, every weight held once, and what cannot fuse left apart."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import built_engine
+from pocketspec.torch_model.fused_projections import fuse_projections, unfuse_projections
+from pocketspec.torch_model.model import ModelConfig, Transformer, rope_angles
+from pocketspec.torch_model.quantize import Int4Linear, Int8Linear, swap_linears
+from tiny_models import write_tiny_pair
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CONFIG = ModelConfig("qwen2", 2, 64, 4, 2, 16, 128, 300, 10000.0, 1e-5, has_qkv_bias=True, is_tied=True)
+
+
+def _random_model(weights: str) -> Transformer:
+    torch.manual_seed(0)
+    model = Transformer(CONFIG)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.1)
+    floats = {name: module.weight.detach().clone() for name, module in model.named_modules()
+              if isinstance(module, torch.nn.Linear)}
+    swap_linears(model, weights, torch.float32)
+    for name, module in model.named_modules():
+        if isinstance(module, (Int8Linear, Int4Linear)):
+            module.load(floats[name])
+    return model.eval()
+
+
+def _tensor_bytes(model) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in [*model.parameters(), *model.buffers()])
+
+
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+def test_fused_projections_give_the_parts_outputs_and_hold_each_weight_once(weights):
+    model = _random_model(weights)
+    block = model.layers[0]
+    x = torch.randn(1, 3, CONFIG.dim)
+    cos, sin = rope_angles(torch.arange(3), model.inv_freq)
+    with torch.inference_mode():
+        apart = (*block.project(x, cos, sin), block.feed_forward(x))
+    num_bytes, num_tensors = _tensor_bytes(model), len([*model.parameters(), *model.buffers()])
+    fuse_projections(model)
+    fused_qkv = block.attention.wqkv
+    assert fused_qkv is not None and block.feed_forward.w_gate_up is not None
+    with torch.inference_mode():
+        together = (*block.project(x, cos, sin), block.feed_forward(x))
+    for got, expected in zip(together, apart):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    # the parts are views of the fused weight, and the model's tensors count each byte once
+    assert _tensor_bytes(model) == num_bytes and len([*model.parameters(), *model.buffers()]) == num_tensors
+    whole = fused_qkv.linear.weight
+    assert block.attention.wk.weight.data_ptr() == whole[CONFIG.num_heads * CONFIG.head_dim:].data_ptr()
+    fuse_projections(model)
+    assert block.attention.wqkv is fused_qkv  # fusing again changes nothing
+    unfuse_projections(model)
+    with torch.inference_mode():
+        torch.testing.assert_close(block.feed_forward(x), apart[-1], rtol=1e-5, atol=1e-6)
+
+
+def test_int4_projections_stay_apart():
+    model = _random_model("int4")
+    fuse_projections(model)
+    assert all(block.attention.wqkv is None and block.feed_forward.w_gate_up is None for block in model.layers)
+
+
+def test_a_fused_static_step_decodes_the_dynamic_paths_tokens(tmp_path):
+    target, _ = write_tiny_pair(tmp_path, quant=None)
+    options = dict(backend="torch", weights="fp32", drafter="ngram", gamma=4)
+    with built_engine(target, decode_step="dynamic", **options) as engine:
+        prompt = engine.target.tokenizer.encode("the cat is def return", add_bos=True)
+        expected = engine.generate(prompt, 100).tokens
+    with built_engine(target, decode_step="static", **options) as engine:
+        fuse_projections(engine.target.model)  # what a GPU's static step does when it opens
+        result = engine.generate(prompt, 100)
+    assert result.tokens == expected and result.stats.num_accepted > 0
