@@ -75,13 +75,22 @@ def _fused(parts: list[nn.Module]) -> FusedProjection | None:
 
 
 def fuse_projections(model: nn.Module) -> None:
-    """Fuse each block's q/k/v and gate/up (idempotent; a group that cannot fuse stays apart)."""
+    """Fuse each block's q/k/v and gate/up (idempotent; a group that cannot fuse stays apart).
+
+    Fusing holds one block's groups twice at a time. The parts' old storage goes back to the
+    GPU allocator's cache, which could not hand it to the larger fused tensors: it is released
+    at the end, so the process holds each weight once, as the memory plan counts it."""
+    has_fused = False
     for block in model.layers:
         attention, feed_forward = block.attention, block.feed_forward
         if attention.wqkv is None:
             attention.wqkv = _fused([attention.wq, attention.wk, attention.wv])
+            has_fused |= attention.wqkv is not None
         if feed_forward.w_gate_up is None:
             feed_forward.w_gate_up = _fused([feed_forward.w_gate, feed_forward.w_up])
+            has_fused |= feed_forward.w_gate_up is not None
+    if has_fused and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def unfuse_projections(model: nn.Module) -> None:
