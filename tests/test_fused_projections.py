@@ -79,3 +79,13 @@ def test_a_fused_static_step_decodes_the_dynamic_paths_tokens(tmp_path):
         fuse_projections(engine.target.model)  # what a GPU's static step does when it opens
         result = engine.generate(prompt, 100)
     assert result.tokens == expected and result.stats.num_accepted > 0
+
+
+def test_batch_invariant_tiles_drop_the_fused_projections_and_never_fuse():
+    from pocketspec.torch_model.invariant import TileShape, make_batch_invariant
+
+    model = _random_model("fp32")
+    fuse_projections(model)
+    make_batch_invariant(model, TileShape(rows=4))
+    fuse_projections(model)
+    assert all(block.attention.wqkv is None and block.feed_forward.w_gate_up is None for block in model.layers)

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pocketspec.torch_model.fused_projections import unfuse_projections
+
 
 @dataclass
 class TileShape:
@@ -67,7 +69,9 @@ class TiedHead(nn.Module):
 
 
 def make_batch_invariant(model: nn.Module, tiles: TileShape) -> None:
-    """Wrap every per-row part of `model` in a RowTiled: projections, norms, feed-forwards, the head."""
+    """Wrap every per-row part of `model` in a RowTiled: projections, norms, feed-forwards, the head
+    (each projection alone: a GPU static step's fused ones are dropped, and RowTiled parts never fuse)."""
+    unfuse_projections(model)
     for block in model.layers:
         for owner, names in ((block.attention, ("wq", "wk", "wv", "wo")),
                              (block, ("attention_norm", "ffn_norm", "feed_forward"))):
