@@ -88,4 +88,4 @@ def test_batch_invariant_tiles_drop_the_fused_projections_and_never_fuse():
     fuse_projections(model)
     make_batch_invariant(model, TileShape(rows=4))
     fuse_projections(model)
-    assert all(block.attention.wqkv is None and block.feed_forward.w_gate_up is None for block in model.layers)
+    assert all(block.attention.wqkv is None and not hasattr(block.feed_forward, "w_gate_up") for block in model.layers)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pocketspec.torch_model.model import FeedForward
 from pocketspec.torch_model.quantize import Int8Linear
 
 
@@ -86,7 +87,7 @@ def fuse_projections(model: nn.Module) -> None:
         if attention.wqkv is None:
             attention.wqkv = _fused([attention.wq, attention.wk, attention.wv])
             has_fused |= attention.wqkv is not None
-        if feed_forward.w_gate_up is None:
+        if isinstance(feed_forward, FeedForward) and feed_forward.w_gate_up is None:  # not row-tiled whole
             feed_forward.w_gate_up = _fused([feed_forward.w_gate, feed_forward.w_up])
             has_fused |= feed_forward.w_gate_up is not None
     if has_fused and torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -97,4 +98,5 @@ def unfuse_projections(model: nn.Module) -> None:
     """Run the parts one by one again (their weights stay views of the fused tensors)."""
     for block in model.layers:
         block.attention.wqkv = None
-        block.feed_forward.w_gate_up = None
+        if isinstance(block.feed_forward, FeedForward):
+            block.feed_forward.w_gate_up = None
