@@ -21,7 +21,8 @@ What it measures (batch 1, --context cached tokens):
   CUDA graphs (what --compile was before); compiled-unfused = compiled with q/k/v and gate/up
   as separate matmuls (fused_projections.py fuses them on a GPU); compiled-dequant (int8) =
   compiled with the int8 linears' "dequantize" kernel (Inductor lowers the dequantizing matmul
-  itself) instead of quant_kernels' int8_reduction and int8_dequantized_mm;
+  itself) instead of quant_kernels' int8_reduction and int8_dequantized_mm; compiled-materialized
+  (int8) = compiled with int8_reduction's rows computed once before it (MATERIALIZE_REDUCTION_ROWS);
 - the first compile against a cached one (a second process on the same compile cache);
 - the compiled verify curve: ms per verify of width 1-32 at depth 0 and --context, and what
   of it is host time (the verify call's wall time minus its graph's replay);
@@ -62,10 +63,11 @@ def full_plan() -> list[dict]:
         {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled"], "cached": True},
         {"model": "llama-3.1-8b", "weights": "bf16", "variants": ["compiled", "graphs"]},
         {"model": "llama-3.1-8b", "weights": "int4", "variants": ["compiled"]},
-        {"model": "llama-3.1-8b", "weights": "int8", "variants": ["compiled", "compiled-dequant"]},
+        {"model": "llama-3.1-8b", "weights": "int8", "variants": ["compiled", "compiled-materialized", "compiled-dequant"]},
         {"model": "smollm2-135m", "weights": "bf16", "variants": ["compiled", "graphs"]},
         {"model": "qwen2.5-1.5b", "weights": "int4", "variants": ["compiled"]},
-        {"model": "qwen2.5-1.5b", "weights": "int8", "variants": ["compiled", "compiled-dequant"], "verify": True},
+        {"model": "qwen2.5-1.5b", "weights": "int8", "variants": ["compiled", "compiled-materialized", "compiled-dequant"],
+         "verify": True},
         {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled-step", "reduce-overhead"]},
     ]
 

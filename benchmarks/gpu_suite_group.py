@@ -18,6 +18,7 @@ def _open_backend(model, config, weights: str, device_name: str, variant: str, m
     from pocketspec.backends.torch_backend import TorchBackend
     from pocketspec.settings import ModelSettings
     from pocketspec.torch_model.fused_projections import unfuse_projections
+    from pocketspec.torch_model import quant_kernels
     from pocketspec.torch_model.quant_kernels import int8_kernel
     from pocketspec.torch_model.quantize import Int8Linear
     from pocketspec.torch_model.static_step import StaticDecodeStep
@@ -27,10 +28,11 @@ def _open_backend(model, config, weights: str, device_name: str, variant: str, m
         if isinstance(module, Int8Linear):
             module.kernel = ("dequantize" if variant == "compiled-dequant"
                              else int8_kernel(module.weight.device, module.compute_dtype))
+    quant_kernels.MATERIALIZE_REDUCTION_ROWS = variant == "compiled-materialized"
     is_static = variant != "eager"
     settings = ModelSettings(backend="torch", device=device_name, weights=weights, max_context=max_context,
                              max_logits_rows=max_width, decode_step="static" if is_static else "dynamic",
-                             compile=variant in ("compiled", "compiled-dequant"))
+                             compile=variant in ("compiled", "compiled-dequant", "compiled-materialized"))
     started = time.perf_counter()
     backend = TorchBackend(model, settings, tokenizer=None, model_path=None, owns_model=False)
     if variant in ("compiled-step", "reduce-overhead", "compiled-sdpa", "compiled-unfused"):

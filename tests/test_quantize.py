@@ -140,12 +140,14 @@ def test_gpu_kernels_stay_close_to_the_dequantized_reference(kind):
         assert (linear(x).float() - expected).abs().max() < 2e-2 * expected.abs().max(), (linear.kernel, num_rows)
 
 
-@pytest.mark.parametrize("num_rows", [1, 5])
+@pytest.mark.parametrize("num_rows, materialized", [(1, False), (1, True), (5, False)])
 def test_compiled_int8_rows_on_a_gpu_take_a_path_that_stays_close_to_the_reference(one_torch_thread, monkeypatch,
-                                                                                    num_rows):
-    """Under torch.compile a "cuda-int8" linear runs int8_reduction (one row) or int8_dequantized_mm (more),
-    here on the CPU; the matmul's weight is dequantized a slice of 10 rows at a time."""
+                                                                                    num_rows, materialized):
+    """Under torch.compile a "cuda-int8" linear runs int8_reduction (one row; its rows computed first or
+    not) or int8_dequantized_mm (more), here on the CPU; the matmul's weight is dequantized a slice of
+    10 rows at a time."""
     monkeypatch.setattr(quant_kernels, "DEQUANTIZE_SLICE_BYTES", 10 * 64 * 4)
+    monkeypatch.setattr(quant_kernels, "MATERIALIZE_REDUCTION_ROWS", materialized)
     linear, weight = _quantized(Int8Linear, 64, 96)
     linear.kernel = "cuda-int8"
     x = torch.randn(1, num_rows, 64, generator=torch.Generator().manual_seed(2))

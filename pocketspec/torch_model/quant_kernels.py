@@ -39,6 +39,7 @@ INT4_KERNEL_GROUP_SIZES = (32, 64, 128, 256)
 MAX_CUDA_INT8_ROWS = 16
 # Under torch.compile on a GPU: rows up to this run as int8_reduction, more as int8_dequantized_mm.
 MAX_INT8_REDUCTION_ROWS = 1
+MATERIALIZE_REDUCTION_ROWS = False  # int8_reduction's docstring says what it is for
 # The float slice of an int8 weight that int8_dequantized_mm holds at once (an 8B model's untied
 # head would be 1 GiB whole).
 DEQUANTIZE_SLICE_BYTES = 64 * 1024 * 1024
@@ -83,10 +84,28 @@ def use_fused(kernel: str, num_rows: int) -> bool:
     return kernel != "dequantize" and not (kernel == "cuda-int8" and num_rows > MAX_CUDA_INT8_ROWS)
 
 
+@torch.library.custom_op("pocketspec::materialized", mutates_args=())
+def materialized(x: torch.Tensor) -> torch.Tensor:
+    """x copied as it is, opaque to Inductor: a kernel that reads the copy cannot recompute it."""
+    return x.clone()
+
+
+@materialized.register_fake
+def _materialized_shape(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 def int8_reduction(rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """rows [M, in] @ (weight [out, in] int8 * scales [out]).T as a product and a sum, for torch.compile:
     Inductor turns it into one reduction kernel that reads each int8 weight once a row and keeps the
-    float weight in registers (gpt-fast's int8 decode). Eager, it would hold [M, out, in] floats."""
+    float weight in registers (gpt-fast's int8 decode). Eager, it would hold [M, out, in] floats.
+
+    Inductor fuses the rows' producer (an RMSNorm, SiLU x up) into that kernel, where every output
+    recomputes it: on an H200 the reductions ran at 0.8-1.8 TB/s (llama-3.1-8b, 2026-11-28).
+    MATERIALIZE_REDUCTION_ROWS computes the rows once first instead (the GPU suite's
+    compiled-materialized step; not yet measured, so off)."""
+    if MATERIALIZE_REDUCTION_ROWS:
+        rows = materialized(rows)
     products = rows.float()[:, None, :] * weight[None].float()
     return (products.sum(-1) * scales.float()).to(rows.dtype)
 
