@@ -13,9 +13,11 @@ apart. The host side of a GPU run is not in it.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from memplanner import gpu_terms, terms
 from memplanner.shapes import ModelShape
-from memplanner.torch_sizes import compute_dtype_bytes
+from memplanner.torch_sizes import INT8_DEQUANTIZE_SLICE_BYTES, bucket_widths, compute_dtype_bytes
 
 # RSS that `import torch` adds to the CLI's baseline: torch 2.13.0+cpu on the 2-core
 # x86_64 CPU, measured 2026-11-23 (184.0 MiB in each of 8 runs).
@@ -110,11 +112,31 @@ def activation_bytes(shape: ModelShape, num_tokens: int, context: int, compute_b
     return hidden + rope + mask + repeated_kv + dequantized + logits + scores
 
 
+def graph_pool_bytes(shape: ModelShape, max_width: int, context: int, compute_bytes: int, kv_is_int8: bool,
+                     weights_format: str) -> int:
+    """The CUDA graphs of one GPU static step (pocketspec/torch_model/static_step.py): one private pool
+    shared by the graph of every width (torch_sizes.bucket_widths). Each graph keeps its output, the
+    logits [width, vocab] in float32; their temporaries reuse one another's memory, since replays never
+    overlap: the widest forward's activations over the whole cache (the step attends over all of it),
+    and an int8 verify's dequantized weight slice."""
+    widths = bucket_widths(max_width)
+    kept_logits = sum(widths) * shape.vocab_size * 4
+    transient = activation_bytes(shape, widths[-1], context, compute_bytes, widths[-1], kv_is_int8, on_gpu=True)
+    if weights_format == "int8" and widths[-1] > 1:
+        transient += INT8_DEQUANTIZE_SLICE_BYTES
+    return kept_logits + transient
+
+
 def torch_peak_terms(shape: ModelShape, tensor_terms: dict[str, int], *, weights_format: str, max_context: int,
                      n_batch: int, max_logits_rows: int, kv_is_int8: bool = False, on_gpu: bool = False,
-                     is_tied: bool = True, tensor_sizes: list[int] = ()) -> dict[str, int]:
+                     is_tied: bool = True, tensor_sizes: list[int] = (),
+                     static_steps: Sequence[tuple[int, int]] = ()) -> dict[str, int]:
     """Every term of the peak, with tensor_terms from torch_sizes.torch_memory_terms and, on a GPU, each
     lasting allocation's size (torch_sizes.torch_tensor_sizes) for the allocator's rounding.
+
+    static_steps: (widest width, context) of each GPU static step (the target's, a self-draft's):
+    their forwards replay CUDA graphs from pools of their own (graph_pool_bytes), beside the eager
+    prompt chunks' activations, which then are the only ones the allocator serves.
 
     The terms add up to the peak: `loading_excess` is what the loading moment needs beyond
     the KV caches and activations of the generating moment (usually nothing).
@@ -123,7 +145,12 @@ def torch_peak_terms(shape: ModelShape, tensor_terms: dict[str, int], *, weights
     prefill = activation_bytes(shape, min(n_batch, max_context), max_context, compute_bytes, 1, kv_is_int8, on_gpu)
     verify = activation_bytes(shape, max_logits_rows, max_context, compute_bytes, max_logits_rows, kv_is_int8,
                               on_gpu)
-    activations = max(prefill, verify) if on_gpu else int(CPU_ACTIVATION_FACTOR * max(prefill, verify))
+    graph_pools = sum(graph_pool_bytes(shape, width, context, compute_bytes, kv_is_int8, weights_format)
+                      for width, context in static_steps) if on_gpu else 0
+    if graph_pools:
+        activations = prefill
+    else:
+        activations = max(prefill, verify) if on_gpu else int(CPU_ACTIVATION_FACTOR * max(prefill, verify))
     activations += quantized_matmul_bytes(shape, weights_format, compute_bytes, is_tied,
                                           max(min(n_batch, max_context), max_logits_rows), on_gpu)
     kv_total = sum(value for name, value in tensor_terms.items() if name != "weights")
@@ -131,7 +158,9 @@ def torch_peak_terms(shape: ModelShape, tensor_terms: dict[str, int], *, weights
     found = process_terms(shape, on_gpu)
     found.update(tensor_terms)
     found["activations"] = activations
-    found["loading_excess"] = max(0, loading - kv_total - activations)
+    if graph_pools:
+        found["graph_pools"] = graph_pools
+    found["loading_excess"] = max(0, loading - kv_total - activations - graph_pools)
     if on_gpu:
         found["allocator_reserve"] = gpu_terms.allocator_reserve_bytes(list(tensor_sizes), activations)
         found["cuda_context"] = gpu_terms.cuda_context_bytes(on_gpu)

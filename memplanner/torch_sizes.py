@@ -23,8 +23,20 @@ KV_DTYPES = tuple(KV_DTYPE_BYTES)
 AUTO = "auto"  # --weights: from the device; KV dtypes: the weights' compute format
 INT8_KV_SCALE_BYTES = 4  # one float32 scale per (head, position), for keys and values each
 INT4_GROUP_SIZE = 32
+# The float slice of an int8 weight that a GPU verify dequantizes at a time
+# (pocketspec/torch_model/quant_kernels.int8_dequantized_mm; an 8B model's untied head would be 1 GiB whole)
+INT8_DEQUANTIZE_SLICE_BYTES = 64 * 1024 * 1024
 QUANT_SCALE_BYTES = 2
 BIASED_QKV_ARCHS = ("qwen2",)
+
+
+def bucket_widths(max_width: int) -> list[int]:
+    """The widths a static decode step pads its forwards to (pocketspec/torch_model/static_step.py):
+    powers of two below max_width, then max_width. On a GPU each is a captured CUDA graph."""
+    widths = [1]
+    while widths[-1] * 2 < max_width:
+        widths.append(widths[-1] * 2)
+    return widths + [max_width] if max_width > 1 else widths
 
 
 def gguf_layout(path) -> tuple[bool, bool]:

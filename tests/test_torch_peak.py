@@ -5,8 +5,9 @@ from memplanner import terms
 from memplanner.gpu_terms import TORCH_CUDA_CONTEXT_BYTES
 from memplanner.shapes import ModelShape
 from memplanner.torch_peak import (CPU_ACTIVATION_FACTOR, CPU_HEAP_RESERVE_BYTES, DEQUANTIZE_CHUNK_BYTES,
-                                   TORCH_CPU_RUNTIME_BYTES, activation_bytes, gpu_views, quantized_matmul_bytes,
-                                   load_staging_bytes, torch_peak_terms)
+                                   TORCH_CPU_RUNTIME_BYTES, activation_bytes, gpu_views, graph_pool_bytes,
+                                   quantized_matmul_bytes, load_staging_bytes, torch_peak_terms)
+from memplanner.torch_sizes import INT8_DEQUANTIZE_SLICE_BYTES
 from test_cli_errors import assert_one_line_error, run_cli
 
 TINY = ModelShape("tiny", "llama", 2, 64, 4, 2, 16, 1000, 500_000, 520_000, 2048, 128)
@@ -71,6 +72,26 @@ def test_gpu_peak_is_tensors_activations_staging_allocator_reserve_and_context()
     assert found["loading_excess"] == DEQUANTIZE_CHUNK_BYTES - 10_000 - found["activations"]
     # quantizing to int8/int4 stages a second chunk of float32 temporaries
     assert load_staging_bytes("int8") == load_staging_bytes("int4") == 2 * load_staging_bytes("bf16")
+
+
+def test_gpu_static_steps_add_their_graph_pools_beside_the_prompt_chunks_activations():
+    tensors = {"weights": 400_000, "target KV": 10_000}
+    common = dict(weights_format="bf16", max_context=100, n_batch=64, max_logits_rows=9, on_gpu=True,
+                  tensor_sizes=[400_000, 5_000, 5_000])
+    dynamic = torch_peak_terms(TINY, tensors, **common)
+    static = torch_peak_terms(TINY, tensors, **common, static_steps=[(9, 100), (1, 40)])
+    # the target's graphs keep logits for widths 1, 2, 4, 8 and 9; the widest one's temporaries are shared
+    target_pool = 24 * TINY.vocab_size * 4 + activation_bytes(TINY, 9, 100, 2, 9, on_gpu=True)
+    draft_pool = TINY.vocab_size * 4 + activation_bytes(TINY, 1, 40, 2, 1, on_gpu=True)
+    assert graph_pool_bytes(TINY, 9, 100, 2, False, "bf16") == target_pool
+    assert static["graph_pools"] == target_pool + draft_pool
+    assert static["activations"] == activation_bytes(TINY, 64, 100, 2, 1, on_gpu=True)  # the eager prefill's only
+    assert dynamic["activations"] == max(static["activations"], activation_bytes(TINY, 9, 100, 2, 9, on_gpu=True))
+    # an int8 verify dequantizes a slice of a weight inside the graph
+    assert (graph_pool_bytes(TINY, 9, 100, 2, False, "int8") - target_pool == INT8_DEQUANTIZE_SLICE_BYTES
+            and graph_pool_bytes(TINY, 1, 100, 2, False, "int8") == graph_pool_bytes(TINY, 1, 100, 2, False, "bf16"))
+    # a CPU static step replays no graphs
+    assert "graph_pools" not in torch_peak_terms(TINY, tensors, **{**common, "on_gpu": False}, static_steps=[(9, 100)])
 
 
 def test_torch_budget_shrinks_prompt_chunks_then_refuses(smollm2_path):

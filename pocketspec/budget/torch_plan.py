@@ -61,7 +61,20 @@ def torch_peak(choice: ModelChoice, target_settings: ModelSettings, speculation:
     return torch_peak_terms(shape, tensors, weights_format=layout.weights_format, max_context=layout.max_context,
                             n_batch=target_settings.n_batch, max_logits_rows=target_settings.max_logits_rows,
                             kv_is_int8="int8" in kv_dtypes, on_gpu=layout.on_gpu, is_tied=layout.is_tied,
-                            tensor_sizes=sizes)
+                            tensor_sizes=sizes, static_steps=static_steps(layout, target_settings))
+
+
+def static_steps(layout: TorchLayout, target_settings: ModelSettings) -> list[tuple[int, int]]:
+    """(widest width, context) of each static step the backend opens: the target's, and a self-draft's
+    (one row a step: draft_settings_for), over its window or the whole context."""
+    if not target_settings.uses_static_step:
+        return []
+    steps = [(target_settings.max_logits_rows, layout.max_context)]
+    if layout.self_draft == "self-sparse":
+        steps.append((1, min(layout.draft_window, layout.max_context)))
+    elif layout.self_draft == "self-skip":
+        steps.append((1, layout.max_context))
+    return steps
 
 
 def torch_reserve_bytes(target_settings: ModelSettings) -> int:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from memplanner.torch_sizes import INT4_GROUP_SIZE  # one home, shared with the planner
+from memplanner.torch_sizes import INT4_GROUP_SIZE, INT8_DEQUANTIZE_SLICE_BYTES  # one home, shared with the planner
 INT4_KERNEL_GROUP_SIZES = (32, 64, 128, 256)
 # A prompt chunk is compute-bound: dequantizing once per call costs little beside the
 # matmul, and cuBLAS's tensor cores beat the int8 gemv kernel. Decode and verify rows
@@ -40,9 +40,7 @@ MAX_CUDA_INT8_ROWS = 16
 # Under torch.compile on a GPU: rows up to this run as int8_reduction, more as int8_dequantized_mm.
 MAX_INT8_REDUCTION_ROWS = 1
 MATERIALIZE_REDUCTION_ROWS = False  # int8_reduction's docstring says what it is for
-# The float slice of an int8 weight that int8_dequantized_mm holds at once (an 8B model's untied
-# head would be 1 GiB whole).
-DEQUANTIZE_SLICE_BYTES = 64 * 1024 * 1024
+DEQUANTIZE_SLICE_BYTES = INT8_DEQUANTIZE_SLICE_BYTES  # what int8_dequantized_mm dequantizes at once
 # int32 codes unpacked at once while packing int4 (then freed): packing never holds a
 # second copy of the weight.
 PACK_SLICE_BYTES = 4 * 1024 * 1024

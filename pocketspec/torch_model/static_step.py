@@ -20,7 +20,8 @@ Here, instead:
 On a GPU every bucket's step is captured once in a CUDA graph (torch.cuda.CUDAGraph) and
 replayed: a step then costs one launch from the host instead of a thousand. Every input sits in
 a fixed device buffer and every cache write is in place, so a replay needs nothing else. The
-graphs' memory pool (each bucket's logits and activations) is not in the memory plan yet. With
+graphs share one memory pool (each bucket's logits, and the widest one's activations: the plan's
+graph_pools term, memplanner/torch_peak.py). With
 `compile`, the two halves of a block around attention (Block.project and Block.finish) and the
 attention itself are torch.compile'd once for all blocks (and the output head once): they take modules and tensors, never
 the cache or a layer number, so one compile serves every block, Inductor fuses their
@@ -44,19 +45,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from memplanner.torch_sizes import bucket_widths  # one home, shared with the memory plan (graph pools)
 from pocketspec.settings import SamplingSettings
 from pocketspec.torch_model import device_sampling
 from pocketspec.torch_model.fused_projections import fuse_projections
 from pocketspec.torch_model.model import Block, masked_attention, rope_angles
 from pocketspec.speculation.verify import Verdict
-
-
-def bucket_widths(max_width: int) -> list[int]:
-    """Powers of two below max_width, then max_width: the shapes a step is padded to."""
-    widths = [1]
-    while widths[-1] * 2 < max_width:
-        widths.append(widths[-1] * 2)
-    return widths + [max_width] if max_width > 1 else widths
 
 
 COMPILE_SCOPES = ("blocks", "step")
