@@ -20,11 +20,12 @@ from pocketspec.conversation.chat import Chat, Turn
 from pocketspec.errors import UserError
 from memplanner import format_bytes
 from pocketspec.conversation.transcript import save_conversation
+from pocketspec.stats import drafting_text
 
 def stats_line(stats, session) -> str:
     budget = format_bytes(session.budget_bytes) if session.budget_bytes is not None else "no budget"
     return (f"[{stats.num_tokens} tokens, {stats.tokens_per_second:.1f} tok/s, "
-            f"acceptance {stats.acceptance_rate:.0%}, {stats.mean_accepted_per_step:.2f} accepted/step, "
+            f"{drafting_text(stats.num_drafted, stats.num_accepted, stats.num_steps)}, "
             f"γ {stats.last_gamma}, memory {format_bytes(session.memory_in_use_bytes())} / {budget}]")
 
 

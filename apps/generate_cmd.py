@@ -19,6 +19,7 @@ from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.errors import UserError
 from pocketspec.session import open_session
 from pocketspec.settings import GenerationSettings
+from pocketspec.stats import drafting_text
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
@@ -86,7 +87,7 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
         if not as_json:
             click.echo(
                 f"[{stats['num_tokens']} tokens, {stats['tokens_per_second']:.2f} tok/s, "
-                f"acceptance {stats['acceptance_rate']:.0%}, {stats['mean_accepted_per_step']:.2f} accepted/step, "
+                f"{drafting_text(stats['num_drafted'], stats['num_accepted'], stats['num_steps'])}, "
                 f"stop: {result.stop_reason}]",
                 err=True,
             )

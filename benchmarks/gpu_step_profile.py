@@ -102,9 +102,11 @@ def markdown(results: dict) -> str:
             if mode not in row:
                 continue
             found = row[mode]
-            lines += [f"{mode}: {found['kernels_per_step']} kernels a step, {found['kernel_us_per_step']} µs of kernels",
+            lines += [f"{mode}: {found['kernels_per_step']} kernels a step, "
+                      f"{found['kernel_us_per_step']} µs of kernels",
                       "", "| kernel | per step | µs per step |", "|---|---|---|"]
-            lines += [f"| `{kernel['name']}` | {kernel['per_step']} | {kernel['us_per_step']} |" for kernel in found["top"]]
+            lines += [f"| `{kernel['name']}` | {kernel['per_step']} | {kernel['us_per_step']} |"
+                      for kernel in found["top"]]
             lines.append("")
     return "\n".join(lines) + "\n"
 

@@ -27,7 +27,8 @@ What it measures (batch 1, --context cached tokens):
 - the compiled verify curve: ms per verify of width 1-32 at depth 0 and --context, and what
   of it is host time (the verify call's wall time minus its graph's replay);
 - the default (compiled) step's verify curve as a cost table
-  (DIR/gpu_suite_costs_<model>_<weights>.json, POCKETSPEC_HOME/costs format), and the speculative speedup benchmarks/replay_drafting.py predicts on it for the recorded
+  (DIR/gpu_suite_costs_<model>_<weights>.json, POCKETSPEC_HOME/costs format), and the
+  speculative speedup benchmarks/replay_drafting.py predicts on it for the recorded
   traces (benchmarks/results/traces), where those and the time are there.
 Results: DIR/gpu_suite.json and DIR/gpu_suite.md (default benchmarks/results; --device cpu
 writes gpu_suite_cpu.*).
@@ -63,11 +64,12 @@ def full_plan() -> list[dict]:
         {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled"], "cached": True},
         {"model": "llama-3.1-8b", "weights": "bf16", "variants": ["compiled", "graphs"]},
         {"model": "llama-3.1-8b", "weights": "int4", "variants": ["compiled"]},
-        {"model": "llama-3.1-8b", "weights": "int8", "variants": ["compiled", "compiled-materialized", "compiled-dequant"]},
+        {"model": "llama-3.1-8b", "weights": "int8",
+         "variants": ["compiled", "compiled-materialized", "compiled-dequant"]},
         {"model": "smollm2-135m", "weights": "bf16", "variants": ["compiled", "graphs"]},
         {"model": "qwen2.5-1.5b", "weights": "int4", "variants": ["compiled"]},
-        {"model": "qwen2.5-1.5b", "weights": "int8", "variants": ["compiled", "compiled-materialized", "compiled-dequant"],
-         "verify": True},
+        {"model": "qwen2.5-1.5b", "weights": "int8",
+         "variants": ["compiled", "compiled-materialized", "compiled-dequant"], "verify": True},
         {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled-step", "reduce-overhead"]},
     ]
 
@@ -186,8 +188,8 @@ def markdown(results: dict) -> str:
             lines += ["", f"Predicted on {replay['trace']} ({replay.get('table')}): {replay['error'][:300]}"]
             continue
         speedups = ", ".join(f"{category} {found['speedup']:.2f}×" for category, found in replay["summary"].items())
-        lines += ["", f"Predicted × plain on {replay['trace']} (replay_drafting, γ auto, on the {replay.get('table')} "
-                      f"compiled verify curve): {speedups}"]
+        lines += ["", f"Predicted × plain on {replay['trace']} (replay_drafting, γ auto, on the "
+                      f"{replay.get('table')} compiled verify curve): {speedups}"]
     return "\n".join(lines) + "\n"
 
 

@@ -47,6 +47,14 @@ def peak_rss_bytes() -> int:
     return max_rss if sys.platform == "darwin" else max_rss * 1024
 
 
+def drafting_text(num_drafted: int, num_accepted: int, num_steps: int) -> str:
+    """A summary line's drafting part: 'acceptance 62%, 1.40 accepted/step', or 'nothing drafted' (plain
+    decoding, or a controller that never found a draft worth verifying: not an acceptance of 0 %)."""
+    if not num_drafted:
+        return "nothing drafted"
+    return f"acceptance {num_accepted / num_drafted:.0%}, {num_accepted / max(num_steps, 1):.2f} accepted/step"
+
+
 @dataclass
 class GenerationStats:
     num_tokens: int = 0

@@ -68,7 +68,8 @@ def _only_transcript(home: Path) -> Path:
 def test_two_turns_stats_ctrl_c_and_exit(chat_home):
     child = _spawn(chat_home, "--max-tokens", "1500")
     _say(child, "What is 2+2?")
-    assert "tok/s" in child.before and "accepted/step" in child.before and "memory" in child.before
+    assert "tok/s" in child.before and "memory" in child.before
+    assert "accepted/step" in child.before or "nothing drafted" in child.before
     _say(child, "And what is 3+3?")
     _say(child, "/stats")
     assert "stats off" in child.before

@@ -254,3 +254,19 @@ def test_ctrl_c_during_an_export_leaves_no_export_behind(tiny_pair, tmp_path):
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert [read_intact(folder) is not None for folder in (home / "onnx").iterdir()] == [True]
+
+
+def test_a_watching_terminal_sees_the_int4_quantization_go_to_its_end(tiny_pair, tmp_path):
+    """The quantizer reports nothing itself: the export counts its MatMuls in a bar that reaches 100 %."""
+    import pexpect
+
+    env = {**os.environ, "POCKETSPEC_HOME": str(tmp_path / "home")}
+    command = [sys.executable, "-m", "apps.cli", "generate", "--target", str(tiny_pair[0]), "--backend", "onnx",
+               "--weights", "int4", "--prompt", "the cat", "--max-tokens", "2", "--draft", "none"]
+    child = pexpect.spawn(command[0], command[1:], env=env, encoding="utf-8", timeout=300)
+    child.expect("quantizing the weights to int4")
+    child.expect("100%")
+    child.expect("writing the quantized model")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before

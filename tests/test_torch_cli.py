@@ -30,6 +30,16 @@ def test_self_sparse_from_the_cli_equals_plain(tiny_target):
     assert "memory plan (torch)" in sparse.stderr and "self-sparse KV" in sparse.stderr
 
 
+def test_the_summary_line_says_nothing_was_drafted_rather_than_an_acceptance_of_zero(tiny_target):
+    plain = run_cli("generate", "--prompt", "the cat is", "--max-tokens", "8", "--threads", "1", "--target",
+                    tiny_target, "--draft", "none", "--backend", "torch")
+    drafted = run_cli("generate", "--prompt", "the cat is the cat is the cat is", "--max-tokens", "24", "--threads",
+                      "1", "--target", tiny_target, "--draft", "ngram", "--gamma", "3", "--backend", "torch")
+    assert plain.returncode == 0 and drafted.returncode == 0, drafted.stderr
+    assert "nothing drafted" in plain.stderr and "acceptance" not in plain.stderr
+    assert "accepted/step" in drafted.stderr and "nothing drafted" not in drafted.stderr
+
+
 @pytest.mark.parametrize("weights", ["int8", "int4", "bf16"])
 def test_weight_formats_generate(tiny_target, weights):
     result = _generate("--target", tiny_target, "--draft", "ngram", "--backend", "torch", "--weights", weights)

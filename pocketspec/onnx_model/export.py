@@ -32,7 +32,7 @@ from pocketspec.file_digest import hash_file, stamp_text
 from pocketspec.measured_cache import measuring_alone
 from pocketspec.models.catalog import pocketspec_home
 from pocketspec.onnx_model.io_names import LOGITS, LOGITS_ROWS, TOKENS, new_name, past_names
-from pocketspec.progress import elapsed_seconds
+from pocketspec.progress import elapsed_seconds, progress_bar
 
 GRAPH_VERSION = 3  # bump when pocketspec/onnx_model/graph.py changes what it computes or its names
 MODEL_FILE = "model.onnx"
@@ -183,8 +183,7 @@ def _export_into(folder: Path, gguf_path: Path, weights_format: str, say: Notify
                           external_data=True, optimize=False, verbose=False)
     del step, model
     if weights_format == "int4":
-        with elapsed_seconds(shows_time, "  [3/3] quantizing the weights to int4 (MatMulNBits)"):
-            _quantize_int4(folder)
+        _quantize_int4(folder, shows_bar=shows_time)
     else:
         say("  [3/3] written")
     return {"num_layers": config.num_layers, "num_kv_heads": config.num_kv_heads, "head_dim": config.head_dim,
@@ -192,8 +191,9 @@ def _export_into(folder: Path, gguf_path: Path, weights_format: str, say: Notify
             "cache_dtype": "float16" if cache_dtype == torch.float16 else "float32"}
 
 
-def _quantize_int4(folder: Path) -> None:
-    """Rewrite every weight MatMul as ONNX Runtime's MatMulNBits (4 bits, blocks of 32, symmetric)."""
+def _quantize_int4(folder: Path, *, shows_bar: bool) -> None:
+    """Rewrite every weight MatMul as ONNX Runtime's MatMulNBits (4 bits, blocks of 32, symmetric); shows_bar:
+    a bar over the MatMuls on stderr (the quantizer reports nothing itself), then the seconds of writing."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -202,9 +202,21 @@ def _quantize_int4(folder: Path) -> None:
         path.unlink()  # everything is in memory now; the quantized model takes the same names
     # accuracy_level 4: int8 activations in the matmul, the level ONNX Runtime's CPU kernels are fastest at
     quantizer = MatMulNBitsQuantizer(model, block_size=INT4_BLOCK_SIZE, is_symmetric=True, accuracy_level=4)
-    with _quiet_exporter():
-        quantizer.process()
-    quantizer.model.save_model_to_file(str(folder / MODEL_FILE), use_external_data_format=True)
+    op_types = quantizer.algo_config.op_types_to_quantize
+    num_matmuls = sum(node.op_type in op_types for node in model.graph.node)
+    with progress_bar(shows_bar, num_matmuls, "  [3/3] quantizing the weights to int4 (MatMulNBits)") as update:
+        quantize_node = quantizer.node_quantizer.quantize
+
+        def quantize_and_count(node, graph_stack):
+            quantized = quantize_node(node, graph_stack)
+            update(1)
+            return quantized
+
+        quantizer.node_quantizer.quantize = quantize_and_count
+        with _quiet_exporter():
+            quantizer.process()
+    with elapsed_seconds(shows_bar, "        writing the quantized model"):
+        quantizer.model.save_model_to_file(str(folder / MODEL_FILE), use_external_data_format=True)
 
 
 @contextlib.contextmanager

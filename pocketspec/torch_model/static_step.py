@@ -21,9 +21,9 @@ On a GPU every bucket's step is captured once in a CUDA graph (torch.cuda.CUDAGr
 replayed: a step then costs one launch from the host instead of a thousand. Every input sits in
 a fixed device buffer and every cache write is in place, so a replay needs nothing else. The
 graphs share one memory pool (each bucket's logits, and the widest one's activations: the plan's
-graph_pools term, memplanner/torch_peak.py). With
-`compile`, the two halves of a block around attention (Block.project and Block.finish) and the
-attention itself are torch.compile'd once for all blocks (and the output head once): they take modules and tensors, never
+graph_pools term, memplanner/torch_peak.py). With `compile`, the two halves of a block around
+attention (Block.project and Block.finish) and the attention itself are torch.compile'd once
+for all blocks (and the output head once): they take modules and tensors, never
 the cache or a layer number, so one compile serves every block, Inductor fuses their
 elementwise work, and compiling costs one block's graphs, not the whole model's; writing the
 cache stays eager inside the graph. `compile_scope="step"` compiles the whole step instead (the
