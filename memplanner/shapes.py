@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memplanner.constants import REPACKED_TYPES
-from memplanner.gguf_header import read_gguf_header
-from memplanner.gguf_sanity import header_problem
 
 DTYPE_BYTES = {"f32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "f16": 2, "float16": 2, "int8": 1}
 _BIASED_QKV_ARCHS = {"qwen2"}  # qwen2 keeps biases on q, k and v projections
@@ -50,6 +48,10 @@ class ModelShape:
 
 def shape_from_gguf(path: str | Path) -> ModelShape:
     """Shape of a GGUF model from its header (~0.05 s even for a 1 GB file)."""
+    # here: the GPU suite builds ModelShapes on machines without the gguf package
+    from memplanner.gguf_header import read_gguf_header
+    from memplanner.gguf_sanity import header_problem
+
     header = read_gguf_header(path)
     problem = header_problem(header)
     if problem is not None:

@@ -13,7 +13,6 @@ The rope frequency table (head_dim / 2 float32) is the one buffer beside the wei
 
 from __future__ import annotations
 
-from memplanner.gguf_header import read_gguf_header
 from memplanner.shapes import ModelShape
 
 FLOAT_FORMAT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -41,6 +40,8 @@ def bucket_widths(max_width: int) -> list[int]:
 
 def gguf_layout(path) -> tuple[bool, bool]:
     """(is_tied, has_qkv_bias) of a GGUF model, from its tensor table."""
+    from memplanner.gguf_header import read_gguf_header  # here: the GPU suite's sizes need no gguf package
+
     names = {tensor.name for tensor in read_gguf_header(path).tensors}
     return "output.weight" not in names, "blk.0.attn_q.bias" in names
 
