@@ -24,6 +24,8 @@ What it measures (batch 1, --context cached tokens):
   itself) instead of quant_kernels' int8_reduction and int8_dequantized_mm; compiled-materialized
   (int8) = compiled with int8_reduction's rows computed once before it (MATERIALIZE_REDUCTION_ROWS);
 - the first compile against a cached one (a second process on the same compile cache);
+- the speculative loop's host side: greedy n-gram speculation by the real engine on the verify
+  curve's cost table, its step time and the share of it outside the forwards, beside plain decoding;
 - the compiled verify curve: ms per verify of width 1-32 at depth 0 and --context, and what
   of it is host time (the verify call's wall time minus its graph's replay);
 - the default (compiled) step's verify curve as a cost table
@@ -183,6 +185,16 @@ def markdown(results: dict) -> str:
             replays = row["verify"]["replay_ms"][depth]
             cells = [f"{widths[width]:.3f} ({replays[width]:.3f})" for width in widths]
             lines.append(f"| {depth} | " + " | ".join(cells) + f" | {widths['16'] / widths['1']:.2f} |")
+    for row in results["rows"]:
+        if "speculation" not in row:
+            continue
+        lines += ["", f"## Speculative loop: {row['model']} {row['weights']} {row['variant']} (greedy, a prompt that "
+                      "repeats itself; loop = the step outside the forwards: drafting, the controller, bookkeeping)",
+                  "", "| drafter | decode tok/s | ms a step | loop ms a step | loop share of the step | acceptance |",
+                  "|---|---|---|---|---|---|"]
+        for drafter, found in row["speculation"].items():
+            lines.append(f"| {drafter} | {found['decode_tokens_per_second']} | {found['step_ms']} | "
+                         f"{found['loop_ms_per_step']} | {found['loop_share']:.1%} | {found['acceptance']:.2f} |")
     for replay in results.get("predicted", []):
         if "error" in replay:
             lines += ["", f"Predicted on {replay['trace']} ({replay.get('table')}): {replay['error'][:300]}"]

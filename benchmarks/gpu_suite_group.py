@@ -110,6 +110,36 @@ def _verify_curve(backend, depths: list[int], repeats: int) -> dict:
     return curve
 
 
+def _speculative_loop(backend, curve: dict, num_tokens: int) -> dict:
+    """Greedy n-gram speculation (γ auto, the controller on this verify curve) after a prompt that repeats
+    itself, timed by the real engine: its step time and the share of it spent outside the forwards
+    (drafting, the controller, bookkeeping: the loop's host side), beside plain decoding on the same prompt."""
+    from memplanner.measured_costs import MeasuredCosts
+    from pocketspec.settings import SpeculationSettings
+    from pocketspec.speculation.engine import SpeculativeEngine
+    from replay_drafting import ReplayTokenizer  # no token ends a generation: random weights have no tokenizer
+
+    backend.tokenizer = backend.tokenizer or ReplayTokenizer()
+    seconds = {int(depth): {int(width): ms / 1e3 for width, ms in widths.items()}
+               for depth, widths in curve["verify_ms"].items()}
+    costs = MeasuredCosts(key="gpu-suite", weight_bytes=0, seconds=seconds)
+    room = backend.max_context - num_tokens - VERIFY_WIDTHS[-1] - 1  # a verify past the last token still fits
+    prompt = ([(11 * index) % 97 + 3 for index in range(48)] * 4)[:room]
+    found = {}
+    for drafter in ("none", "ngram"):
+        speculation = SpeculationSettings(drafter=drafter, max_draftless_gamma=VERIFY_WIDTHS[-1] - 1)
+        backend.rollback(0)
+        engine = SpeculativeEngine(backend, speculation=speculation, target_costs=costs)
+        stats = engine.generate(prompt, num_tokens).stats
+        step_seconds = stats.decode_seconds / max(stats.num_steps, 1)
+        found[drafter] = {"decode_tokens_per_second": round(stats.decode_tokens_per_second, 2),
+                          "step_ms": round(1e3 * step_seconds, 4),
+                          "loop_ms_per_step": round(1e3 * stats.loop_seconds_per_step, 4),
+                          "loop_share": round(stats.loop_seconds_per_step / step_seconds, 4) if step_seconds else 0.0,
+                          "acceptance": round(stats.acceptance_rate, 4), "num_steps": stats.num_steps}
+    return found
+
+
 def _greedy_tokens(backend, prompt: list[int], count: int) -> list[int]:
     import numpy as np
 
@@ -189,6 +219,7 @@ def run_group(group: dict, device_name: str, context: int, num_tokens: int) -> N
                 row["wrong_verdicts"] = _verdicts_agree(backend, prompt, reference)
             if group.get("verify") and backend.static_step is not None:
                 row["verify"] = _verify_curve(backend, [0, context], repeats=5 if device.type == "cuda" else 2)
+                row["speculation"] = _speculative_loop(backend, row["verify"], num_tokens)
             backend.close()
         except Exception as error:  # noqa: BLE001 - the suite reports every variant that failed, and goes on
             row["error"] = f"{type(error).__name__}: {str(error)[:400]}"
