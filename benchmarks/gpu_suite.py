@@ -23,6 +23,7 @@ What it measures (batch 1, --context cached tokens):
   compiled with the int8 linears' "dequantize" kernel (Inductor lowers the dequantizing matmul
   itself) instead of quant_kernels' int8_reduction and int8_dequantized_mm; compiled-materialized
   (int8) = compiled with int8_reduction's rows computed once before it (MATERIALIZE_REDUCTION_ROWS);
+  compiled-torchao (int8) = compiled with torchao's int8 weight-only tensors (torchao_linears.py);
 - the first compile against a cached one (a second process on the same compile cache);
 - the speculative loop's host side: greedy n-gram speculation by the real engine on the verify
   curve's cost table, its step time and the share of it outside the forwards, beside plain decoding;
@@ -60,18 +61,18 @@ def full_plan() -> list[dict]:
     """(model, weights, variants) groups in the order they matter; each runs in its own process."""
     return [
         {"model": "tiny", "weights": "fp32", "variants": ["eager", "graphs", "compiled"], "equality": True},
-        {"model": "tiny", "weights": "int8", "variants": ["graphs", "compiled"], "equality": True},
+        {"model": "tiny", "weights": "int8", "variants": ["graphs", "compiled", "compiled-torchao"], "equality": True},
         {"model": "qwen2.5-1.5b", "weights": "bf16",
          "variants": ["compiled", "compiled-unfused", "compiled-sdpa", "graphs", "eager"], "verify": True},
         {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled"], "cached": True},
         {"model": "llama-3.1-8b", "weights": "bf16", "variants": ["compiled", "graphs"]},
         {"model": "llama-3.1-8b", "weights": "int4", "variants": ["compiled"]},
         {"model": "llama-3.1-8b", "weights": "int8",
-         "variants": ["compiled", "compiled-materialized", "compiled-dequant"]},
+         "variants": ["compiled", "compiled-materialized", "compiled-dequant", "compiled-torchao"]},
         {"model": "smollm2-135m", "weights": "bf16", "variants": ["compiled", "graphs"]},
         {"model": "qwen2.5-1.5b", "weights": "int4", "variants": ["compiled"]},
         {"model": "qwen2.5-1.5b", "weights": "int8",
-         "variants": ["compiled", "compiled-materialized", "compiled-dequant"], "verify": True},
+         "variants": ["compiled", "compiled-materialized", "compiled-dequant", "compiled-torchao"], "verify": True},
         {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled-step", "reduce-overhead"]},
     ]
 

@@ -35,7 +35,7 @@ def _open_backend(model, config, weights: str, device_name: str, variant: str, m
                              compile=variant in ("compiled", "compiled-dequant", "compiled-materialized"))
     started = time.perf_counter()
     backend = TorchBackend(model, settings, tokenizer=None, model_path=None, owns_model=False)
-    if variant in ("compiled-step", "reduce-overhead", "compiled-sdpa", "compiled-unfused"):
+    if variant in ("compiled-step", "reduce-overhead", "compiled-sdpa", "compiled-unfused", "compiled-torchao"):
         unfuse_projections(model)
         backend.static_step = StaticDecodeStep(model, backend.cache, num_layers=backend.num_layers,
                                                max_width=max_width, compile=True,
@@ -44,6 +44,10 @@ def _open_backend(model, config, weights: str, device_name: str, variant: str, m
                                                captures=variant != "reduce-overhead",
                                                gpu_attention="sdpa" if variant == "compiled-sdpa" else "matmul",
                                                fuses=variant != "compiled-unfused")
+        if variant == "compiled-torchao":  # for good: a group lists it last
+            from pocketspec.torch_model.torchao_linears import use_torchao_int8
+
+            use_torchao_int8(model)
         backend.static_step.warm_up()
     _synchronize(backend.device)
     return backend, time.perf_counter() - started
