@@ -62,6 +62,7 @@ def full_plan() -> list[dict]:
     return [
         {"model": "tiny", "weights": "fp32", "variants": ["eager", "graphs", "compiled"], "equality": True},
         {"model": "tiny", "weights": "int8", "variants": ["graphs", "compiled", "compiled-torchao"], "equality": True},
+        {"model": "tiny", "weights": "int4", "variants": ["compiled-unfused", "compiled"], "equality": True},
         {"model": "qwen2.5-1.5b", "weights": "bf16",
          "variants": ["compiled", "compiled-unfused", "compiled-sdpa", "graphs", "eager"], "verify": True},
         {"model": "qwen2.5-1.5b", "weights": "int8",
@@ -70,10 +71,10 @@ def full_plan() -> list[dict]:
          "variants": ["compiled", "compiled-materialized", "compiled-dequant", "compiled-torchao"]},
         {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled-step", "reduce-overhead"]},
         {"model": "llama-3.1-8b", "weights": "bf16", "variants": ["compiled", "graphs"]},
-        {"model": "llama-3.1-8b", "weights": "int4", "variants": ["compiled"]},
+        {"model": "llama-3.1-8b", "weights": "int4", "variants": ["compiled", "compiled-unfused"]},
         {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled"], "cached": True},
         {"model": "smollm2-135m", "weights": "bf16", "variants": ["compiled", "graphs"]},
-        {"model": "qwen2.5-1.5b", "weights": "int4", "variants": ["compiled"]},
+        {"model": "qwen2.5-1.5b", "weights": "int4", "variants": ["compiled", "compiled-unfused"]},
     ]
 
 

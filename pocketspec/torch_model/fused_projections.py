@@ -9,8 +9,11 @@ same bytes in one kernel instead of three, and gate and up likewise in one inste
 becomes a view of its rows: memory holds every weight once, and every other path (the dynamic
 forward, tensor-parallel slicing, the loaders' names) still sees wq, wk, wv, w_gate and w_up.
 A FusedProjection is a plain object, not a module, so a model's parameters count each byte
-once. It fuses plain float linears and int8 linears (whose per-row scales concatenate the same
-way); int4's packed layout, whose scales lie across groups, stays as it is.
+once. It fuses plain float linears, int8 linears (their per-row scales concatenate the same way)
+and int4 linears whose parts have whole blocks of INT4_FUSED_ROW_BLOCK output rows: every int4
+layout keeps a block of rows apart from the others (quant_kernels.pack_int4 relies on it too), so
+the packed weights concatenate by rows; their scales and zeros [groups, out, 2] concatenate along
+`out`, where a part's share is no longer contiguous (int4_matmul copies it when a part runs alone).
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ import torch
 from torch import nn
 
 from pocketspec.torch_model.model import FeedForward
-from pocketspec.torch_model.quantize import Int8Linear
+from pocketspec.torch_model.quantize import Int4Linear, Int8Linear
+
+# int4 parts fuse when their output rows fill whole blocks of the packed layouts: CUDA's 8 rows,
+# the CPU's 32 or 64 (quant_kernels.CPU_INT4_ROW_BLOCK)
+INT4_FUSED_ROW_BLOCK = 64
+# where each fused tensor's parts lie: the dimension of the output rows (int4's packed CUDA weight holds
+# 8 rows per index of its first dimension, so a part's share is counted in that tensor's own rows)
+OUTPUT_DIMS = {"weight": 0, "bias": 0, "scales": 0, "scales_and_zeros": 1}
 
 
 class FusedProjection:
@@ -34,19 +44,25 @@ class FusedProjection:
 
 def _can_fuse(parts: list[nn.Module]) -> bool:
     kinds = {type(part) for part in parts}
-    if len(kinds) != 1 or kinds - {nn.Linear, Int8Linear}:
+    if len(kinds) != 1 or kinds - {nn.Linear, Int8Linear, Int4Linear}:
         return False
     first = parts[0]
+    if isinstance(first, Int4Linear) and not all(part.group_size == first.group_size and part.kernel == first.kernel
+                                                 and part.out_features % INT4_FUSED_ROW_BLOCK == 0 for part in parts):
+        return False
     return all(part.in_features == first.in_features and (part.bias is None) == (first.bias is None)
                and part.weight.dtype == first.weight.dtype and part.weight.device == first.weight.device
                for part in parts)
 
 
-def _rehome(part: nn.Module, name: str, whole: torch.Tensor, start: int) -> None:
-    """part.<name> becomes rows start .. start + out_features - 1 of `whole` (a parameter stays one)."""
+def _rehome(part: nn.Module, name: str, whole: torch.Tensor, start: int) -> int:
+    """part.<name> becomes its share of `whole` from `start` along the output rows (a parameter stays one);
+    where the next part's share starts."""
     old = getattr(part, name)
-    view = whole[start:start + part.out_features]
+    dim = OUTPUT_DIMS[name]
+    view = whole.narrow(dim, start, old.shape[dim])
     setattr(part, name, nn.Parameter(view, requires_grad=old.requires_grad) if isinstance(old, nn.Parameter) else view)
+    return start + old.shape[dim]
 
 
 def _fused(parts: list[nn.Module]) -> FusedProjection | None:
@@ -60,18 +76,23 @@ def _fused(parts: list[nn.Module]) -> FusedProjection | None:
         with torch.device("meta"):
             linear = Int8Linear(first.in_features, sum(sizes), first.bias is not None, first.compute_dtype)
         linear.kernel = first.kernel
+    elif isinstance(first, Int4Linear):
+        names.append("scales_and_zeros")
+        with torch.device("meta"):
+            linear = Int4Linear(first.in_features, sum(sizes), first.bias is not None, first.compute_dtype,
+                                first.group_size)
+        linear.kernel = first.kernel
     else:
         with torch.device("meta"):
             linear = nn.Linear(first.in_features, sum(sizes), bias=first.bias is not None)
     with torch.no_grad():
         for name in names:
-            whole = torch.cat([getattr(part, name).detach() for part in parts])
+            whole = torch.cat([getattr(part, name).detach() for part in parts], dim=OUTPUT_DIMS[name])
             old = getattr(linear, name)
             setattr(linear, name, nn.Parameter(whole, requires_grad=False) if isinstance(old, nn.Parameter) else whole)
             start = 0
             for part in parts:
-                _rehome(part, name, whole, start)
-                start += part.out_features
+                start = _rehome(part, name, whole, start)
     return FusedProjection(linear, sizes)
 
 

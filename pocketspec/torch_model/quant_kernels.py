@@ -130,7 +130,9 @@ def int8_matmul(rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) 
 
 def int4_matmul(rows: torch.Tensor, weight: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int,
                 kernel: str) -> torch.Tensor:
-    """rows [M, in] against a packed int4 weight -> [M, out] in rows' dtype."""
+    """rows [M, in] against a packed int4 weight -> [M, out] in rows' dtype (scales_and_zeros may be a fused
+    projection's share, not contiguous: fused_projections.py)."""
+    scales_and_zeros = scales_and_zeros.contiguous()
     if kernel == "cpu":
         out = torch._weight_int4pack_mm_for_cpu(rows.to(scales_and_zeros.dtype).contiguous(), weight, group_size,
                                                 scales_and_zeros)
