@@ -28,6 +28,7 @@ from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.session_settings import SessionSettings
+from pocketspec.stats import drafting_text
 
 
 class OrderedWriter:
@@ -116,6 +117,6 @@ def _decode(engine, requests: list[Request], writer: OrderedWriter) -> bool:
     num_drafted = sum(result.stats.num_drafted for result in results)
     num_accepted = sum(result.stats.num_accepted for result in results)
     click.echo(f"[{len(results)} prompts, {num_tokens} tokens, {num_tokens / seconds:.2f} tok/s in all, "
-               + (f"acceptance {num_accepted / num_drafted:.0%}, " if num_drafted else "nothing drafted, ")
-               + f"{engine.alignment_seconds / seconds:.1%} of the time aligning rows]", err=True)
+               f"{drafting_text(num_drafted, num_accepted)}, "
+               f"{engine.alignment_seconds / seconds:.1%} of the time aligning rows]", err=True)
     return bool(interrupted)

@@ -57,7 +57,7 @@ def _profile_steps(backend, num_steps: int) -> dict:
                     for name, count, micros in kernels[:TOP_KERNELS]]}
 
 
-def profile_spec(spec: str, device_name: str, context: int, num_steps: int, bandwidth: float) -> dict:
+def profile_spec(spec: str, device_name: str, context: int, num_steps: int) -> dict:
     import torch
 
     import torch_gpu_roofline as roofline
@@ -127,7 +127,7 @@ def main() -> None:
     for spec in args.specs:
         started = time.perf_counter()
         try:
-            results["rows"].append(profile_spec(spec, args.device, args.context, args.steps, 0.0))
+            results["rows"].append(profile_spec(spec, args.device, args.context, args.steps))
         except Exception as error:  # noqa: BLE001 - one failed spec leaves the others' rows
             results["rows"].append({"spec": spec, "error": f"{type(error).__name__}: {str(error)[:300]}"})
         print(f"  {spec}: {time.perf_counter() - started:.0f} s", flush=True)

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from gpu_suite_group import VERIFY_WIDTHS, run_group  # noqa: E402  (the measuring, in each group's process)
+from gpu_suite_group import VERIFY_WIDTHS, cost_table, run_group  # noqa: E402  (the measuring, in each group's process)
 
 TRACES = ("code_edit_qwen.jsonl", "spec_bench_a_qwen.jsonl")
 
@@ -119,14 +119,6 @@ def run_child(group: dict, args, timeout: float, cache_dir: Path) -> list[dict]:
     print(f"  {group['model']} {group['weights']} {group['variants']}: {time.perf_counter() - started:.0f} s"
           + (f" ({failure})" if failure else ""), flush=True)
     return rows
-
-
-def cost_table(row: dict, device: str) -> dict:
-    """The verify curve as a MeasuredCosts table (seconds by depth and width) for replay_drafting."""
-    seconds = {str(depth): {str(width): ms / 1e3 for width, ms in widths.items()}
-               for depth, widths in row["verify"]["verify_ms"].items()}
-    return {"key": f"gpu-suite {row['model']} {row['weights']} {row['variant']} {device}",
-            "weight_bytes": row["weight_bytes"], "seconds": seconds, "spread": {}}
 
 
 def predicted_speedups(costs_path: Path, table: str, deadline: float) -> list[dict]:

@@ -114,19 +114,24 @@ def _verify_curve(backend, depths: list[int], repeats: int) -> dict:
     return curve
 
 
-def _speculative_loop(backend, curve: dict, num_tokens: int) -> dict:
-    """Greedy n-gram speculation (γ auto, the controller on this verify curve) after a prompt that repeats
+def cost_table(row: dict, device: str) -> dict:
+    """The verify curve as a MeasuredCosts table (seconds by depth and width) for replay_drafting."""
+    seconds = {str(depth): {str(width): ms / 1e3 for width, ms in widths.items()}
+               for depth, widths in row["verify"]["verify_ms"].items()}
+    return {"key": f"gpu-suite {row['model']} {row['weights']} {row['variant']} {device}",
+            "weight_bytes": row["weight_bytes"], "seconds": seconds, "spread": {}}
+
+
+def _speculative_loop(backend, costs, num_tokens: int) -> dict:
+    """Greedy n-gram speculation (γ auto, the controller on `costs`, the verify curve's MeasuredCosts) after a
+    prompt that repeats
     itself, timed by the real engine: its step time and the share of it spent outside the forwards
     (drafting, the controller, bookkeeping: the loop's host side), beside plain decoding on the same prompt."""
-    from memplanner.measured_costs import MeasuredCosts
     from pocketspec.settings import SpeculationSettings
     from pocketspec.speculation.engine import SpeculativeEngine
     from replay_drafting import ReplayTokenizer  # no token ends a generation: random weights have no tokenizer
 
     backend.tokenizer = backend.tokenizer or ReplayTokenizer()
-    seconds = {int(depth): {int(width): ms / 1e3 for width, ms in widths.items()}
-               for depth, widths in curve["verify_ms"].items()}
-    costs = MeasuredCosts(key="gpu-suite", weight_bytes=0, seconds=seconds)
     room = backend.max_context - num_tokens - VERIFY_WIDTHS[-1] - 1  # a verify past the last token still fits
     prompt = ([(11 * index) % 97 + 3 for index in range(48)] * 4)[:room]
     found = {}
@@ -189,6 +194,7 @@ def run_group(group: dict, device_name: str, context: int, num_tokens: int) -> N
     import torch
 
     import torch_gpu_roofline as roofline
+    from memplanner.measured_costs import MeasuredCosts
     from memplanner.torch_sizes import torch_kv_bytes, torch_weight_bytes
     from pocketspec.torch_model.model import ModelConfig
     from pocketspec.torch_model.device import resolve_device
@@ -223,7 +229,8 @@ def run_group(group: dict, device_name: str, context: int, num_tokens: int) -> N
                 row["wrong_verdicts"] = _verdicts_agree(backend, prompt, reference)
             if group.get("verify") and backend.static_step is not None:
                 row["verify"] = _verify_curve(backend, [0, context], repeats=5 if device.type == "cuda" else 2)
-                row["speculation"] = _speculative_loop(backend, row["verify"], num_tokens)
+                costs = MeasuredCosts.from_json(cost_table(row, device_name))
+                row["speculation"] = _speculative_loop(backend, costs, num_tokens)
             backend.close()
         except Exception as error:  # noqa: BLE001 - the suite reports every variant that failed, and goes on
             row["error"] = f"{type(error).__name__}: {str(error)[:400]}"

@@ -47,12 +47,14 @@ def peak_rss_bytes() -> int:
     return max_rss if sys.platform == "darwin" else max_rss * 1024
 
 
-def drafting_text(num_drafted: int, num_accepted: int, num_steps: int) -> str:
-    """A summary line's drafting part: 'acceptance 62%, 1.40 accepted/step', or 'nothing drafted' (plain
-    decoding, or a controller that never found a draft worth verifying: not an acceptance of 0 %)."""
+def drafting_text(num_drafted: int, num_accepted: int, num_steps: int | None = None) -> str:
+    """A summary line's drafting part: 'acceptance 62%, 1.40 accepted/step' (without num_steps, the acceptance
+    alone), or 'nothing drafted' (plain decoding, or a controller that never found a draft worth verifying:
+    not an acceptance of 0 %)."""
     if not num_drafted:
         return "nothing drafted"
-    return f"acceptance {num_accepted / num_drafted:.0%}, {num_accepted / max(num_steps, 1):.2f} accepted/step"
+    acceptance = f"acceptance {num_accepted / num_drafted:.0%}"
+    return acceptance if num_steps is None else f"{acceptance}, {num_accepted / max(num_steps, 1):.2f} accepted/step"
 
 
 @dataclass

@@ -146,7 +146,7 @@ def test_compiled_int8_rows_on_a_gpu_take_a_path_that_stays_close_to_the_referen
     """Under torch.compile a "cuda-int8" linear runs int8_reduction (one row; its rows computed first or
     not) or int8_dequantized_mm (more), here on the CPU; the matmul's weight is dequantized a slice of
     10 rows at a time."""
-    monkeypatch.setattr(quant_kernels, "DEQUANTIZE_SLICE_BYTES", 10 * 64 * 4)
+    monkeypatch.setattr(quant_kernels, "INT8_DEQUANTIZE_SLICE_BYTES", 10 * 64 * 4)
     monkeypatch.setattr(quant_kernels, "MATERIALIZE_REDUCTION_ROWS", materialized)
     linear, weight = _quantized(Int8Linear, 64, 96)
     linear.kernel = "cuda-int8"

@@ -27,6 +27,8 @@ from pocketspec.torch_model.quantize import Int4Linear, Int8Linear
 # int4 parts fuse when their output rows fill whole blocks of the packed layouts: CUDA's 8 rows,
 # the CPU's 32 or 64 (quant_kernels.CPU_INT4_ROW_BLOCK)
 INT4_FUSED_ROW_BLOCK = 64
+# each fused projection's attribute (on Attention or FeedForward) and the parts it runs as one
+FUSED_PARTS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
 # where each fused tensor's parts lie: the dimension of the output rows (int4's packed CUDA weight holds
 # 8 rows per index of its first dimension, so a part's share is counted in that tensor's own rows)
 OUTPUT_DIMS = {"weight": 0, "bias": 0, "scales": 0, "scales_and_zeros": 1}
@@ -106,10 +108,10 @@ def fuse_projections(model: nn.Module) -> None:
     for block in model.layers:
         attention, feed_forward = block.attention, block.feed_forward
         if attention.wqkv is None:
-            attention.wqkv = _fused([attention.wq, attention.wk, attention.wv])
+            attention.wqkv = _fused([getattr(attention, name) for name in FUSED_PARTS["wqkv"]])
             has_fused |= attention.wqkv is not None
         if isinstance(feed_forward, FeedForward) and feed_forward.w_gate_up is None:  # not row-tiled whole
-            feed_forward.w_gate_up = _fused([feed_forward.w_gate, feed_forward.w_up])
+            feed_forward.w_gate_up = _fused([getattr(feed_forward, name) for name in FUSED_PARTS["w_gate_up"]])
             has_fused |= feed_forward.w_gate_up is not None
     if has_fused and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()

@@ -40,7 +40,6 @@ MAX_CUDA_INT8_ROWS = 16
 # Under torch.compile on a GPU: rows up to this run as int8_reduction, more as int8_dequantized_mm.
 MAX_INT8_REDUCTION_ROWS = 1
 MATERIALIZE_REDUCTION_ROWS = False  # int8_reduction's docstring says what it is for
-DEQUANTIZE_SLICE_BYTES = INT8_DEQUANTIZE_SLICE_BYTES  # what int8_dequantized_mm dequantizes at once
 # int32 codes unpacked at once while packing int4 (then freed): packing never holds a
 # second copy of the weight.
 PACK_SLICE_BYTES = 4 * 1024 * 1024
@@ -111,8 +110,8 @@ def int8_reduction(rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tenso
 @torch.library.custom_op("pocketspec::int8_dequantized_mm", mutates_args=())
 def int8_dequantized_mm(rows: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """rows [M, in] @ (weight [out, in] int8 * scales [out]).T -> [M, out] in rows' dtype: a slice of
-    the weight at a time dequantized (DEQUANTIZE_SLICE_BYTES) and multiplied by the device's matmul."""
-    slice_rows = max(1, DEQUANTIZE_SLICE_BYTES // (weight.shape[1] * rows.element_size()))
+    the weight at a time dequantized (INT8_DEQUANTIZE_SLICE_BYTES) and multiplied by the device's matmul."""
+    slice_rows = max(1, INT8_DEQUANTIZE_SLICE_BYTES // (weight.shape[1] * rows.element_size()))
     pieces = [torch.mm(rows, weight[start:start + slice_rows].to(rows.dtype).t())
               for start in range(0, weight.shape[0], slice_rows)]
     return (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)) * scales.to(rows.dtype)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pocketspec.torch_model.fused_projections import FUSED_PARTS
 from pocketspec.torch_model.quantize import Int8Linear
 
 
@@ -28,9 +29,6 @@ def _as_torchao(linear: Int8Linear) -> nn.Linear:
         plain.bias = nn.Parameter(linear.bias.detach(), requires_grad=False)
     quantize_(plain, Int8WeightOnlyConfig())
     return plain
-
-
-FUSED_PARTS = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
 
 
 def use_torchao_int8(model: nn.Module) -> int:
