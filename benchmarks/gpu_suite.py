@@ -24,6 +24,9 @@ What it measures (batch 1, --context cached tokens):
   itself) instead of quant_kernels' int8_reduction and int8_dequantized_mm; compiled-materialized
   (int8) = compiled with int8_reduction's rows computed once before it (MATERIALIZE_REDUCTION_ROWS);
   compiled-torchao (int8) = compiled with torchao's int8 weight-only tensors (torchao_linears.py);
+  compiled-flex = compiled with attention through FlexAttention over the cache's filled blocks
+  (step_attention.flex_grouped_attention); compiled-write = compiled with the cache written inside
+  the compiled projection (static_step.project_into_cache); compiled-flex-write = both;
 - the first compile against a cached one (a second process on the same compile cache);
 - the speculative loop's host side: greedy n-gram speculation by the real engine on the verify
   curve's cost table, its step time and the share of it outside the forwards, beside plain decoding;
@@ -60,9 +63,13 @@ TRACES = ("code_edit_qwen.jsonl", "spec_bench_a_qwen.jsonl")
 def full_plan() -> list[dict]:
     """(model, weights, variants) groups in the order they matter; each runs in its own process."""
     return [
-        {"model": "tiny", "weights": "fp32", "variants": ["eager", "graphs", "compiled"], "equality": True},
+        {"model": "tiny", "weights": "fp32", "variants": ["eager", "graphs", "compiled", "compiled-flex-write"],
+         "equality": True},
         {"model": "tiny", "weights": "int8", "variants": ["graphs", "compiled", "compiled-torchao"], "equality": True},
         {"model": "tiny", "weights": "int4", "variants": ["compiled-unfused", "compiled"], "equality": True},
+        {"model": "qwen2.5-1.5b", "weights": "bf16",
+         "variants": ["compiled", "compiled-flex", "compiled-write", "compiled-flex-write"]},
+        {"model": "llama-3.1-8b", "weights": "bf16", "variants": ["compiled", "compiled-flex-write"]},
         {"model": "qwen2.5-1.5b", "weights": "bf16",
          "variants": ["compiled", "compiled-unfused", "compiled-sdpa", "graphs", "eager"], "verify": True},
         {"model": "qwen2.5-1.5b", "weights": "int8",

@@ -35,15 +35,17 @@ def _open_backend(model, config, weights: str, device_name: str, variant: str, m
                              compile=variant in ("compiled", "compiled-dequant", "compiled-materialized"))
     started = time.perf_counter()
     backend = TorchBackend(model, settings, tokenizer=None, model_path=None, owns_model=False)
-    if variant in ("compiled-step", "reduce-overhead", "compiled-sdpa", "compiled-unfused", "compiled-torchao"):
+    if variant in ("compiled-step", "reduce-overhead", "compiled-sdpa", "compiled-unfused", "compiled-torchao",
+                   "compiled-flex", "compiled-write", "compiled-flex-write"):
         unfuse_projections(model)
+        attention = "sdpa" if variant == "compiled-sdpa" else "flex" if "flex" in variant else None
         backend.static_step = StaticDecodeStep(model, backend.cache, num_layers=backend.num_layers,
                                                max_width=max_width, compile=True,
                                                compile_scope="step" if variant in ("compiled-step", "reduce-overhead")
                                                else "blocks",
-                                               captures=variant != "reduce-overhead",
-                                               gpu_attention="sdpa" if variant == "compiled-sdpa" else "matmul",
-                                               fuses=variant != "compiled-unfused")
+                                               captures=variant != "reduce-overhead", attention=attention,
+                                               fuses=variant != "compiled-unfused",
+                                               writes_in_projection=variant.endswith("-write"))
         if variant == "compiled-torchao":  # for good: a group lists it last
             from pocketspec.torch_model.torchao_linears import use_torchao_int8
 

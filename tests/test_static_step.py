@@ -11,7 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import assert_matches_plain, built_engine, same_distribution_pvalue, sampled_token_counts
 from pocketspec.torch_model.model import masked_attention
-from pocketspec.torch_model.static_step import bucket_widths, grouped_attention, grouped_sdpa
+from pocketspec.torch_model.static_step import StaticDecodeStep, bucket_widths
+from pocketspec.torch_model.step_attention import flex_grouped_attention, grouped_attention, grouped_sdpa, key_blocks
 from tiny_models import write_tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -180,6 +181,47 @@ def test_folded_query_rows_attend_as_every_query_head_alone(num_heads, num_kv_he
     mask = torch.arange(40)[None, :] <= torch.arange(20, 20 + width)[:, None]
     expected = masked_attention(q, keys, values, mask, expand_groups=True)
     torch.testing.assert_close(attention(q, keys, values, mask), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("num_heads, num_kv_heads, width, start", [(12, 2, 1, 1000), (12, 2, 2, 1000), (12, 2, 32, 700),
+                                                                  (8, 2, 4, 126), (4, 4, 3, 5)])
+def test_flex_attention_reads_the_filled_blocks_as_the_mask_allows(num_heads, num_kv_heads, width, start):
+    """FlexAttention over the blocks key_blocks names equals the masked matmuls over the whole cache: whole
+    blocks before the first query, partial ones up to the last, none after. Eager it applies the mask
+    alone; compiled it also skips blocks (one query token is left out: torch 2.13's CPU template returns
+    wrong rows there, which is why a CPU static step runs it eagerly)."""
+    generator = torch.Generator().manual_seed(num_heads + width)
+    max_context = 1100  # not a whole number of blocks
+    q = torch.randn(1, num_heads, width, 32, generator=generator)
+    keys, values = (torch.randn(1, num_kv_heads, max_context, 32, generator=generator) for _ in range(2))
+    positions = torch.arange(start, start + width)
+    mask = torch.arange(max_context)[None, :] <= positions[:, None]
+    expected = grouped_attention(q, keys, values, mask)
+    blocks = key_blocks(positions, max_context)
+    runs = [flex_grouped_attention] + ([torch.compile(flex_grouped_attention, dynamic=False)] if width > 1 else [])
+    for attention in runs:
+        torch.testing.assert_close(attention(q, keys, values, positions, blocks), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_type", ["fp32", "int8"])
+def test_flex_attention_and_a_compiled_cache_write_decode_the_dynamic_paths_tokens(tiny_pair, kv_type):
+    """The GPU suite's compiled-flex-write step on the CPU: the cache written inside the compiled
+    projection (quantized there for an int8 cache) and attended through FlexAttention gives the
+    dynamic path's greedy tokens with n-gram drafts of every width."""
+    import torch._dynamo
+
+    target, _ = tiny_pair
+    options = dict(drafter="ngram", gamma=4, max_gamma=4, max_context=256, self_draft_settings=dict(torch_kv_type=kv_type))
+    dynamic = _generate(target, 96, decode_step="dynamic", **options)
+    torch._dynamo.reset()
+    with built_engine(target, decode_step="static", **options, **TORCH) as engine:
+        backend = engine.target
+        backend.static_step = StaticDecodeStep(backend.model, backend.cache, num_layers=backend.num_layers,
+                                               max_width=5, compile=True, attention="flex",
+                                               writes_in_projection=True)
+        result = engine.generate(_prompt(engine), 96)
+    assert result.tokens == dynamic.tokens
+    assert result.stats.num_accepted > 0
 
 
 class OperatorCount(TorchDispatchMode):

@@ -24,6 +24,22 @@ def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x_float / scales).clamp(-127, 127).to(torch.int8), scales
 
 
+def write_positions(keys: torch.Tensor, values: torch.Tensor, key_scales: torch.Tensor | None,
+                    value_scales: torch.Tensor | None, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Store k and v [batch, kv_heads, T, head_dim] at positions [T] of one layer's buffers (rows from 0), by
+    index_copy_; quantized where the scales are given. A plain function, so a compiled step can run it."""
+    batch = k.shape[0]
+    if key_scales is not None:
+        (key_codes, key_scale), (value_codes, value_scale) = _quantize(k), _quantize(v)
+        keys[:batch].index_copy_(2, positions, key_codes)
+        key_scales[:batch].index_copy_(2, positions, key_scale)
+        values[:batch].index_copy_(2, positions, value_codes)
+        value_scales[:batch].index_copy_(2, positions, value_scale)
+    else:
+        keys[:batch].index_copy_(2, positions, k.to(keys.dtype))
+        values[:batch].index_copy_(2, positions, v.to(values.dtype))
+
+
 class StaticKVCache:
     def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, max_context: int,
                  kv_dtype: str, device: torch.device, max_batch: int = 1,
@@ -72,16 +88,13 @@ class StaticKVCache:
     def write_at(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k and v [batch, kv_heads, T, head_dim] at positions [T], a tensor on the cache's device
         (index_copy_: the host never reads where; the static decode step, torch_model/static_step.py)."""
-        batch = k.shape[0]
+        write_positions(*self.layer_buffers(layer), positions, k, v)
+
+    def layer_buffers(self, layer: int) -> tuple[torch.Tensor | None, ...]:
+        """(keys, values, key scales, value scales) of one layer; the scales None unless int8."""
         if self.is_int8:
-            (key_codes, key_scales), (value_codes, value_scales) = _quantize(k), _quantize(v)
-            self.keys[layer][:batch].index_copy_(2, positions, key_codes)
-            self.key_scales[layer][:batch].index_copy_(2, positions, key_scales)
-            self.values[layer][:batch].index_copy_(2, positions, value_codes)
-            self.value_scales[layer][:batch].index_copy_(2, positions, value_scales)
-        else:
-            self.keys[layer][:batch].index_copy_(2, positions, k.to(self.keys[layer].dtype))
-            self.values[layer][:batch].index_copy_(2, positions, v.to(self.values[layer].dtype))
+            return self.keys[layer], self.values[layer], self.key_scales[layer], self.value_scales[layer]
+        return self.keys[layer], self.values[layer], None, None
 
     def read(self, layer: int, end: int, dtype: torch.dtype, batch: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values at positions 0 .. end - 1, [batch, kv_heads, end, head_dim] in `dtype`."""

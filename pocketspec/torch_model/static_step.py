@@ -26,14 +26,16 @@ attention (Block.project and Block.finish) and the attention itself are torch.co
 for all blocks (and the output head once): they take modules and tensors, never
 the cache or a layer number, so one compile serves every block, Inductor fuses their
 elementwise work, and compiling costs one block's graphs, not the whole model's; writing the
-cache stays eager inside the graph. `compile_scope="step"` compiles the whole step instead (the
+cache stays eager inside the graph (or, with writes_in_projection, joins the compiled projection:
+project_into_cache, which the GPU suite measures against it). `compile_scope="step"` compiles the whole step instead (the
 GPU suite's comparison). Buckets are captured when the backend opens, before anything is timed.
 On a CPU the same code runs without graphs (compiled by Inductor or eager), which is how the
 tests prove that it gives the dynamic path's tokens.
 
-On a GPU, attention (grouped_attention) folds each key/value head's group of query heads into
+On a GPU, attention (step_attention.py) folds each key/value head's group of query heads into
 query rows, so the cache is read once per key/value head rather than copied out to every
-query head, and runs as two matmuls around a float32 softmax (its docstring says why not SDPA).
+query head, and runs as two matmuls around a float32 softmax by default (grouped_attention's
+docstring says why not SDPA), or as FlexAttention's decoding kernel (attention="flex").
 """
 
 from __future__ import annotations
@@ -42,66 +44,59 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from memplanner.torch_sizes import bucket_widths  # one home, shared with the memory plan (graph pools)
 from pocketspec.settings import SamplingSettings
 from pocketspec.torch_model import device_sampling
 from pocketspec.torch_model.fused_projections import fuse_projections
+from pocketspec.torch_model.kv_cache import write_positions
 from pocketspec.torch_model.model import Block, masked_attention, rope_angles
+from pocketspec.torch_model.step_attention import flex_grouped_attention, grouped_attention, grouped_sdpa, key_blocks
 from pocketspec.speculation.verify import Verdict
 
 
 COMPILE_SCOPES = ("blocks", "step")
-
-
-def fold_query_heads(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """q [batch, heads, T, head_dim] as [batch, kv_heads, group x T, head_dim]: the query heads of each
-    key/value head as extra rows (query head h reads key/value head h // group, repeat_interleave's order)."""
-    batch, num_heads, num_tokens, head_dim = q.shape
-    return q.reshape(batch, num_kv_heads, num_heads // num_kv_heads * num_tokens, head_dim)
-
-
-def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q [batch, heads, T, head_dim] over keys and values [batch, kv_heads, max_context, head_dim], its
-    query heads folded into rows (fold_query_heads), as two matmuls and a float32 softmax.
-
-    Not SDPA: its kernels split the work by (head, block of queries), so a decode step of 2 to 8
-    key/value heads ran on as many thread blocks, each walking the whole cache alone: 0.1 ms a layer
-    on an H200 whatever the model, 4 ms a step. A matmul over the keys spreads over them instead."""
-    folded = fold_query_heads(q, keys.shape[1])
-    scores = torch.matmul(folded, keys.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
-    scores = scores.masked_fill(~mask.repeat(folded.shape[2] // q.shape[2], 1), float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
-    return out.reshape(q.shape)
-
-
-def grouped_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """grouped_attention's folded query rows through SDPA (measured on an H200: 0.1 ms a layer)."""
-    folded = fold_query_heads(q, keys.shape[1])
-    out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask.repeat(folded.shape[2] // q.shape[2], 1))
-    return out.reshape(q.shape)
+STEP_ATTENTIONS = {"matmul": grouped_attention, "sdpa": grouped_sdpa, "flex": flex_grouped_attention}
 
 
 class StaticPositions:
     """The model's `layout` for one static step: tokens at positions [T] held on the device."""
 
-    def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, max_context: int,
-                 attention=grouped_attention):
-        """attention: grouped_attention, or its compiled twin (a GPU's)."""
-        self.positions, self.attention = positions, attention
+    def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, max_context: int, attention=None,
+                 uses_blocks: bool = False):
+        """attention: one of step_attention's (or its compiled twin), None for the CPU's SDPA; uses_blocks:
+        it takes the positions and key_blocks (flex_grouped_attention) instead of the mask."""
+        self.positions, self.attention, self.uses_blocks = positions, attention, uses_blocks
         self.cos, self.sin = rope_angles(positions, inv_freq)
-        key_positions = torch.arange(max_context, device=positions.device)
-        self.mask = key_positions[None, :] <= positions[:, None]  # [T, max_context]
+        if uses_blocks:
+            self.blocks = key_blocks(positions, max_context)
+        else:
+            key_positions = torch.arange(max_context, device=positions.device)
+            self.mask = key_positions[None, :] <= positions[:, None]  # [T, max_context]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache, layer: int) -> torch.Tensor:
         """q [1, heads, T, head_dim] over the whole cache, after writing k and v [1, kv_heads, T, head_dim]."""
         cache.write_at(layer, self.positions, k, v)
+        return self.attend_cached(q, cache, layer)
+
+    def attend_cached(self, q: torch.Tensor, cache, layer: int) -> torch.Tensor:
+        """q [1, heads, T, head_dim] over the whole cache, its keys and values already written."""
         keys, values = cache.read(layer, cache.max_context, dtype=q.dtype)
-        if q.device.type == "cpu":
+        if self.attention is None:
             return masked_attention(q, keys, values, self.mask, expand_groups=False)
+        if self.uses_blocks:
+            return self.attention(q, keys, values, self.positions, self.blocks)
         return self.attention(q, keys, values, self.mask)
+
+
+def project_into_cache(block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                       *buffers: torch.Tensor | None) -> torch.Tensor:
+    """Block.project, writing its keys and values to the layer's cache `buffers` (StaticKVCache.layer_buffers)
+    at `positions`; q. Compiled, the write joins the kernel that rotates the keys."""
+    q, k, v = block.project(x, cos, sin)
+    write_positions(*buffers, positions, k, v)
+    return q
 
 
 def attention_kernels():
@@ -113,11 +108,13 @@ def attention_kernels():
 
 class StaticDecodeStep:
     def __init__(self, model, cache, *, num_layers: int, max_width: int, compile: bool = False,
-                 compile_scope: str = "blocks", captures: bool | None = None, gpu_attention: str = "matmul",
-                 fuses: bool | None = None):
-        """captures: replay CUDA graphs (None: on a CUDA device). gpu_attention: "matmul"
-        (grouped_attention) or "sdpa" (the same folded query rows through SDPA; the GPU suite compares).
-        fuses: run q/k/v and gate/up as one matmul each (fused_projections.py; None: on a CUDA device)."""
+                 compile_scope: str = "blocks", captures: bool | None = None, attention: str | None = None,
+                 fuses: bool | None = None, writes_in_projection: bool = False):
+        """captures: replay CUDA graphs (None: on a CUDA device). attention: one of STEP_ATTENTIONS
+        (step_attention.py; the GPU suite compares them); None: "matmul" on a GPU, the CPU's SDPA on a CPU.
+        fuses: run q/k/v and gate/up as one matmul each (fused_projections.py; None: on a CUDA device).
+        writes_in_projection: write the cache inside the (compiled) projection, project_into_cache,
+        rather than by two index_copy_ kernels of their own."""
         if compile_scope not in COMPILE_SCOPES:
             raise ValueError(f"compile_scope {compile_scope!r}: one of {COMPILE_SCOPES}")
         self.model, self.cache, self.num_layers = model, cache, num_layers
@@ -140,13 +137,23 @@ class StaticDecodeStep:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._graph_pool = torch.cuda.graph_pool_handle() if self.captures else None
         self._project, self._finish, self._forward = Block.project, Block.finish, self._logits_eager
+        self._project_into_cache = project_into_cache if writes_in_projection else None
         self._head = type(model).head
-        self._attention = grouped_attention if gpu_attention == "matmul" else grouped_sdpa
+        attention = attention or ("matmul" if is_gpu else None)
+        if attention is not None and attention not in STEP_ATTENTIONS:
+            raise ValueError(f"attention {attention!r}: one of {', '.join(STEP_ATTENTIONS)}")
+        self._attention = None if attention is None else STEP_ATTENTIONS[attention]
+        self._uses_blocks = attention == "flex"
         if compile and compile_scope == "blocks":
             self._project = torch.compile(Block.project)
             self._finish = torch.compile(Block.finish)
             self._head = torch.compile(self._head)  # the norm fused, and an int8 head through int8_reduction
-            self._attention = torch.compile(self._attention)
+            # torch 2.13's CPU template for FlexAttention gave wrong rows for one query token over whole
+            # blocks of keys (2026-11-28): on a CPU it runs eagerly, as its reference math
+            if self._attention is not None and (is_gpu or not self._uses_blocks):
+                self._attention = torch.compile(self._attention)
+            if self._project_into_cache is not None:
+                self._project_into_cache = torch.compile(project_into_cache)
         elif compile:  # the whole step; without our own graphs, Inductor's (cudagraph trees) on a GPU
             if is_gpu and not self.captures:
                 for tensor in [*cache.keys, *cache.values, *cache.key_scales, *cache.value_scales]:
@@ -158,11 +165,17 @@ class StaticDecodeStep:
         """Logits [width, vocab] of tokens [1, width] at positions start + 0 .. width - 1."""
         width = tokens.shape[1]
         layout = StaticPositions(start + self._offsets[:width], self.model.inv_freq, self.cache.max_context,
-                                 self._attention)
+                                 self._attention, self._uses_blocks)
         x = self.model.embed(tokens)
         for layer, block in enumerate(self.model.layers[:self.num_layers]):
-            q, k, v = self._project(block, x, layout.cos, layout.sin)
-            x = self._finish(block, x, block.attention.attend(q, k, v, self.cache, layer, 0, layout))
+            if self._project_into_cache is not None:
+                q = self._project_into_cache(block, x, layout.cos, layout.sin, layout.positions,
+                                             *self.cache.layer_buffers(layer))
+                attended = layout.attend_cached(q, self.cache, layer)
+            else:
+                q, k, v = self._project(block, x, layout.cos, layout.sin)
+                attended = block.attention.attend(q, k, v, self.cache, layer, 0, layout)
+            x = self._finish(block, x, attended)
         return self._head(self.model, x[0]).float()
 
     def _run(self, width: int) -> torch.Tensor:
