@@ -23,7 +23,9 @@ What it measures (batch 1, --context cached tokens):
   compiled with the int8 linears' "dequantize" kernel (Inductor lowers the dequantizing matmul
   itself) instead of quant_kernels' int8_reduction and int8_dequantized_mm; compiled-materialized
   (int8) = compiled with int8_reduction's rows computed once before it (MATERIALIZE_REDUCTION_ROWS);
-  compiled-torchao (int8) = compiled with torchao's int8 weight-only tensors (torchao_linears.py);
+  compiled-torchao (int8) = compiled with torchao's int8 weight-only tensors (library_linears.py);
+  compiled-gemlite (int8, int4) = compiled with GemLite's Triton weight-only kernels (library_linears.py;
+  its pure-Python wheel is carried beside the suite, as the device README says of wheels);
   compiled-flex = compiled with attention through FlexAttention over the cache's filled blocks
   (step_attention.flex_grouped_attention); compiled-write = compiled with the cache written inside
   the compiled projection (static_step.project_into_cache); compiled-flex-write = both;
@@ -65,23 +67,26 @@ def full_plan() -> list[dict]:
     return [
         {"model": "tiny", "weights": "fp32", "variants": ["eager", "graphs", "compiled", "compiled-flex-write"],
          "equality": True},
-        {"model": "tiny", "weights": "int8", "variants": ["graphs", "compiled", "compiled-torchao"], "equality": True},
-        {"model": "tiny", "weights": "int4", "variants": ["compiled-unfused", "compiled"], "equality": True},
+        {"model": "tiny", "weights": "int8", "variants": ["graphs", "compiled", "compiled-torchao", "compiled-gemlite"],
+         "equality": True},
+        {"model": "tiny", "weights": "int4", "variants": ["compiled-unfused", "compiled", "compiled-gemlite"],
+         "equality": True},
         {"model": "qwen2.5-1.5b", "weights": "bf16",
          "variants": ["compiled", "compiled-flex", "compiled-write", "compiled-flex-write"]},
         {"model": "llama-3.1-8b", "weights": "bf16", "variants": ["compiled", "compiled-flex-write"]},
+        {"model": "llama-3.1-8b", "weights": "int4", "variants": ["compiled", "compiled-unfused", "compiled-gemlite"]},
+        {"model": "llama-3.1-8b", "weights": "int8",
+         "variants": ["compiled", "compiled-materialized", "compiled-dequant", "compiled-torchao", "compiled-gemlite"]},
         {"model": "qwen2.5-1.5b", "weights": "bf16",
          "variants": ["compiled", "compiled-unfused", "compiled-sdpa", "graphs", "eager"], "verify": True},
         {"model": "qwen2.5-1.5b", "weights": "int8",
-         "variants": ["compiled", "compiled-materialized", "compiled-dequant", "compiled-torchao"], "verify": True},
-        {"model": "llama-3.1-8b", "weights": "int8",
-         "variants": ["compiled", "compiled-materialized", "compiled-dequant", "compiled-torchao"]},
+         "variants": ["compiled", "compiled-materialized", "compiled-dequant", "compiled-torchao", "compiled-gemlite"],
+         "verify": True},
         {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled-step", "reduce-overhead"]},
         {"model": "llama-3.1-8b", "weights": "bf16", "variants": ["compiled", "graphs"]},
-        {"model": "llama-3.1-8b", "weights": "int4", "variants": ["compiled", "compiled-unfused"]},
         {"model": "qwen2.5-1.5b", "weights": "bf16", "variants": ["compiled"], "cached": True},
         {"model": "smollm2-135m", "weights": "bf16", "variants": ["compiled", "graphs"]},
-        {"model": "qwen2.5-1.5b", "weights": "int4", "variants": ["compiled", "compiled-unfused"]},
+        {"model": "qwen2.5-1.5b", "weights": "int4", "variants": ["compiled", "compiled-unfused", "compiled-gemlite"]},
     ]
 
 
