@@ -24,8 +24,10 @@ What it measures (batch 1, --context cached tokens):
   itself) instead of quant_kernels' int8_reduction and int8_dequantized_mm; compiled-materialized
   (int8) = compiled with int8_reduction's rows computed once before it (MATERIALIZE_REDUCTION_ROWS);
   compiled-torchao (int8) = compiled with torchao's int8 weight-only tensors (library_linears.py);
-  compiled-gemlite (int8, int4) = compiled with GemLite's Triton weight-only kernels (library_linears.py;
+  compiled-gemlite = compiled with GemLite's Triton kernels for every linear (library_linears.py;
   its pure-Python wheel is carried beside the suite, as the device README says of wheels);
+  compiled-gemlite-fp8 (bf16) = every linear quantized to fp8 and run by GemLite (changed weights: a
+  speed row only, for an fp8 weights format);
   compiled-flex = compiled with attention through FlexAttention over the cache's filled blocks
   (step_attention.flex_grouped_attention); compiled-write = compiled with the cache written inside
   the compiled projection (static_step.project_into_cache); compiled-flex-write = both;
@@ -72,8 +74,9 @@ def full_plan() -> list[dict]:
         {"model": "tiny", "weights": "int4", "variants": ["compiled-unfused", "compiled", "compiled-gemlite"],
          "equality": True},
         {"model": "qwen2.5-1.5b", "weights": "bf16",
-         "variants": ["compiled", "compiled-flex", "compiled-write", "compiled-flex-write"]},
-        {"model": "llama-3.1-8b", "weights": "bf16", "variants": ["compiled", "compiled-flex-write"]},
+         "variants": ["compiled", "compiled-flex", "compiled-write", "compiled-flex-write", "compiled-gemlite"]},
+        {"model": "llama-3.1-8b", "weights": "bf16",
+         "variants": ["compiled", "compiled-flex-write", "compiled-gemlite", "compiled-gemlite-fp8"]},
         {"model": "llama-3.1-8b", "weights": "int4", "variants": ["compiled", "compiled-unfused", "compiled-gemlite"]},
         {"model": "llama-3.1-8b", "weights": "int8",
          "variants": ["compiled", "compiled-materialized", "compiled-dequant", "compiled-torchao", "compiled-gemlite"]},

@@ -36,7 +36,8 @@ def _open_backend(model, config, weights: str, device_name: str, variant: str, m
     started = time.perf_counter()
     backend = TorchBackend(model, settings, tokenizer=None, model_path=None, owns_model=False)
     if variant in ("compiled-step", "reduce-overhead", "compiled-sdpa", "compiled-unfused", "compiled-torchao",
-                   "compiled-gemlite", "compiled-flex", "compiled-write", "compiled-flex-write"):
+                   "compiled-gemlite", "compiled-gemlite-fp8", "compiled-flex", "compiled-write",
+                   "compiled-flex-write"):
         unfuse_projections(model)
         attention = "sdpa" if variant == "compiled-sdpa" else "flex" if "flex" in variant else None
         backend.static_step = StaticDecodeStep(model, backend.cache, num_layers=backend.num_layers,
@@ -46,11 +47,12 @@ def _open_backend(model, config, weights: str, device_name: str, variant: str, m
                                                captures=variant != "reduce-overhead", attention=attention,
                                                fuses=variant != "compiled-unfused",
                                                writes_in_projection=variant.endswith("-write"))
-        if variant in ("compiled-torchao", "compiled-gemlite"):  # for good: a group lists them last
-            from pocketspec.torch_model.library_linears import use_gemlite, use_torchao_int8
+        if variant in ("compiled-torchao", "compiled-gemlite", "compiled-gemlite-fp8"):  # for good: listed last
+            from pocketspec.torch_model import library_linears
 
-            swapped = (use_torchao_int8 if variant == "compiled-torchao" else use_gemlite)(model)
-            backend.notes.append(f"{swapped} linears swapped for {variant.split('-')[1]}'s")
+            swap = {"compiled-torchao": library_linears.use_torchao_int8, "compiled-gemlite": library_linears.use_gemlite,
+                    "compiled-gemlite-fp8": library_linears.use_gemlite_fp8}[variant]
+            backend.notes.append(f"{swap(model)} linears swapped by {swap.__name__}")
         backend.static_step.warm_up()
     _synchronize(backend.device)
     return backend, time.perf_counter() - started

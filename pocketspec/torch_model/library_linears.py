@@ -8,8 +8,9 @@ were quantized to:
 - torchao's Int8WeightOnlyConfig, the same scheme as our int8 (one symmetric scale per output row;
   the scale is recomputed from the dequantized row, whose largest code is ±127). torchao's int4 on
   CUDA is tinygemm again (its tile-packed format) or needs fbgemm's, so int4 stays with torchao.
-- GemLite (github.com/mobiusml/gemlite): Triton GEMV and GEMM kernels for 8- and 4-bit weights,
-  chosen by the number of rows. Its int8 takes our codes and scales as they are; its int4 computes
+- GemLite (github.com/mobiusml/gemlite): Triton GEMV and GEMM kernels for 16-, 8- and 4-bit weights,
+  chosen by the number of rows (16-bit: against cuBLAS, whose one-row kernels ran the 1.5B's small
+  projections at 28-43 % of the bandwidth). Its int8 takes our codes and scales as they are; its int4 computes
   w = (q - zero) * scale per group of inputs, so our (q - 8) * scale + zero becomes the zero
   8 - zero / scale (gemlite_int4_parts). It needs CUDA and triton; it is not in the `torch` extra
   (triton would come with it), so its pure-Python wheel travels to a GPU machine beside the suite.
@@ -100,13 +101,21 @@ def _gemlite_config() -> None:
         GemLiteLinear.load_config(str(Path(gemlite.__file__).parent / "configs" / "h100.json"))
 
 
-def _as_gemlite(linear: Int8Linear | Int4Linear) -> nn.Module | None:
+def _as_gemlite(linear: nn.Linear | Int8Linear | Int4Linear) -> nn.Module | None:
     """GemLite's twin of one linear; None where its compute dtype is not one GemLite takes (bf16, fp16)."""
+    from gemlite.core import GemLiteLinearTriton
+    from gemlite.dtypes import TORCH_TO_DTYPE
     from gemlite.helper import A16W8_INT8, A16Wn
 
-    dtype = linear.compute_dtype
+    dtype = linear.weight.dtype if isinstance(linear, nn.Linear) else linear.compute_dtype
     if dtype not in (torch.bfloat16, torch.float16):
         return None
+    if isinstance(linear, nn.Linear):  # 16-bit weights through its GEMV kernels, against cuBLAS's
+        twin = GemLiteLinearTriton(16, group_size=None, in_features=linear.in_features,
+                                   out_features=linear.out_features, input_dtype=TORCH_TO_DTYPE[dtype],
+                                   output_dtype=TORCH_TO_DTYPE[dtype])
+        twin.pack(linear.weight.detach(), None, None, bias=None if linear.bias is None else linear.bias.detach())
+        return twin
     if isinstance(linear, Int8Linear):
         return A16W8_INT8(device=linear.weight.device, dtype=dtype).from_weights(
             linear.weight, bias=linear.bias, scales=linear.scales[:, None].to(dtype))
@@ -117,6 +126,23 @@ def _as_gemlite(linear: Int8Linear | Int4Linear) -> nn.Module | None:
 
 
 def use_gemlite(model: nn.Module) -> int:
-    """GemLite's linears for every int8 and int4 linear `model` runs, in bf16 or fp16; how many."""
+    """GemLite's linears for every linear `model` runs (16-bit, int8 and int4) in bf16 or fp16; how many."""
     _gemlite_config()
-    return swap_run_linears(model, (Int8Linear, Int4Linear), _as_gemlite)
+    return swap_run_linears(model, (nn.Linear, Int8Linear, Int4Linear), _as_gemlite)
+
+
+def _as_gemlite_fp8(linear: nn.Linear) -> nn.Module | None:
+    from gemlite.helper import A16W8_FP8
+
+    if linear.weight.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    return A16W8_FP8(device=linear.weight.device, dtype=linear.weight.dtype).from_weights(
+        linear.weight.detach(), bias=None if linear.bias is None else linear.bias.detach())
+
+
+def use_gemlite_fp8(model: nn.Module) -> int:
+    """Every 16-bit linear `model` runs quantized to fp8 (e4m3, one scale per output row) and run by GemLite's
+    kernels: what an fp8 weights format would decode at on a GPU with fp8 (issue 36 asks for it on Hopper).
+    It changes the weights, so only the suite's speed rows read it; how many linears."""
+    _gemlite_config()
+    return swap_run_linears(model, (nn.Linear,), _as_gemlite_fp8)
