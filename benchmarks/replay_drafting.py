@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -93,6 +94,7 @@ class ReplayTarget(CachedTokens):
         self.truth: list[int] = []
         self.widths: Counter = Counter()
         self.past_match_seconds = 0.0
+        self.stand_in_wall_seconds = 0.0  # the wall time this stand-in took: its logits and the host verdicts
 
     @property
     def max_context(self) -> int:
@@ -134,8 +136,18 @@ class ReplayTarget(CachedTokens):
         return self._logits([start + row for row in logits_rows])
 
     def prefill(self, tokens, should_stop=None) -> np.ndarray:
+        started = time.perf_counter()
         self._cached.extend(tokens)
-        return self._logits([len(self._cached) - 1])[0]
+        logits = self._logits([len(self._cached) - 1])[0]
+        self.stand_in_wall_seconds += time.perf_counter() - started
+        return logits
+
+    def verify(self, tokens, draft_probs, sampling, rng):
+        """The forward and the verdict on the host (a GPU's static step reaches its verdict on the device)."""
+        started = time.perf_counter()
+        verdict = super().verify(tokens, draft_probs, sampling, rng)
+        self.stand_in_wall_seconds += time.perf_counter() - started
+        return verdict
 
     def rollback(self, num_kept: int) -> None:
         del self._cached[num_kept:]
@@ -175,6 +187,7 @@ def replay_trace(engine: SpeculativeEngine, target: ReplayTarget, trace: dict):
     target.widths.clear()
     target.past_match_seconds = 0.0
     target.stayed_exact = True
+    target.stand_in_wall_seconds = 0.0
     engine.reset()
     result = engine.generate(prompt, len(output))
     if result.tokens != output:
@@ -195,7 +208,9 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
         prompt, output = trace["prompt_tokens"], trace["output_tokens"]
         if len(output) < 2:
             continue
+        started = time.perf_counter()
         stats = replay_trace(engine, target, trace).stats
+        host_seconds = time.perf_counter() - started - target.stand_in_wall_seconds
         rows.append({"prompt_id": trace["prompt_id"], "category": trace["category"], "turn": trace.get("turn", 1),
                      "num_tokens": len(output), "decode_seconds": stats.decode_seconds,
                      "plain_seconds": plain_seconds(costs, len(prompt), len(output)),
@@ -204,7 +219,8 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
                      "copy_bound_seconds": copy_bound_seconds(costs, prompt, output, widest, earlier_pairs),
                      "num_steps": stats.num_steps, "num_drafted": stats.num_drafted,
                      "num_accepted": stats.num_accepted, "widths": dict(target.widths),
-                     "past_match_seconds": target.past_match_seconds, "stayed_exact": target.stayed_exact})
+                     "past_match_seconds": target.past_match_seconds, "stayed_exact": target.stayed_exact,
+                     "host_seconds": host_seconds})
     return rows
 
 
@@ -226,6 +242,7 @@ def summarize(rows: list[dict]) -> dict:
             "acceptance": sum(row["num_accepted"] for row in rows) / drafted if drafted else None,
             "past_match_share": sum(row["past_match_seconds"] for row in rows) / spec if spec else 0.0,
             "stayed_exact_share": sum(row["stayed_exact"] for row in rows) / len(rows) if rows else 0.0,
+            "host_ms_per_step": 1e3 * sum(row["host_seconds"] for row in rows) / max(sum(row["num_steps"] for row in rows), 1),
             "common_widths": [width for width, _ in widths.most_common(4)]}
 
 
@@ -238,14 +255,15 @@ def by_category(rows: list[dict]) -> dict[str, dict]:
 
 
 COLUMNS = ["category", "prompts", "× plain", "oracle × plain", "tree oracle × plain", "copy bound × plain",
-           "tokens/step", "acceptance", "past the match", "common widths", "answers that stayed exact"]
+           "tokens/step", "acceptance", "past the match", "common widths", "answers that stayed exact", "host ms/step"]
 
 
 def table_rows(summary: dict[str, dict]) -> list[list]:
     return [[category, item["num_prompts"], f"{item['speedup']:.2f}×", f"{item['oracle_speedup']:.2f}×",
              f"{item['tree_oracle_speedup']:.2f}×", f"{item['copy_bound_speedup']:.2f}×", f"{item['tokens_per_step']:.2f}",
              "–" if item["acceptance"] is None else f"{item['acceptance']:.2f}", f"{item['past_match_share']:.1%}",
-             ", ".join(map(str, item["common_widths"])), f"{item['stayed_exact_share']:.0%}"]
+             ", ".join(map(str, item["common_widths"])), f"{item['stayed_exact_share']:.0%}",
+             f"{item['host_ms_per_step']:.3f}"]
             for category, item in summary.items()]
 
 
@@ -286,7 +304,10 @@ def main(argv=None) -> None:
         notes = [f"cost table: {args.costs}", "speedups are predicted from the table, not timed",
                  *([f"the controller's table: {args.calibrated_costs}"] if calibrated is not None else []),
                  f"tree oracle: up to {args.tree_branches} branches, every verified row paid for",
-                 "copy bound: the recorded output drafted up to its first pair of tokens not seen before"]
+                 "copy bound: the recorded output drafted up to its first pair of tokens not seen before",
+                 "host ms/step: the engine's own work a step on this machine's wall clock (drafting, the controller, "
+                 "bookkeeping; the first step's indexing of the prompt included), without the stand-in's logits and "
+                 "the host verdicts, which a GPU's static step reaches on the device"]
         if args.exact_width is not None:
             notes.append(f"batches round like one-token forwards up to {args.exact_width} rows"
                          + (f" and {args.exact_until} cached tokens" if args.exact_until is not None else "")

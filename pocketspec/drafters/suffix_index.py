@@ -20,15 +20,23 @@ class SuffixIndex:
     def extend(self, new_tokens: Sequence[int]) -> None:
         start = len(self.tokens)
         self.tokens.extend(new_tokens)
-        tokens = self.tokens
+        tokens, continuations, min_n, max_n = self.tokens, self.continuations, self.min_n, self.max_n
         # An n-gram ending at `end` continues with tokens[end]; the stream's own suffix has no
-        # continuation yet, so a lookup never finds itself.
+        # continuation yet, so a lookup never finds itself. The host indexes every prompt token
+        # between a prompt's prefill and its first verify, so this loop is kept lean: one window
+        # per position, its n-grams sliced from it.
         for end in range(max(start, 1), len(tokens)):
             following = tokens[end]
             if following < 0:  # a corpus separator is never proposed
                 continue
-            for n in range(self.min_n, min(self.max_n, end) + 1):
-                entry = self.continuations.setdefault(tuple(tokens[end - n:end]), {})
+            window = tuple(tokens[max(0, end - max_n):end])
+            size = len(window)
+            for n in range(min_n, size + 1):
+                key = window[size - n:]
+                entry = continuations.get(key)
+                if entry is None:
+                    continuations[key] = {following: [1, end]}
+                    continue
                 seen = entry.get(following)
                 if seen is None:
                     entry[following] = [1, end]

@@ -59,7 +59,11 @@ class CostTable:
         # per width, once seen often enough: a table measured on a busy machine heals where it is used
         self._width_corrections: dict[int, tuple[int, float]] = {}
         self._width_factors: dict[int, float] = {}  # exp(correction) of the widths seen often enough
+        self._factor_widths: list[int] = []  # those widths, ascending: a width's neighbours are a bisection away
         self._factor_by_width: dict[int, float] = {}  # the correction each width is predicted with, once asked
+        # what the controller asked this step, by (width, depth bucket): every prediction holds until the next
+        # observe (a step asks for up to 64 widths, and each prediction takes a dozen lookups)
+        self._optimistic: dict[tuple[int, int], float] = {}
         self.num_observed: dict[int, int] = {}  # timed passes by width
         self._num_observed_by_group: dict[int, int] = {}
         self._num_timed = 0  # timed passes of every width
@@ -67,6 +71,7 @@ class CostTable:
     def observe(self, width: int, seconds: float, depth: int = 0) -> None:
         if width <= 0 or seconds <= 0:
             return
+        self._optimistic.clear()
         self.num_observed[width] = self.num_observed.get(width, 0) + 1
         self._num_timed += 1
         group = _exploration_group(width)
@@ -82,6 +87,8 @@ class CostTable:
                 correction += self.smoothing * (error - correction)
                 self._width_corrections[width] = (count + 1, correction)
                 if count + 1 >= MIN_WIDTH_OBSERVATIONS:
+                    if width not in self._width_factors:
+                        bisect.insort(self._factor_widths, width)
                     self._width_factors[width] = math.exp(correction)
             return
         previous = self._seconds_by_width.get(width)
@@ -115,8 +122,10 @@ class CostTable:
         if width in known or not known:
             factor = known.get(width, self._factor)
         else:
-            lower = max((other for other in known if other < width), default=None)
-            upper = min((other for other in known if other > width), default=None)
+            widths = self._factor_widths
+            index = bisect.bisect_left(widths, width)
+            lower = widths[index - 1] if index > 0 else None
+            upper = widths[index] if index < len(widths) else None
             if lower is None or upper is None:
                 factor = known[upper if lower is None else lower]
             else:
@@ -127,10 +136,15 @@ class CostTable:
 
     def optimistic_seconds(self, width: int, depth: int = 0) -> float:
         """What the controller chooses on: the prediction, less the optimism a little-timed group of widths earns."""
-        if self._num_timed < EXPLORE_AFTER_PASSES:
-            return self.seconds(width, depth)
-        num_observed = self._num_observed_by_group.get(_exploration_group(width), 0)
-        return self.seconds(width, depth) * (1.0 - EXPLORATION / (1 + num_observed))
+        key = (width, depth // DEPTH_BUCKET)
+        found = self._optimistic.get(key)
+        if found is not None:
+            return found
+        seconds = self.seconds(width, depth)
+        if self._num_timed >= EXPLORE_AFTER_PASSES:
+            seconds *= 1.0 - EXPLORATION / (1 + self._num_observed_by_group.get(_exploration_group(width), 0))
+        self._optimistic[key] = seconds
+        return seconds
 
     def learned_curve(self, depth: int, widths=(1, 2, 4, 8, 16, 32)) -> dict | None:
         """The calibrated and the learned cost of some widths at one depth, and how often each was timed
