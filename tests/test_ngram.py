@@ -43,3 +43,23 @@ def test_rewritten_context_rebuilds_the_index():
 def test_a_short_period_repetition_is_continued_periodically():
     drafter = NgramDrafter(min_n=2, max_n=3)
     assert drafter.lookup([9, 1, 2, 3, 1, 2, 3, 1, 2], 7) == [3, 1, 2, 3, 1, 2, 3]
+
+
+def test_a_prompt_that_extends_the_indexed_context_keeps_its_index_and_proposes_as_a_fresh_one():
+    """A chat's next turn indexes only what it adds; a prompt that rewrites anything starts afresh. Either
+    way the proposals are a fresh drafter's."""
+    turn_one = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]
+    kept = NgramDrafter(min_n=1, max_n=3)
+    kept.lookup(turn_one, 4)
+    indexed = kept._context
+    turn_two = turn_one + [3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3, 8, 3, 2, 7, 9, 5]
+    kept.begin(turn_two)
+    assert kept._context is indexed
+    rewritten = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 8] + turn_two[15:]
+    restarted = NgramDrafter(min_n=1, max_n=3)
+    restarted.lookup(turn_one, 4)
+    restarted.begin(rewritten)
+    assert restarted._context.tokens == []
+    for drafter, prompt in ((kept, turn_two), (restarted, rewritten)):
+        for end in range(len(turn_one) + 1, len(prompt) + 1):
+            assert drafter.lookup(prompt[:end], 4) == NgramDrafter(min_n=1, max_n=3).lookup(prompt[:end], 4)

@@ -140,7 +140,7 @@ class SpeculativeEngine:
         if logits is None:
             return None
         if self.ngram is not None:
-            self.ngram.reset()
+            self.ngram.begin(prompt)
         self._unused.clear()
         return self._pick(logits)
 
