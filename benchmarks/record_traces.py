@@ -63,9 +63,11 @@ def main(argv=None) -> None:
     started = time.perf_counter()
     with open_session(settings) as session, args.out.open("w", encoding="utf-8") as out:
         for row in chosen_rows(args):
-            session.reset(0)
             chat = Chat(session.engine, Conversation(), max_new_tokens=args.max_tokens)
             for turn_index, text in enumerate(row.turns, start=1):
+                # from empty caches, as the bench decodes every turn: a later turn that reused the first
+                # turn's cached keys (computed a token at a time, not in one batch) could part at a near-tie
+                session.reset(0)
                 turn = chat.reply(text)
                 out.write(json.dumps({"suite": args.suite.name, "prompt_id": row.prompt_id,
                                       "category": row.category, "turn": turn_index,
