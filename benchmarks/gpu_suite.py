@@ -31,6 +31,7 @@ What it measures (batch 1, --context cached tokens):
   compiled-flex = compiled with attention through FlexAttention over the cache's filled blocks
   (step_attention.flex_grouped_attention); compiled-write = compiled with the cache written inside
   the compiled projection (static_step.project_into_cache); compiled-flex-write = both;
+  compiled-step-flex = the whole step compiled with FlexAttention;
 - the first compile against a cached one (a second process on the same compile cache);
 - the speculative loop's host side: greedy n-gram speculation by the real engine on the verify
   curve's cost table, its step time and the share of it outside the forwards, beside plain decoding;
@@ -74,7 +75,8 @@ def full_plan() -> list[dict]:
         {"model": "tiny", "weights": "int4", "variants": ["compiled-unfused", "compiled", "compiled-gemlite"],
          "equality": True},
         {"model": "qwen2.5-1.5b", "weights": "bf16",
-         "variants": ["compiled", "compiled-flex", "compiled-write", "compiled-flex-write", "compiled-gemlite"]},
+         "variants": ["compiled", "compiled-flex", "compiled-write", "compiled-flex-write", "compiled-step-flex",
+                      "compiled-gemlite"]},
         {"model": "llama-3.1-8b", "weights": "bf16",
          "variants": ["compiled", "compiled-flex-write", "compiled-gemlite", "compiled-gemlite-fp8"]},
         {"model": "llama-3.1-8b", "weights": "int4", "variants": ["compiled", "compiled-unfused", "compiled-gemlite"]},

@@ -37,13 +37,13 @@ def _open_backend(model, config, weights: str, device_name: str, variant: str, m
     backend = TorchBackend(model, settings, tokenizer=None, model_path=None, owns_model=False)
     if variant in ("compiled-step", "reduce-overhead", "compiled-sdpa", "compiled-unfused", "compiled-torchao",
                    "compiled-gemlite", "compiled-gemlite-fp8", "compiled-flex", "compiled-write",
-                   "compiled-flex-write"):
+                   "compiled-flex-write", "compiled-step-flex"):
         unfuse_projections(model)
         attention = "sdpa" if variant == "compiled-sdpa" else "flex" if "flex" in variant else None
         backend.static_step = StaticDecodeStep(model, backend.cache, num_layers=backend.num_layers,
                                                max_width=max_width, compile=True,
-                                               compile_scope="step" if variant in ("compiled-step", "reduce-overhead")
-                                               else "blocks",
+                                               compile_scope="step" if variant in ("compiled-step", "reduce-overhead",
+                                                                                   "compiled-step-flex") else "blocks",
                                                captures=variant != "reduce-overhead", attention=attention,
                                                fuses=variant != "compiled-unfused",
                                                writes_in_projection=variant.endswith("-write"))

@@ -144,13 +144,15 @@ class StaticDecodeStep:
             raise ValueError(f"attention {attention!r}: one of {', '.join(STEP_ATTENTIONS)}")
         self._attention = None if attention is None else STEP_ATTENTIONS[attention]
         self._uses_blocks = attention == "flex"
+        if self._uses_blocks and not is_gpu:
+            # torch 2.13's CPU template for FlexAttention gave wrong rows for one query token over whole blocks
+            # of keys (2026-11-28): on a CPU it runs eagerly, as its reference math, whatever is compiled
+            self._attention = torch.compiler.disable(self._attention)
         if compile and compile_scope == "blocks":
             self._project = torch.compile(Block.project)
             self._finish = torch.compile(Block.finish)
             self._head = torch.compile(self._head)  # the norm fused, and an int8 head through int8_reduction
-            # torch 2.13's CPU template for FlexAttention gave wrong rows for one query token over whole
-            # blocks of keys (2026-11-28): on a CPU it runs eagerly, as its reference math
-            if self._attention is not None and (is_gpu or not self._uses_blocks):
+            if self._attention is not None:
                 self._attention = torch.compile(self._attention)
             if self._project_into_cache is not None:
                 self._project_into_cache = torch.compile(project_into_cache)
