@@ -213,6 +213,11 @@ def markdown(results: dict) -> str:
         speedups = ", ".join(f"{category} {found['speedup']:.2f}×" for category, found in replay["summary"].items())
         lines += ["", f"Predicted × plain on {replay['trace']} (replay_drafting, γ auto, on the "
                       f"{replay.get('table')} compiled verify curve): {speedups}"]
+        overall = replay["summary"].get("all", {})
+        if "host_ms_per_step" in overall:  # timed on this machine's CPU, beside the table's step
+            host, step = overall["host_ms_per_step"], overall["step_ms"]
+            lines.append(f"The engine's own work on this host: {host:.3f} ms a step beside the {step:.3f} ms the "
+                         f"table predicts for its forwards ({host / (host + step):.1%} of a step).")
     return "\n".join(lines) + "\n"
 
 

@@ -243,6 +243,7 @@ def summarize(rows: list[dict]) -> dict:
             "past_match_share": sum(row["past_match_seconds"] for row in rows) / spec if spec else 0.0,
             "stayed_exact_share": sum(row["stayed_exact"] for row in rows) / len(rows) if rows else 0.0,
             "host_ms_per_step": 1e3 * sum(row["host_seconds"] for row in rows) / max(sum(row["num_steps"] for row in rows), 1),
+            "step_ms": 1e3 * spec / max(sum(row["num_steps"] for row in rows), 1),  # on the table's costs
             "common_widths": [width for width, _ in widths.most_common(4)]}
 
 
