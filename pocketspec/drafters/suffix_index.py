@@ -4,6 +4,7 @@ keeps one over its context; the shared corpus of earlier outputs (corpus.py) ano
 
 from __future__ import annotations
 
+import gc
 from typing import Sequence
 
 MAX_MATCH_LENGTH = 32  # backward extension stops here: longer matches are scored alike
@@ -18,6 +19,19 @@ class SuffixIndex:
         self.continuations: dict[tuple[int, ...], dict[int, list[int]]] = {}
 
     def extend(self, new_tokens: Sequence[int]) -> None:
+        was_collecting = gc.isenabled()
+        gc.disable()  # see _extend
+        try:
+            self._extend(new_tokens)
+        finally:
+            if was_collecting:
+                gc.enable()
+
+    def _extend(self, new_tokens: Sequence[int]) -> None:
+        """Index new_tokens. Each position adds up to seven small containers, and the cyclic garbage
+        collector, counting them, would walk the young objects every 700 of them: indexing a prompt ran
+        at 3-5 µs a token with it and 2.3 without (this EPYC). Nothing here forms a cycle, so the
+        collection is put off until the index is extended, not skipped."""
         start = len(self.tokens)
         self.tokens.extend(new_tokens)
         tokens, continuations, min_n, max_n = self.tokens, self.continuations, self.min_n, self.max_n
