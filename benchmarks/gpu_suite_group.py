@@ -50,7 +50,8 @@ def _open_backend(model, config, weights: str, device_name: str, variant: str, m
         if variant in ("compiled-torchao", "compiled-gemlite", "compiled-gemlite-fp8"):  # for good: listed last
             from pocketspec.torch_model import library_linears
 
-            swap = {"compiled-torchao": library_linears.use_torchao_int8, "compiled-gemlite": library_linears.use_gemlite,
+            swap = {"compiled-torchao": library_linears.use_torchao_int8,
+                    "compiled-gemlite": library_linears.use_gemlite,
                     "compiled-gemlite-fp8": library_linears.use_gemlite_fp8}[variant]
             backend.notes.append(f"{swap(model)} linears swapped by {swap.__name__}")
         backend.static_step.warm_up()

@@ -234,16 +234,17 @@ def summarize(rows: list[dict]) -> dict:
     oracle = sum(row["oracle_seconds"] for row in rows)
     tree_oracle = sum(row["tree_oracle_seconds"] for row in rows)
     copy_bound = sum(row["copy_bound_seconds"] for row in rows)
+    num_steps = max(sum(row["num_steps"] for row in rows), 1)
     return {"num_prompts": len(rows), "speedup": plain / spec if spec else 0.0,
             "oracle_speedup": plain / oracle if oracle else 0.0,
             "tree_oracle_speedup": plain / tree_oracle if tree_oracle else 0.0,
             "copy_bound_speedup": plain / copy_bound if copy_bound else 0.0,
-            "tokens_per_step": sum(row["num_tokens"] for row in rows) / max(sum(row["num_steps"] for row in rows), 1),
+            "tokens_per_step": sum(row["num_tokens"] for row in rows) / num_steps,
             "acceptance": sum(row["num_accepted"] for row in rows) / drafted if drafted else None,
             "past_match_share": sum(row["past_match_seconds"] for row in rows) / spec if spec else 0.0,
             "stayed_exact_share": sum(row["stayed_exact"] for row in rows) / len(rows) if rows else 0.0,
-            "host_ms_per_step": 1e3 * sum(row["host_seconds"] for row in rows) / max(sum(row["num_steps"] for row in rows), 1),
-            "step_ms": 1e3 * spec / max(sum(row["num_steps"] for row in rows), 1),  # on the table's costs
+            "host_ms_per_step": 1e3 * sum(row["host_seconds"] for row in rows) / num_steps,
+            "step_ms": 1e3 * spec / num_steps,  # on the table's costs
             "common_widths": [width for width, _ in widths.most_common(4)]}
 
 

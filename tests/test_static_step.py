@@ -211,7 +211,8 @@ def test_flex_attention_and_a_compiled_cache_write_decode_the_dynamic_paths_toke
     import torch._dynamo
 
     target, _ = tiny_pair
-    options = dict(drafter="ngram", gamma=4, max_gamma=4, max_context=256, self_draft_settings=dict(torch_kv_type=kv_type))
+    options = dict(drafter="ngram", gamma=4, max_gamma=4, max_context=256,
+                   self_draft_settings=dict(torch_kv_type=kv_type))
     dynamic = _generate(target, 96, decode_step="dynamic", **options)
     torch._dynamo.reset()
     with built_engine(target, decode_step="static", **options, **TORCH) as engine:

@@ -25,7 +25,8 @@ def _quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def write_positions(keys: torch.Tensor, values: torch.Tensor, key_scales: torch.Tensor | None,
-                    value_scales: torch.Tensor | None, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+                    value_scales: torch.Tensor | None, positions: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor) -> None:
     """Store k and v [batch, kv_heads, T, head_dim] at positions [T] of one layer's buffers (rows from 0), by
     index_copy_; quantized where the scales are given. A plain function, so a compiled step can run it."""
     batch = k.shape[0]

@@ -7,7 +7,7 @@ tinygemm for int4. Two libraries are measured against them, holding the codes th
 were quantized to:
 - torchao's Int8WeightOnlyConfig, the same scheme as our int8 (one symmetric scale per output row;
   the scale is recomputed from the dequantized row, whose largest code is ±127). torchao's int4 on
-  CUDA is tinygemm again (its tile-packed format) or needs fbgemm's, so int4 stays with torchao.
+  CUDA is tinygemm again (its tile-packed format) or needs fbgemm's, so only its int8 is measured.
 - GemLite (github.com/mobiusml/gemlite): Triton GEMV and GEMM kernels for 16-, 8- and 4-bit weights,
   chosen by the number of rows (16-bit: against cuBLAS, whose one-row kernels ran the 1.5B's small
   projections at 28-43 % of the bandwidth). Its int8 takes our codes and scales as they are; its int4 computes

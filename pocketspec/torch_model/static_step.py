@@ -27,8 +27,8 @@ for all blocks (and the output head once): they take modules and tensors, never
 the cache or a layer number, so one compile serves every block, Inductor fuses their
 elementwise work, and compiling costs one block's graphs, not the whole model's; writing the
 cache stays eager inside the graph (or, with writes_in_projection, joins the compiled projection:
-project_into_cache, which the GPU suite measures against it). `compile_scope="step"` compiles the whole step instead (the
-GPU suite's comparison). Buckets are captured when the backend opens, before anything is timed.
+project_into_cache, which the GPU suite measures against it). `compile_scope="step"` compiles the
+whole step instead (the GPU suite's comparison). Buckets are captured when the backend opens, before anything is timed.
 On a CPU the same code runs without graphs (compiled by Inductor or eager), which is how the
 tests prove that it gives the dynamic path's tokens.
 
