@@ -11,6 +11,9 @@ import json
 import time
 
 VERIFY_WIDTHS = (1, 2, 4, 8, 16, 32)
+# decode steps that swap the model's linears for a library's (pocketspec/torch_model/library_linears.py)
+LIBRARY_VARIANTS = {"compiled-torchao": "use_torchao_int8", "compiled-gemlite": "use_gemlite",
+                    "compiled-gemlite-fp8": "use_gemlite_fp8"}
 
 
 def _open_backend(model, config, weights: str, device_name: str, variant: str, max_context: int, max_width: int):
@@ -35,9 +38,8 @@ def _open_backend(model, config, weights: str, device_name: str, variant: str, m
                              compile=variant in ("compiled", "compiled-dequant", "compiled-materialized"))
     started = time.perf_counter()
     backend = TorchBackend(model, settings, tokenizer=None, model_path=None, owns_model=False)
-    if variant in ("compiled-step", "reduce-overhead", "compiled-sdpa", "compiled-unfused", "compiled-torchao",
-                   "compiled-gemlite", "compiled-gemlite-fp8", "compiled-flex", "compiled-write",
-                   "compiled-flex-write", "compiled-step-flex"):
+    if variant in ("compiled-step", "reduce-overhead", "compiled-sdpa", "compiled-unfused", *LIBRARY_VARIANTS,
+                   "compiled-flex", "compiled-write", "compiled-flex-write", "compiled-step-flex"):
         unfuse_projections(model)
         attention = "sdpa" if variant == "compiled-sdpa" else "flex" if "flex" in variant else None
         backend.static_step = StaticDecodeStep(model, backend.cache, num_layers=backend.num_layers,
@@ -47,12 +49,10 @@ def _open_backend(model, config, weights: str, device_name: str, variant: str, m
                                                captures=variant != "reduce-overhead", attention=attention,
                                                fuses=variant != "compiled-unfused",
                                                writes_in_projection=variant.endswith("-write"))
-        if variant in ("compiled-torchao", "compiled-gemlite", "compiled-gemlite-fp8"):  # for good: listed last
+        if variant in LIBRARY_VARIANTS:  # for good: the group builds its model again after
             from pocketspec.torch_model import library_linears
 
-            swap = {"compiled-torchao": library_linears.use_torchao_int8,
-                    "compiled-gemlite": library_linears.use_gemlite,
-                    "compiled-gemlite-fp8": library_linears.use_gemlite_fp8}[variant]
+            swap = getattr(library_linears, LIBRARY_VARIANTS[variant])
             backend.notes.append(f"{swap(model)} linears swapped by {swap.__name__}")
         backend.static_step.warm_up()
     _synchronize(backend.device)
@@ -208,7 +208,12 @@ def run_group(group: dict, device_name: str, context: int, num_tokens: int) -> N
     device = resolve_device(device_name)
     tiny = ModelConfig("llama", 4, 256, 4, 2, 64, 512, 4000, 10000.0, 1e-5, False, True)  # --quick's shape
     config = {**roofline.SHAPES, "tiny": tiny}[group["model"]]
-    model = roofline.random_model(config, group["weights"], device)
+
+    def fresh_model():  # the same weights every time: a library's swap (LIBRARY_VARIANTS) is for good
+        torch.manual_seed(0)
+        return roofline.random_model(config, group["weights"], device)
+
+    model = fresh_model()
     shape = roofline.shape_of(group["model"], config)
     weight_bytes = torch_weight_bytes(shape, group["weights"], is_tied=config.is_tied,
                                       has_qkv_bias=config.has_qkv_bias, on_gpu=device.type == "cuda")
@@ -241,5 +246,10 @@ def run_group(group: dict, device_name: str, context: int, num_tokens: int) -> N
         except Exception as error:  # noqa: BLE001 - the suite reports every variant that failed, and goes on
             row["error"] = f"{type(error).__name__}: {str(error)[:400]}"
         print("RESULT " + json.dumps(row), flush=True)
+        if variant in LIBRARY_VARIANTS:
+            del model
+            backend = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        if variant in LIBRARY_VARIANTS:
+            model = fresh_model()
