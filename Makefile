@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 # ONNX Runtime for --backend onnx: the CPU package, or the CUDA one with POCKETSPEC_ACCEL=cuda
 ONNX_EXTRA := $(if $(filter cuda,$(POCKETSPEC_ACCEL)),onnx-gpu,onnx)
 
-.PHONY: chat serve test setup llama peers models-test models-default bench bench-chat bench-memory clean-venv
+.PHONY: chat serve test setup llama peers models-test models-default bench bench-chat bench-memory clean-venv gpu-wheels
 
 chat: setup models-default
 	$(BIN)/pocketspec chat
@@ -56,6 +56,17 @@ models-default: setup
 peers: setup
 	native/build_llama_tools.sh $(BIN)/pip
 	$(BIN)/pip install -q -e '.[peers]'
+
+# What the GPU suite's library steps need on a GPU machine that lacks them (docs/gpu.md): the wheels, in
+# .whl, for its Python 3.12 (torchao's, as the device README fetches wheels; GemLite's is pure Python,
+# built here from its source). A device call carries .whl and installs it first.
+GPU_WHEELS_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+gpu-wheels: setup
+	rm -rf .whl && mkdir -p .whl
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(GPU_WHEELS_PLATFORMS) -d .whl torchao==0.18.0
+	$(BIN)/pip wheel -q --no-deps -w .whl gemlite==0.6.0.post2
 
 bench: setup models-test peers
 	$(BIN)/python -m apps.bench
