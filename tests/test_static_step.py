@@ -207,7 +207,7 @@ def test_flex_attention_reads_the_filled_blocks_as_the_mask_allows(num_heads, nu
 def test_flex_attention_and_a_compiled_cache_write_decode_the_dynamic_paths_tokens(tiny_pair, kv_type):
     """The GPU suite's compiled-flex-write step on the CPU: the cache written inside the compiled
     projection (quantized there for an int8 cache) and attended through FlexAttention gives the
-    dynamic path's greedy tokens with n-gram drafts of every width."""
+    dynamic path's greedy tokens, decoding alone and verifying 4-token n-gram drafts."""
     import torch._dynamo
 
     target, _ = tiny_pair
