@@ -61,13 +61,11 @@ def profile_spec(spec: str, device_name: str, context: int, num_steps: int) -> d
     import torch
 
     import torch_gpu_roofline as roofline
-    from gpu_suite_group import _decode_rate, _open_backend
-    from pocketspec.torch_model.model import ModelConfig
+    from gpu_suite_group import _decode_rate, _open_backend, model_config
 
     model_name, weights, variant = spec.split(":")
     device = torch.device(device_name)
-    tiny = ModelConfig("llama", 4, 256, 4, 2, 64, 512, 4000, 10000.0, 1e-5, False, True)
-    config = {**roofline.SHAPES, "tiny": tiny}[model_name]
+    config = model_config(model_name)
     model = roofline.random_model(config, weights, device)
     backend, open_seconds = _open_backend(model, config, weights, device_name, variant, context + 4 * num_steps + 64, 1)
     rate = _decode_rate(backend, context, 4 * num_steps)

@@ -16,6 +16,16 @@ LIBRARY_VARIANTS = {"compiled-torchao": "use_torchao_int8", "compiled-gemlite": 
                     "compiled-gemlite-fp8": "use_gemlite_fp8"}
 
 
+def model_config(name: str):
+    """A real model's shape (torch_gpu_roofline.SHAPES), or "tiny": the shape the CPU checks run."""
+    import torch_gpu_roofline as roofline
+    from pocketspec.torch_model.model import ModelConfig
+
+    if name == "tiny":
+        return ModelConfig("llama", 4, 256, 4, 2, 64, 512, 4000, 10000.0, 1e-5, False, True)
+    return roofline.SHAPES[name]
+
+
 def _open_backend(model, config, weights: str, device_name: str, variant: str, max_context: int, max_width: int):
     """The torch backend on `model` for `variant`, and the seconds it took to open (compiling and capturing)."""
     from pocketspec.backends.torch_backend import TorchBackend
@@ -202,12 +212,10 @@ def run_group(group: dict, device_name: str, context: int, num_tokens: int) -> N
     import torch_gpu_roofline as roofline
     from memplanner.measured_costs import MeasuredCosts
     from memplanner.torch_sizes import torch_kv_bytes, torch_weight_bytes
-    from pocketspec.torch_model.model import ModelConfig
     from pocketspec.torch_model.device import resolve_device
 
     device = resolve_device(device_name)
-    tiny = ModelConfig("llama", 4, 256, 4, 2, 64, 512, 4000, 10000.0, 1e-5, False, True)  # --quick's shape
-    config = {**roofline.SHAPES, "tiny": tiny}[group["model"]]
+    config = model_config(group["model"])
 
     def fresh_model():  # the same weights every time: a library's swap (LIBRARY_VARIANTS) is for good
         torch.manual_seed(0)

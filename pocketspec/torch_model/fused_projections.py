@@ -57,14 +57,19 @@ def _can_fuse(parts: list[nn.Module]) -> bool:
                for part in parts)
 
 
+def _replace(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """module.<name> becomes `tensor`, a parameter where it was one (a buffer stays a buffer)."""
+    old = getattr(module, name)
+    setattr(module, name, nn.Parameter(tensor, requires_grad=old.requires_grad)
+            if isinstance(old, nn.Parameter) else tensor)
+
+
 def _rehome(part: nn.Module, name: str, whole: torch.Tensor, start: int) -> int:
-    """part.<name> becomes its share of `whole` from `start` along the output rows (a parameter stays one);
-    where the next part's share starts."""
-    old = getattr(part, name)
-    dim = OUTPUT_DIMS[name]
-    view = whole.narrow(dim, start, old.shape[dim])
-    setattr(part, name, nn.Parameter(view, requires_grad=old.requires_grad) if isinstance(old, nn.Parameter) else view)
-    return start + old.shape[dim]
+    """part.<name> becomes its share of `whole` from `start` along the output rows; where the next part's
+    share starts."""
+    size = getattr(part, name).shape[OUTPUT_DIMS[name]]
+    _replace(part, name, whole.narrow(OUTPUT_DIMS[name], start, size))
+    return start + size
 
 
 def _fused(parts: list[nn.Module]) -> FusedProjection | None:
@@ -90,8 +95,7 @@ def _fused(parts: list[nn.Module]) -> FusedProjection | None:
     with torch.no_grad():
         for name in names:
             whole = torch.cat([getattr(part, name).detach() for part in parts], dim=OUTPUT_DIMS[name])
-            old = getattr(linear, name)
-            setattr(linear, name, nn.Parameter(whole, requires_grad=False) if isinstance(old, nn.Parameter) else whole)
+            _replace(linear, name, whole)
             start = 0
             for part in parts:
                 start = _rehome(part, name, whole, start)
