@@ -29,8 +29,10 @@ whose every forward stayed exact: those certainly equal plain decoding; the othe
 only where no near-tie fell after their first inexact batch. --exact-verify caps the engine's
 verifies at that width, as `pocketspec generate --exact-verify` does.
 
-Prompts run in file order on one engine, so the drafter's cross-request corpus fills as in a
-bench. Results: per category, speedup, tokens per step, acceptance, the verify widths used, and
+Prompts run in file order on one engine, so the drafter's cross-request corpus fills and the
+controller learns over them all, as in a chat or a server. With --fresh-rounds they run as
+`pocketspec bench` runs them: in its rounds (a category's conversations, five at a time), each on
+a fresh engine, as the bench starts a process a round. Results: per category, speedup, tokens per step, acceptance, the verify widths used, and
 the share of decode time spent on rows past the match: what each verify cost beyond the cheapest
 verify that still holds its pending token and the drafts the target accepted (drafts that failed
 at their first token included), time a controller that knew where each proposal breaks would not
@@ -59,7 +61,7 @@ from pocketspec.speculation.draft_limits import requested_draft_limits  # noqa: 
 from pocketspec.drafters.ngram import NgramDrafter  # noqa: E402
 from pocketspec.speculation.engine import SpeculativeEngine  # noqa: E402
 from pocketspec.speculation.prefix import common_prefix_length  # noqa: E402
-from pocketspec.settings import SpeculationSettings  # noqa: E402
+from pocketspec.settings import BenchSettings, SpeculationSettings  # noqa: E402
 from replay_bounds import copy_bound_seconds, oracle_seconds  # noqa: E402
 
 
@@ -195,19 +197,40 @@ def replay_trace(engine: SpeculativeEngine, target: ReplayTarget, trace: dict):
     return result
 
 
+def bench_rounds(traces: list[dict]) -> list[list[dict]]:
+    """The traces as `pocketspec bench` groups its prompts into rounds (apps/bench/rounds.py): by
+    category in order of first appearance, a conversation's turns together, at most
+    BenchSettings.max_prompts_per_round conversations a round."""
+    per_round = BenchSettings.max_prompts_per_round
+    by_category: dict[str, dict[str, list[dict]]] = {}
+    for trace in traces:
+        by_category.setdefault(trace["category"], {}).setdefault(trace["prompt_id"], []).append(trace)
+    rounds = []
+    for conversations in by_category.values():
+        group = list(conversations.values())
+        rounds += [[turn for conversation in group[start:start + per_round] for turn in conversation]
+                   for start in range(0, len(group), per_round)]
+    return rounds
+
+
 def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSettings, vocab_size: int,
            max_branches: int = 1, exact_width: int | None = None, exact_until: int | None = None,
-           calibrated: MeasuredCosts | None = None) -> list[dict]:
-    engine, target = open_replay(costs, speculation, vocab_size, exact_width, exact_until, calibrated)
-    chain_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
-    tree_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
-    earlier_pairs: set[tuple[int, int]] = set()
+           calibrated: MeasuredCosts | None = None, fresh_rounds: bool = False) -> list[dict]:
+    """fresh_rounds: the traces in `pocketspec bench`'s rounds, each round on a new engine (priors, no
+    corpus, the table's costs) as the bench starts a process a round; else in their order, one engine
+    learning over them all."""
     widest = requested_draft_limits(speculation).widest
     rows = []
-    for trace in traces:
+    rounds = bench_rounds(traces) if fresh_rounds else [traces]
+    for trace, starts_round in ((trace, index == 0) for chunk in rounds for index, trace in enumerate(chunk)):
         prompt, output = trace["prompt_tokens"], trace["output_tokens"]
         if len(output) < 2:
             continue
+        if starts_round:
+            engine, target = open_replay(costs, speculation, vocab_size, exact_width, exact_until, calibrated)
+            chain_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
+            tree_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
+            earlier_pairs: set[tuple[int, int]] = set()
         started = time.perf_counter()
         stats = replay_trace(engine, target, trace).stats
         host_seconds = time.perf_counter() - started - target.stand_in_wall_seconds
@@ -283,6 +306,10 @@ def main(argv=None) -> None:
     parser.add_argument("--exact-until", type=int, default=None,
                         help="cached tokens past which only one-token forwards round alike (f16 cache on CPU: 256)")
     parser.add_argument("--exact-verify", action="store_true", help="cap verifies at the exact width")
+    parser.add_argument("--ngram-min", type=int, default=None, help="the shortest suffix the n-gram drafter matches")
+    parser.add_argument("--ngram-max", type=int, default=None, help="the longest suffix the n-gram drafter indexes")
+    parser.add_argument("--fresh-rounds", action="store_true",
+                        help="replay in the bench's rounds, each from a fresh engine (priors, no corpus), as the bench does")
     parser.add_argument("--vocab-size", type=int, default=151936)
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = parser.parse_args(argv)
@@ -297,8 +324,12 @@ def main(argv=None) -> None:
                                       exact_verify=args.exact_verify)
     if args.max_gamma is not None:
         speculation = replace(speculation, max_draftless_gamma=args.max_gamma)
+    if args.ngram_min is not None:
+        speculation = replace(speculation, ngram_min=args.ngram_min)
+    if args.ngram_max is not None:
+        speculation = replace(speculation, ngram_max=args.ngram_max)
     rows = replay(traces, costs, speculation, args.vocab_size, args.tree_branches, args.exact_width, args.exact_until,
-                  calibrated)
+                  calibrated, args.fresh_rounds)
     summary = by_category(rows)
     title = f"Replay of {', '.join(path.name for path in args.traces)} (γ {args.gamma})"
     print(markdown_table(COLUMNS, table_rows(summary)))

@@ -10,8 +10,12 @@ MAX_GAMMA = 8  # a draft model's longest draft; its verify pass reads MAX_GAMMA 
 # A draftless (n-gram) proposal costs nothing to draft, so only the verify's width limits it:
 # on the 2-core CPU a verify of 16 rows costs what one of 8 does (issue 13's llama-bench table).
 MAX_DRAFTLESS_GAMMA = 31
-# n-gram drafting matches suffixes of NGRAM_MIN_N to NGRAM_MAX_N tokens (pocketspec/drafters/ngram.py)
-NGRAM_MIN_N, NGRAM_MAX_N = 2, 8
+# n-gram drafting matches suffixes of NGRAM_MIN_N to NGRAM_MAX_N tokens (pocketspec/drafters/ngram.py).
+# One token is enough to propose: the controller prices a one-token match by what such matches were
+# accepted, so it drafts them only where a verify is cheap. Replayed on the 244 recorded answers
+# (benchmarks/replay_drafting.py, 2026-11-28): 1.96x -> 2.11x plain with the H200's flat verify costs,
+# 1.41x both ways with the EPYC's steep ones.
+NGRAM_MIN_N, NGRAM_MAX_N = 1, 8
 # Tokens one llama.cpp decode call takes at most (prefill chunks); the planner's buffers assume it too
 N_BATCH = 512
 MAX_NEW_TOKENS = 128  # tokens one generate call (or one bench prompt) may add

@@ -25,10 +25,11 @@ GENERATION_WORKING_SET_BYTES = 4 * 1024 * 1024
 # prompt's slices). tracemalloc measured 1533 B a token of Python memory in all while generating
 # after 8100 tokens (2026-11-25): 880 B of them the n-gram index, the flat term above about 520.
 CONTEXT_BYTES_PER_TOKEN = 160
-# The suffix drafter's index (n = 2..8, pocketspec/drafters/suffix_index.py) and its token list:
-# tracemalloc measured 1332-1556 B a token over 8192-32768 tokens of the recorded Spec-Bench and
-# code-edit traces (2026-11-26; n = 2..6 took 919-1015 B)
-NGRAM_INDEX_BYTES_PER_TOKEN = 1600
+# The suffix drafter's index (n = 1..8, pocketspec/drafters/suffix_index.py) and its token list, a
+# bound for any text: tracemalloc measured 1445-1643 B a token on random tokens (every n-gram new,
+# the most it holds) over 4096-131072 tokens, and at most 1423 B on any 4096-32768-token slice of the
+# recorded Spec-Bench and code-edit traces (2026-11-28)
+NGRAM_INDEX_BYTES_PER_TOKEN = 1700
 # The cross-request corpus of earlier outputs (pocketspec/drafters/corpus.py), one per process: past
 # this many tokens its oldest outputs are dropped
 NGRAM_CORPUS_MAX_TOKENS = 1 << 14

@@ -1,6 +1,7 @@
 """`pocketspec bench`: bad flags and suites are one line and exit code 2; a smallest real run
-on SmolLM2 writes results.json, report.md and the plots (timings are not checked here), and
-Ctrl-C writes the completed rounds, marked partial."""
+on SmolLM2 writes results.json, report.md and the plots (timings are not checked here), whose
+texts benchmarks/replay_bench_texts.py replays, and Ctrl-C writes the completed rounds, marked
+partial."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.test_cli_errors import assert_one_line_error, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("args, fragments", [
@@ -70,6 +73,17 @@ def test_smallest_run_writes_results_report_and_plots(smollm2_path, two_category
     report = (out / "report.md").read_text()
     assert "## code" in report and "## chat" in report and "× prompt-lookup" in report
     assert all((out / name).stat().st_size > 10_000 for name in ("speedup.png", "frontier.png"))
+    # every system's text replays with PocketSpec's drafting, beside its measured speedup
+    costs = ROOT / "benchmarks" / "results" / "traces" / "costs_qwen2.5-coder-1.5b_2threads.json"
+    replayed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "replay_bench_texts.py"), str(out),
+                               "--costs", str(costs), "--target", str(smollm2_path), "--out", str(tmp_path / "texts")],
+                              capture_output=True, text=True, timeout=300)
+    assert replayed.returncode == 0, replayed.stderr
+    comparison = json.loads((tmp_path / "texts.json").read_text())["comparison"]
+    assert set(comparison) == {"plain", "pocketspec-auto", "pocketspec-ngram", "prompt-lookup"}
+    assert set(comparison["plain"]) == {"code", "chat", "chat (turn 2)", "all"}
+    assert comparison["plain"]["all"]["measured"] == pytest.approx(1.0)
+    assert all(item["replayed"] >= 0.9 and item["num_prompts"] >= 1 for item in comparison["prompt-lookup"].values())
 
 
 def _worker_tokens(smollm2_path, *, temperature: float, top_k: int, top_p: float) -> list[int]:

@@ -31,14 +31,17 @@ def test_no_match_is_claimed_when_sampling():
     assert matches_plain({"tokens": [1], "text": ""}, PLAIN, replace(JOB, temperature=0.7)) is None
 
 
-def test_final_rows_drop_token_lists_and_add_category_rate_and_match():
+def test_final_rows_drop_token_lists_keep_texts_and_add_category_rate_and_match():
     raw = {"prompt_id": "1", "tokens": [5, 6, 7, 8], "text": "a b c d", "prompt_tokens": [1, 2],
            "prompt_text": "hi", "num_decode_tokens": 3, "decode_seconds": 0.5, "ttft_seconds": 0.1}
     (row,) = final_rows(System("pocketspec-ngram", "pocketspec", "pocketspec", "pocketspec-ngram"), [raw], JOB,
                         {"1": PLAIN})
     assert row["system"] == "pocketspec-ngram" and row["category"] == "coding"
     assert row["matches_plain"] is True and row["tokens_per_second"] == 6.0
-    assert not {"tokens", "text", "prompt_tokens", "prompt_text"} & set(row)
+    assert row["text"] == "a b c d" and not {"tokens", "prompt_tokens", "prompt_text"} & set(row)
+    (plain,) = final_rows(System("plain", "plain", "pocketspec", "plain"), [raw], JOB, {"1": PLAIN})
+    assert plain["prompt_text"] == "hi" and plain["text"] == "a b c d"  # every answer's prompt, once
+    assert not {"tokens", "prompt_tokens"} & set(plain)
 
 
 def test_a_peer_that_ran_past_max_tokens_is_told_with_its_mean_excess():

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from replay_bounds import copy_bound_seconds  # noqa: E402
-from replay_drafting import by_category, replay  # noqa: E402
+from replay_drafting import bench_rounds, by_category, replay  # noqa: E402
 
 TRACES = ROOT / "benchmarks" / "results" / "traces"
 
@@ -69,7 +69,7 @@ def test_a_tree_pays_where_the_continuation_seen_most_is_the_wrong_one():
     prompt = [1, 2, 10, 11, *xs, 3, 10, 11, *xs, 4, 10, 11, *ys, 5]
     trace = {"prompt_id": "fork", "category": "fork", "prompt_tokens": prompt, "output_tokens": [10, 11, *ys, 6]}
     costs = _costs(lambda width: 0.03 * (1 + width / 16))
-    speculation = SpeculationSettings(drafter="ngram")
+    speculation = SpeculationSettings(drafter="ngram", ngram_min=2)  # proposals start at the fork, after [10, 11]
     one = by_category(replay([trace], costs, speculation, vocab_size=6000, max_branches=1))["fork"]
     two = by_category(replay([trace], costs, speculation, vocab_size=6000, max_branches=2))["fork"]
     assert one["tree_oracle_speedup"] == pytest.approx(one["oracle_speedup"])  # one branch: the chain's bound
@@ -110,7 +110,7 @@ def test_rows_past_the_match_are_counted_where_proposals_break():
     adaptive = by_category(replay([_copy_trace()], costs, SpeculationSettings(drafter="ngram"), vocab_size=6000))
     assert adaptive["copy"]["past_match_share"] < 0.02
     # γ 4 drafts xs where ys came: four rows past the match at the fork, 4/16 of one token's cost more
-    rows = replay([fork], costs, SpeculationSettings(drafter="ngram", gamma=4), vocab_size=6000)
+    rows = replay([fork], costs, SpeculationSettings(drafter="ngram", gamma=4, ngram_min=2), vocab_size=6000)
     assert rows[0]["past_match_seconds"] >= 0.03 * 4 / 16 - 1e-12
 
 
@@ -129,6 +129,28 @@ def test_an_answer_stays_exact_only_while_every_batch_is_within_the_exact_width(
                      exact_width=3, exact_until=256)
     assert shallow[0]["stayed_exact"] and set(shallow[0]["widths"]) == {1}
     assert by_category(shallow)["copy"]["stayed_exact_share"] == 1.0
+
+
+def test_the_bench_rounds_group_a_categorys_conversations_five_at_a_time_turns_together():
+    traces = [{"prompt_id": f"{category}{number}", "category": category, "turn": turn}
+              for number in range(7) for category in ("b", "a") for turn in (1, 2)]
+    rounds = bench_rounds(traces)
+    assert [[(trace["prompt_id"], trace["turn"]) for trace in chunk] for chunk in rounds] == [
+        [(f"{category}{number}", turn) for number in numbers for turn in (1, 2)]
+        for category in ("b", "a") for numbers in (range(5), range(5, 7))]
+
+
+def test_fresh_rounds_start_each_round_without_what_earlier_rounds_said():
+    """The same answer in a second category: one engine drafts it from its corpus of earlier outputs;
+    the bench's fresh process a round, like the first answer, has nothing to copy."""
+    novel = _novel_trace()
+    again = {**novel, "prompt_id": "again", "category": "again"}
+    costs = _costs(lambda width: 0.03 * (1 + width / 16))
+    learned = by_category(replay([novel, again], costs, SpeculationSettings(drafter="ngram"), vocab_size=6000))
+    fresh = by_category(replay([novel, again], costs, SpeculationSettings(drafter="ngram"), vocab_size=6000,
+                               fresh_rounds=True))
+    assert learned["again"]["speedup"] > 2 and fresh["again"]["speedup"] == pytest.approx(1.0)
+    assert fresh["again"]["copy_bound_speedup"] == pytest.approx(1.0)  # the bounds start afresh too
 
 
 def test_a_replay_that_leaves_the_recording_is_an_error(monkeypatch):

@@ -190,12 +190,14 @@ def matches_plain(row: dict, plain: dict, job: BenchJob) -> bool | None:
 
 
 def final_rows(system: System, raw_rows: list[dict], job: BenchJob, reference: dict[str, dict]) -> list[dict]:
-    """Rows for results.json: measurements, category, whether they match plain; no token lists."""
+    """Rows for results.json: measurements, category, whether they match plain, and the text each
+    system generated (plain's rows also its prompt), so a replay can price any drafter on any system's
+    text (benchmarks/replay_bench_texts.py); no token lists."""
     categories = {prompt.prompt_id: prompt.report_category for prompt in job.prompts}
+    dropped = ("tokens", "prompt_tokens") if system.kind == "plain" else ("tokens", "prompt_tokens", "prompt_text")
     rows = []
     for raw in raw_rows:
-        row = {key: value for key, value in raw.items()
-               if key not in ("tokens", "text", "prompt_tokens", "prompt_text")}
+        row = {key: value for key, value in raw.items() if key not in dropped}
         row.update(system=system.name, category=categories[raw["prompt_id"]],
                    matches_plain=matches_plain(raw, reference[raw["prompt_id"]], job))
         row["tokens_per_second"] = raw["num_decode_tokens"] / raw["decode_seconds"] if raw["decode_seconds"] else 0.0

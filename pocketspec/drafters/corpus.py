@@ -29,7 +29,7 @@ class OutputCorpus:
     def counts(self, key: tuple[int, ...]) -> dict[int, int]:
         """How often each token followed the n-gram `key` in the remembered outputs."""
         with self._lock:
-            entry = self._index.continuations.get(key)
+            entry = self._index.followers(key)
             return {token: seen[0] for token, seen in entry.items()} if entry else {}
 
     def remember(self, tokens: Sequence[int]) -> None:

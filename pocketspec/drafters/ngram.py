@@ -86,7 +86,7 @@ class NgramDrafter:
         then latest), the suffix's length and its entries in the context's own index; None when unknown."""
         for n in range(min(self.max_n, len(walked)), self.min_n - 1, -1):
             key = tuple(walked[-n:])
-            in_context = self._context.continuations.get(key)
+            in_context = self._context.followers(key)
             counts = self.corpus.counts(key)  # a copy: other engines may add to the corpus meanwhile
             if not in_context and not counts:
                 continue

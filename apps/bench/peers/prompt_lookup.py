@@ -49,7 +49,8 @@ def run(job: dict) -> None:
     llm = Llama(model_path=job["target"], n_ctx=job["max_context"], n_threads=job["num_threads"],
                 n_threads_batch=job["num_threads"], seed=job["seed"], draft_model=RecordingLookup(),
                 logits_all=True, verbose=False)
-    is_end = Tokenizer(llm._model).is_end_of_generation
+    tokenizer = Tokenizer(llm._model)
+    is_end = tokenizer.is_end_of_generation
     try:
         for index, prompt in enumerate(job["prompts"]):
             if index == 0 and job["num_warmup_tokens"]:
@@ -60,7 +61,8 @@ def run(job: dict) -> None:
             num_steps, num_drafted, num_accepted = count_acceptance(proposals, prompt["prompt_tokens"] + tokens)
             emit(measured_row(prompt, tokens=tokens, num_decode_tokens=max(len(tokens) - 1, 0),
                               decode_seconds=decode_seconds, ttft_seconds=ttft_seconds, peak_rss_bytes=peak_rss_bytes(),
-                              num_drafted=num_drafted, num_accepted=num_accepted, num_steps=num_steps))
+                              num_drafted=num_drafted, num_accepted=num_accepted, num_steps=num_steps,
+                              text=tokenizer.decode(tokens)))
     finally:
         llm.close()
 
