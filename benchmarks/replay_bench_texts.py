@@ -121,8 +121,12 @@ def main(argv=None) -> None:
     results_path = args.bench_dir / "results.json"
     if not results_path.is_file():
         parser.error(f"{results_path} does not exist: give a `pocketspec bench --out` folder")
-    results = json.loads(results_path.read_text())
-    if not any("prompt_text" in row for row in results["rows"]):
+    try:
+        results = json.loads(results_path.read_text())
+        rows = results["rows"]
+    except (ValueError, KeyError, TypeError) as error:
+        parser.error(f"{results_path} is not a bench's results.json ({error})")
+    if not any("prompt_text" in row for row in rows):
         parser.error(f"{results_path} keeps no texts (a bench run before 2026-11-28): run the bench again")
     costs = load_measured_costs(args.costs)
     if costs is None:

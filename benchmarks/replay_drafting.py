@@ -32,8 +32,9 @@ verifies at that width, as `pocketspec generate --exact-verify` does.
 Prompts run in file order on one engine, so the drafter's cross-request corpus fills and the
 controller learns over them all, as in a chat or a server. With --fresh-rounds they run as
 `pocketspec bench` runs them: in its rounds (a category's conversations, five at a time), each on
-a fresh engine, as the bench starts a process a round. Results: per category, speedup, tokens per step, acceptance, the verify widths used, and
-the share of decode time spent on rows past the match: what each verify cost beyond the cheapest
+a fresh engine, as the bench starts a process a round.
+
+Results: per category, speedup, tokens per step, acceptance, the verify widths used, and the share of decode time spent on rows past the match: what each verify cost beyond the cheapest
 verify that still holds its pending token and the drafts the target accepted (drafts that failed
 at their first token included), time a controller that knew where each proposal breaks would not
 have spent.
@@ -223,14 +224,14 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
     rows = []
     rounds = bench_rounds(traces) if fresh_rounds else [traces]
     for trace, starts_round in ((trace, index == 0) for chunk in rounds for index, trace in enumerate(chunk)):
-        prompt, output = trace["prompt_tokens"], trace["output_tokens"]
-        if len(output) < 2:
-            continue
         if starts_round:
             engine, target = open_replay(costs, speculation, vocab_size, exact_width, exact_until, calibrated)
             chain_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             tree_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             earlier_pairs: set[tuple[int, int]] = set()
+        prompt, output = trace["prompt_tokens"], trace["output_tokens"]
+        if len(output) < 2:
+            continue
         started = time.perf_counter()
         stats = replay_trace(engine, target, trace).stats
         host_seconds = time.perf_counter() - started - target.stand_in_wall_seconds
@@ -328,6 +329,8 @@ def main(argv=None) -> None:
         speculation = replace(speculation, ngram_min=args.ngram_min)
     if args.ngram_max is not None:
         speculation = replace(speculation, ngram_max=args.ngram_max)
+    if not 1 <= speculation.ngram_min <= speculation.ngram_max:
+        parser.error(f"need 1 <= --ngram-min <= --ngram-max, got {speculation.ngram_min} and {speculation.ngram_max}")
     rows = replay(traces, costs, speculation, args.vocab_size, args.tree_branches, args.exact_width, args.exact_until,
                   calibrated, args.fresh_rounds)
     summary = by_category(rows)

@@ -151,6 +151,11 @@ def test_fresh_rounds_start_each_round_without_what_earlier_rounds_said():
                                fresh_rounds=True))
     assert learned["again"]["speedup"] > 2 and fresh["again"]["speedup"] == pytest.approx(1.0)
     assert fresh["again"]["copy_bound_speedup"] == pytest.approx(1.0)  # the bounds start afresh too
+    # a round whose first answer is too short to replay still starts afresh
+    short = {**novel, "prompt_id": "short", "category": "again", "output_tokens": novel["output_tokens"][:1]}
+    fresh = by_category(replay([novel, short, again], costs, SpeculationSettings(drafter="ngram"),
+                               vocab_size=6000, fresh_rounds=True))
+    assert fresh["again"]["speedup"] == pytest.approx(1.0)
 
 
 def test_a_replay_that_leaves_the_recording_is_an_error(monkeypatch):
