@@ -145,7 +145,7 @@ def _speculative_loop(backend, costs, num_tokens: int) -> dict:
     (drafting, the controller, bookkeeping: the loop's host side), beside plain decoding on the same prompt."""
     from pocketspec.settings import SpeculationSettings
     from pocketspec.speculation.engine import SpeculativeEngine
-    from replay_drafting import ReplayTokenizer  # no token ends a generation: random weights have no tokenizer
+    from replay_target import ReplayTokenizer  # no token ends a generation: random weights have no tokenizer
 
     backend.tokenizer = backend.tokenizer or ReplayTokenizer()
     room = backend.max_context - num_tokens - VERIFY_WIDTHS[-1] - 1  # a verify past the last token still fits

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from apps.bench.report import OVERALL, speedups  # noqa: E402
 from apps.report import markdown_table, write_results  # noqa: E402
 from memplanner.measured_costs import load_measured_costs  # noqa: E402
 from pocketspec.settings import SpeculationSettings  # noqa: E402
@@ -65,31 +66,19 @@ def system_traces(results: dict, encode) -> dict[str, list[dict]]:
     return traces
 
 
-def measured_speedups(results: dict) -> dict[str, dict[str, float]]:
-    """system -> report category -> decode tok/s over plain's, summed over the same rows (and 'all')."""
-    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])  # (system, category): [tokens, s]
-    for row in results["rows"]:
-        for category in (row["category"], "all"):
-            total = totals[row["system"], category]
-            total[0] += row["num_decode_tokens"]
-            total[1] += row["decode_seconds"]
-    rate = {key: tokens / seconds if seconds else 0.0 for key, (tokens, seconds) in totals.items()}
-    speedups: dict[str, dict[str, float]] = defaultdict(dict)
-    for (system, category), value in rate.items():
-        plain = rate.get(("plain", category))
-        if plain:
-            speedups[system][category] = value / plain
-    return speedups
-
-
 def compare(results: dict, encode, costs, vocab_size: int) -> dict:
-    """{system: {category: {"measured": x, "replayed": y, "num_prompts": n}}}."""
-    measured = measured_speedups(results)
+    """{system: {category: {"measured": x, "replayed": y, "num_prompts": n}}}; measured: the bench report's
+    speedup over plain decoding (plain's own: 1)."""
+    measured = speedups(results)
+
+    def measured_speedup(system: str, category: str) -> float | None:
+        return 1.0 if system == "plain" else measured.get(OVERALL if category == "all" else category, {}).get(system)
+
     comparison: dict[str, dict] = {}
     for system, traces in system_traces(results, encode).items():
         rows = replay(traces, costs, SpeculationSettings(drafter="ngram"), vocab_size, fresh_rounds=True)
         replayed = by_category(rows)
-        comparison[system] = {category: {"measured": measured.get(system, {}).get(category),
+        comparison[system] = {category: {"measured": measured_speedup(system, category),
                                          "replayed": item["speedup"], "num_prompts": item["num_prompts"]}
                               for category, item in replayed.items()}
     return comparison

@@ -5,9 +5,9 @@
 
 At temperature 0 a speculative run emits exactly what plain decoding emitted
 (benchmarks/record_traces.py keeps that). So the real engine (pocketspec/speculation/engine.py: its
-drafter, controller and verification) runs here on a stand-in target whose logits pick the
-recorded next token, and whose forwards take the calibrated cost of their width at their
-depth on a virtual clock instead of running the model. The speedup it reports is the
+drafter, controller and verification) runs here on a stand-in target (replay_target.py) whose
+logits pick the recorded next token, and whose forwards take the calibrated cost of their width at
+their depth on a virtual clock instead of running the model. The speedup it reports is the
 controller's decode time against plain decoding's (one-token forwards) on the same costs:
 what the mechanism gains, free of the machine's noise, on hundreds of prompts in seconds.
 Beside it, the oracle: a controller that knew how much of each proposal will be accepted,
@@ -50,119 +50,17 @@ from collections import Counter, defaultdict
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from apps.report import markdown_table, write_results  # noqa: E402
 from memplanner.measured_costs import MeasuredCosts, load_measured_costs  # noqa: E402
-from pocketspec.backends.base import CachedTokens  # noqa: E402
 from pocketspec.speculation.draft_limits import requested_draft_limits  # noqa: E402
 from pocketspec.drafters.ngram import NgramDrafter  # noqa: E402
 from pocketspec.speculation.engine import SpeculativeEngine  # noqa: E402
-from pocketspec.speculation.prefix import common_prefix_length  # noqa: E402
 from pocketspec.settings import BenchSettings, SpeculationSettings  # noqa: E402
 from replay_bounds import copy_bound_seconds, oracle_seconds  # noqa: E402
-
-
-class VirtualClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class ReplayTokenizer:
-    def is_end_of_generation(self, token: int) -> bool:
-        return False
-
-
-class ReplayTarget(CachedTokens):
-    """A target whose every logits row picks the recorded continuation, at the table's cost."""
-
-    n_batch = 512
-
-    def __init__(self, costs: MeasuredCosts, clock: VirtualClock, vocab_size: int, max_context: int = 1 << 16,
-                 max_logits_rows: int = 32, exact_width: int | None = None, exact_until: int | None = None):
-        super().__init__()
-        self.exact_width, self.exact_until = exact_width, exact_until
-        self.stayed_exact = True
-        self.costs, self.clock = costs, clock
-        self.vocab_size = vocab_size
-        self.tokenizer = ReplayTokenizer()
-        self._max_context = max_context
-        self._max_logits_rows = max_logits_rows
-        self.truth: list[int] = []
-        self.widths: Counter = Counter()
-        self.past_match_seconds = 0.0
-        self.stand_in_wall_seconds = 0.0  # the wall time this stand-in took: its logits and the host verdicts
-
-    @property
-    def max_context(self) -> int:
-        return self._max_context
-
-    @property
-    def max_logits_rows(self) -> int:
-        return self._max_logits_rows
-
-    def follow(self, tokens: list[int]) -> None:
-        self.truth = list(tokens)
-
-    def _next_after(self, position: int) -> int:
-        following = position + 1
-        return self.truth[following] if following < len(self.truth) else self.vocab_size - 1
-
-    def _logits(self, positions) -> np.ndarray:
-        logits = np.zeros((len(positions), self.vocab_size), dtype=np.float32)  # [rows, vocab]
-        for row, position in enumerate(positions):
-            logits[row, self._next_after(position)] = 1.0
-        return logits
-
-    def rounds_like_one_token(self, start: int, width: int) -> bool:
-        if width == 1 or self.exact_width is None:
-            return True
-        return width <= self.exact_width and (self.exact_until is None or start + width <= self.exact_until)
-
-    def forward(self, tokens, logits_rows) -> np.ndarray:
-        start = len(self._cached)
-        self.stayed_exact = self.stayed_exact and self.rounds_like_one_token(start, len(tokens))
-        seconds = self.costs.forward_seconds(len(tokens), start)
-        num_matched = common_prefix_length(list(tokens[1:]), self.truth[start + 1:])
-        # the cheapest verify that still holds the accepted drafts (a wider one may cost less)
-        needed = min(self.costs.forward_seconds(width, start) for width in range(num_matched + 1, len(tokens) + 1))
-        self.past_match_seconds += seconds - needed
-        self.clock.now += seconds
-        self.widths[len(tokens)] += 1
-        self._cached.extend(tokens)
-        return self._logits([start + row for row in logits_rows])
-
-    def prefill(self, tokens, should_stop=None) -> np.ndarray:
-        started = time.perf_counter()
-        self._cached.extend(tokens)
-        logits = self._logits([len(self._cached) - 1])[0]
-        self.stand_in_wall_seconds += time.perf_counter() - started
-        return logits
-
-    def verify(self, tokens, draft_probs, sampling, rng):
-        """The forward and the verdict on the host (a GPU's static step reaches its verdict on the device)."""
-        started = time.perf_counter()
-        verdict = super().verify(tokens, draft_probs, sampling, rng)
-        self.stand_in_wall_seconds += time.perf_counter() - started
-        return verdict
-
-    def rollback(self, num_kept: int) -> None:
-        del self._cached[num_kept:]
-
-    def exact_verify_width(self, max_width: int, on_measure=None) -> int:
-        """As pocketspec/backends/exact_width.py probes it: the width exact both early and deep."""
-        if self.exact_width is None:
-            return max_width
-        return min(max_width, 1 if self.exact_until is not None else self.exact_width)
-
-    def close(self) -> None:
-        pass
+from replay_target import ReplayTarget, VirtualClock  # noqa: E402
 
 
 def plain_seconds(costs: MeasuredCosts, num_prompt_tokens: int, num_tokens: int) -> float:
