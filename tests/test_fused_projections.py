@@ -25,12 +25,14 @@ def _random_model(weights: str, config: ModelConfig = CONFIG) -> Transformer:
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.normal_(0.0, 0.1)
-    floats = {name: module.weight.detach().clone() for name, module in model.named_modules()
-              if isinstance(module, torch.nn.Linear)}
+    floats = {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
     swap_linears(model, weights, torch.float32)
     for name, module in model.named_modules():
         if isinstance(module, (Int8Linear, Int4Linear)):
-            module.load(floats[name])
+            module.load(floats[name].weight.detach())
+            if module.bias is not None:  # the twin's bias is new and unset (torch.empty: whatever memory held)
+                with torch.no_grad():
+                    module.bias.copy_(floats[name].bias)
     return model.eval()
 
 
