@@ -154,8 +154,9 @@ def test_a_doubtful_first_token_ends_the_walk():
     code = list(range(100, 160))
     context = [1, 2, 3] + code + [7, 8] + code[:20]
     drafter = NgramDrafter(min_n=2, max_n=6)
-    assert len(drafter.propose_scored(context, 10, lambda evidence: 0.3, min_first=0.4).tokens) == 1
-    confident = drafter.propose_scored(context, 10, lambda evidence: 0.9, min_first=0.4)
+    assert len(drafter.propose_scored(context, 10, lambda evidence: 0.3,
+                                   first_pays=lambda chance: chance >= 0.4).tokens) == 1
+    confident = drafter.propose_scored(context, 10, lambda evidence: 0.9, first_pays=lambda chance: chance >= 0.4)
     assert confident.tokens == code[20:30]
     assert confident.probabilities == [0.9] * 10
 
@@ -175,6 +176,8 @@ def test_a_first_token_below_the_bound_cannot_pay_at_any_width():
     just_over = [min(bound * 1.05, 1.0)] + [1.0] * 30
     assert controller.choose(ngram_probs=just_under, model_lag=None).drafter == "none"
     assert controller.choose(ngram_probs=just_over, model_lag=None).drafter == "ngram"
+    # the walk's check reads the bounds widest first and stops early: the same verdict as the bound
+    assert not controller.first_token_pays(bound * 0.99) and controller.first_token_pays(bound)
 
 
 def test_a_group_verified_together_expects_the_mean_of_its_rows():

@@ -15,7 +15,7 @@ from collections import deque
 from typing import Sequence
 
 from memplanner.terms import NGRAM_CORPUS_MAX_TOKENS
-from pocketspec.drafters.suffix_index import SuffixIndex
+from pocketspec.drafters.suffix_index import COUNT_MASK, SuffixIndex
 
 
 class OutputCorpus:
@@ -30,7 +30,7 @@ class OutputCorpus:
         """How often each token followed the n-gram `key` in the remembered outputs."""
         with self._lock:
             entry = self._index.followers(key)
-            return {token: seen[0] for token, seen in entry.items()} if entry else {}
+            return {token: seen & COUNT_MASK for token, seen in entry.items()} if entry else {}
 
     def remember(self, tokens: Sequence[int]) -> None:
         if len(tokens) <= self.min_n:

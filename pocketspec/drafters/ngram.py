@@ -22,10 +22,10 @@ from typing import Callable, Sequence
 from memplanner.defaults import NGRAM_MAX_N, NGRAM_MIN_N
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.corpus import OutputCorpus
-from pocketspec.drafters.suffix_index import MAX_MATCH_LENGTH, SuffixIndex
+from pocketspec.drafters.suffix_index import COUNT_BITS, COUNT_MASK, MAX_MATCH_LENGTH, SuffixIndex
 
 
-@dataclass
+@dataclass(slots=True)
 class MatchEvidence:
     """Why one proposed token was proposed."""
 
@@ -81,36 +81,65 @@ class NgramDrafter:
             num_indexed = 0
         self._context.extend(context[num_indexed:])
 
+    def _followers(self, walked: list[int], n: int):
+        """(counts, sightings in the context) of the continuations of walked's last n tokens; None when unknown."""
+        key = tuple(walked[-n:])
+        in_context = self._context.followers(key)
+        counts = self.corpus.counts(key)  # a copy: other engines may add to the corpus meanwhile
+        if in_context:
+            for token, seen in in_context.items():
+                counts[token] = counts.get(token, 0) + (seen & COUNT_MASK)
+        elif not counts:
+            return None
+        return counts, in_context
+
     def _continuations(self, walked: list[int]):
-        """The continuations of the longest known suffix of `walked`: their counts, a rank key (most seen,
-        then latest), the suffix's length and its entries in the context's own index; None when unknown."""
-        for n in range(min(self.max_n, len(walked)), self.min_n - 1, -1):
-            key = tuple(walked[-n:])
-            in_context = self._context.followers(key)
-            counts = self.corpus.counts(key)  # a copy: other engines may add to the corpus meanwhile
-            if not in_context and not counts:
-                continue
-            for token, seen in (in_context or {}).items():
-                counts[token] = counts.get(token, 0) + seen[0]
+        """The continuations of the longest known suffix of `walked`: their counts, the suffix's length and
+        its sightings in the context's own index; None when unknown.
 
-            def rank(token: int) -> tuple[int, int]:
-                latest = in_context.get(token) if in_context else None
-                return counts[token], latest[1] if latest else -1
+        Every suffix of a known n-gram is known (it ended where the n-gram ended, before the same token),
+        so the known lengths run from min_n up to the longest, and a bisection finds it: the longest length
+        first, where a copy goes on, then three probes at most where text is new."""
+        longest = min(self.max_n, len(walked))
+        if longest < self.min_n:
+            return None
+        found = self._followers(walked, longest)
+        if found is not None:
+            return found[0], longest, found[1]
+        known, unknown = self.min_n - 1, longest  # the longest known length lies in [known, unknown)
+        while unknown - known > 1:
+            n = (known + unknown) // 2
+            probed = self._followers(walked, n)
+            if probed is None:
+                unknown = n
+            else:
+                known, found = n, probed
+        return None if found is None else (found[0], known, found[1])
 
-            return counts, rank, n, in_context
-        return None
+    @staticmethod
+    def _rank(counts: dict[int, int], in_context: dict[int, int] | None) -> Callable[[int], tuple[int, int]]:
+        """A continuation's rank key: most seen, then latest seen in the context."""
+        def rank(token: int) -> tuple[int, int]:
+            latest = in_context.get(token) if in_context else None
+            return counts[token], -1 if latest is None else latest >> COUNT_BITS
+
+        return rank
 
     def _next(self, walked: list[int]) -> tuple[int, MatchEvidence] | None:
         found = self._continuations(walked)
         if found is None:
             return None
-        counts, rank, n, in_context = found
-        token = max(counts, key=rank)
+        counts, n, in_context = found
+        if len(counts) == 1:  # the one continuation: nothing to rank (most n-grams of a copy)
+            token, share = next(iter(counts)), 1.0
+        else:
+            token = max(counts, key=self._rank(counts, in_context))
+            share = counts[token] / sum(counts.values())
         latest = in_context.get(token) if in_context else None
         length = n
         if latest is not None and n == self.max_n:
-            length = self._context.backward_match(walked, latest[1], n)
-        return token, MatchEvidence(length, counts[token] / sum(counts.values()))
+            length = self._context.backward_match(walked, latest >> COUNT_BITS, n)
+        return token, MatchEvidence(length, share)
 
     def branches(self, context: Sequence[int], max_branches: int, max_tokens: int) -> list[list[int]]:
         """Up to max_branches proposals of up to max_tokens each, one per continuation of the context's
@@ -123,9 +152,9 @@ class NgramDrafter:
         found = self._continuations(walked)
         if found is None:
             return []
-        counts, rank, _, _ = found
+        counts, _, in_context = found
         branches = []
-        for first in sorted(counts, key=rank, reverse=True)[:max_branches]:
+        for first in sorted(counts, key=self._rank(counts, in_context), reverse=True)[:max_branches]:
             branch = [first]
             while len(branch) < max_tokens and (step := self._next(walked + branch)) is not None:
                 branch.append(step[0])
@@ -134,12 +163,12 @@ class NgramDrafter:
 
     def propose_scored(self, context: Sequence[int], max_tokens: int,
                        probability: Callable[[MatchEvidence], float] | None = None, *,
-                       min_first: float = 0.0, min_survival: float = 0.0) -> Proposal:
+                       first_pays: Callable[[float], bool] | None = None, min_survival: float = 0.0) -> Proposal:
         """Up to max_tokens continuing `context`, each with its evidence.
 
         probability(evidence): each token's acceptance chance, kept in the proposal. The walk then
-        stops as soon as the rest cannot pay: a first token less likely than min_first, or a next
-        token reached with a chance under min_survival. Most steps of ordinary text end at the
+        stops as soon as the rest cannot pay: a first token whose chance first_pays(chance) rejects, or
+        a next token reached with a chance under min_survival. Most steps of ordinary text end at the
         first token, so a step that drafts nothing costs a lookup, not a 31-token walk.
         """
         proposal = Proposal()
@@ -159,7 +188,8 @@ class NgramDrafter:
                 chance = probability(evidence)
                 proposal.probabilities.append(chance)
                 survival *= chance
-                if (len(proposal.tokens) == 1 and chance < min_first) or survival < min_survival:
+                if (len(proposal.tokens) == 1 and first_pays is not None and not first_pays(chance)) \
+                        or survival < min_survival:
                     break
             walked.append(token)
         return proposal

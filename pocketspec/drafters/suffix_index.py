@@ -9,29 +9,50 @@ from typing import Sequence
 
 MAX_MATCH_LENGTH = 32  # backward extension stops here: longer matches are scored alike
 
+# A sighting packs how often a token followed an n-gram and where it last did into one int:
+# (latest end << COUNT_BITS) | count. An n-gram followed by one token only holds
+# (sighting << TOKEN_BITS) | token.
+COUNT_BITS = 32
+COUNT_MASK = (1 << COUNT_BITS) - 1
+TOKEN_BITS = 24  # every vocabulary is smaller than 16.7 M tokens
+TOKEN_MASK = (1 << TOKEN_BITS) - 1
+ONE_MORE = 1 << TOKEN_BITS  # a single follower's count + 1
+
+
+def sighting(count: int, end: int) -> int:
+    return (end << COUNT_BITS) | count
+
+
+def count_of(seen: int) -> int:
+    return seen & COUNT_MASK
+
+
+def end_of(seen: int) -> int:
+    return seen >> COUNT_BITS
+
 
 class SuffixIndex:
-    """n-gram -> {next token: [count, latest end]} over one token stream.
+    """n-gram -> {next token: sighting} over one token stream (a sighting: count and latest end).
 
-    Most n-grams of ordinary text are followed by one token only. Such an n-gram holds a flat
-    [next token, count, latest end] instead of a dict of one entry: a dict costs 224 bytes more
-    (CPython 3.11), and a context's index held 2.5-3.3 KB a token before (tracemalloc, n = 1..8, on
-    the recorded traces' most varied text and on random tokens), about half of it after.
+    The index holds ints and tuples of ints only, so the cyclic garbage collector does not track
+    its entries: with a list per entry every collection of the old generation walked each of them
+    (a quarter of the speculative loop's host time in the replay of the recorded traces), and the
+    young collections walked each new one twice. Most n-grams of ordinary text are followed by one
+    token only; such an n-gram holds one int, not a dict of one entry.
     """
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
         self.tokens: list[int] = []
-        # a flat [next token, count, latest end] while one token followed the n-gram, then a dict
-        self._continuations: dict[tuple[int, ...], list[int] | dict[int, list[int]]] = {}
+        # (sighting << TOKEN_BITS) | token while one token followed the n-gram, then {token: sighting}
+        self._continuations: dict[tuple[int, ...], int | dict[int, int]] = {}
 
-    def followers(self, key: tuple[int, ...]) -> dict[int, list[int]] | None:
-        """{next token: [count, latest end]} after the n-gram `key`, for reading only; None when it was
-        never followed."""
+    def followers(self, key: tuple[int, ...]) -> dict[int, int] | None:
+        """{next token: sighting} after the n-gram `key`, for reading only; None when it was never followed."""
         entry = self._continuations.get(key)
         if entry is None or type(entry) is dict:
             return entry
-        return {entry[0]: entry[1:]}
+        return {entry & TOKEN_MASK: entry >> TOKEN_BITS}
 
     def extend(self, new_tokens: Sequence[int]) -> None:
         was_collecting = gc.isenabled()
@@ -43,10 +64,9 @@ class SuffixIndex:
                 gc.enable()
 
     def _extend(self, new_tokens: Sequence[int]) -> None:
-        """Index new_tokens. Each position adds up to one small container an n, and the cyclic garbage
-        collector, counting them, would walk the young objects every 700 of them: indexing a prompt ran
-        at 3-5 µs a token with it and 2.3 without (this EPYC). Nothing here forms a cycle, so the
-        collection is put off until the index is extended, not skipped."""
+        """Index new_tokens. Each position adds up to one key an n; the cyclic garbage collector, counting
+        them, would walk the young objects every 700 of them, so the collection is put off until the index
+        is extended (nothing here forms a cycle)."""
         start = len(self.tokens)
         self.tokens.extend(new_tokens)
         tokens, continuations, min_n, max_n = self.tokens, self._continuations, self.min_n, self.max_n
@@ -58,33 +78,32 @@ class SuffixIndex:
             following = tokens[end]
             if following < 0:  # a corpus separator is never proposed
                 continue
+            first = ((end << COUNT_BITS) | 1) << TOKEN_BITS | following
             window = tuple(tokens[max(0, end - max_n):end])
             size = len(window)
             for n in range(min_n, size + 1):
                 key = window[size - n:]
                 entry = continuations.get(key)
                 if entry is None:
-                    continuations[key] = [following, 1, end]
-                    continue
-                if type(entry) is list:
-                    if entry[0] == following:
-                        entry[1] += 1
-                        entry[2] = end
+                    continuations[key] = first
+                elif type(entry) is int:
+                    if entry & TOKEN_MASK == following:
+                        continuations[key] = first + ((entry >> TOKEN_BITS) & COUNT_MASK) * ONE_MORE
                     else:
-                        continuations[key] = {entry[0]: entry[1:], following: [1, end]}
-                    continue
-                seen = entry.get(following)
-                if seen is None:
-                    entry[following] = [1, end]
+                        continuations[key] = {entry & TOKEN_MASK: entry >> TOKEN_BITS,
+                                              following: (end << COUNT_BITS) | 1}
                 else:
-                    seen[0] += 1
-                    seen[1] = end
+                    seen = entry.get(following)
+                    entry[following] = (end << COUNT_BITS) | (1 if seen is None else (seen & COUNT_MASK) + 1)
 
     def backward_match(self, suffix: Sequence[int], source_end: int, matched: int) -> int:
         """How far `suffix` (already matched for `matched` tokens) agrees with tokens before source_end."""
         tokens = self.tokens
+        limit = min(MAX_MATCH_LENGTH, len(suffix), source_end)
+        if limit > matched and tokens[source_end - limit:source_end - matched] == suffix[len(suffix) - limit:
+                                                                                        len(suffix) - matched]:
+            return limit  # a verbatim copy, compared at once
         length = matched
-        while (length < MAX_MATCH_LENGTH and length < len(suffix) and source_end - length - 1 >= 0
-               and tokens[source_end - length - 1] == suffix[-length - 1]):
+        while length < limit and tokens[source_end - length - 1] == suffix[-length - 1]:
             length += 1
         return length

@@ -14,8 +14,7 @@ rows verified in one decode has a controller of its own, whose costs are that de
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from memplanner.acceptance import expected_tokens_per_step
 from memplanner.defaults import ACCEPTANCE_PRIORS, MAX_GAMMA
@@ -102,21 +101,29 @@ class MatchAcceptance:
         self.prior_weight = prior_weight
         self.decay = decay
         self._counts: dict[tuple[int, int], list[float]] = {}  # bucket -> [accepted, tried]
+        # each evidence's probability since the last observe: a walk along a copy asks for the same one
+        # token after token
+        self._probabilities: dict[tuple[int, float], float] = {}
 
     def probability(self, evidence: MatchEvidence) -> float:
-        accepted, tried = self._counts.get(evidence_bucket(evidence), (0.0, 0.0))
-        return (accepted + self.prior_weight * prior_acceptance(evidence)) / (tried + self.prior_weight)
+        key = (evidence.match_length, evidence.share)
+        found = self._probabilities.get(key)
+        if found is None:
+            accepted, tried = self._counts.get(evidence_bucket(evidence), (0.0, 0.0))
+            found = (accepted + self.prior_weight * prior_acceptance(evidence)) / (tried + self.prior_weight)
+            self._probabilities[key] = found
+        return found
 
     def observe(self, evidence: Sequence[MatchEvidence], num_accepted: int) -> None:
         """The first num_accepted tokens were accepted; the next one (if any) was the first rejected."""
+        self._probabilities.clear()
         for index, item in enumerate(evidence[:num_accepted + 1]):
             counts = self._counts.setdefault(evidence_bucket(item), [0.0, 0.0])
             counts[0] = self.decay * counts[0] + (1.0 if index < num_accepted else 0.0)
             counts[1] = self.decay * counts[1] + 1.0
 
 
-@dataclass(frozen=True)
-class Choice:
+class Choice(NamedTuple):  # a tuple: the controller builds one for every γ of every step
     drafter: str  # "none", "ngram" or "model"
     gamma: int
     predicted_tokens_per_second: float
@@ -158,17 +165,32 @@ class GammaController:
             return [min(self.fixed_gamma, cap)]
         return range(1, cap + 1)
 
+    def _first_token_bounds(self, depth: int):
+        """For each draftless γ, widest first, the first token's acceptance chance at which that γ would
+        just match plain decoding if every later token were certain: a step of γ yields at most
+        1 + γ·p tokens for what γ + 1 rows cost."""
+        verify = self.target_costs.optimistic_seconds
+        one = verify(1, depth)
+        for gamma in range(self.max_draftless_gamma, 0, -1):
+            yield (verify(gamma + 1, depth) / one - 1.0) / gamma
+
     def min_first_acceptance(self, depth: int = 0) -> float:
         """The first drafted token's acceptance chance below which no draftless γ can beat plain
-        decoding, even if every later token were certain: a step of γ yields at most 1 + γ·p tokens
-        for what γ + 1 rows cost. A proposal whose first token falls short is not walked further."""
+        decoding, even if every later token were certain. A proposal whose first token falls short
+        is not walked further."""
         if self.fixed_gamma is not None:
             return 0.0
         if self.max_draftless_gamma <= 0:
             return 1.0
-        verify = self.target_costs.optimistic_seconds
-        one = verify(1, depth)
-        return min((verify(gamma + 1, depth) / one - 1.0) / gamma for gamma in range(1, self.max_draftless_gamma + 1))
+        return min(self._first_token_bounds(depth))
+
+    def first_token_pays(self, chance: float, depth: int = 0) -> bool:
+        """chance >= min_first_acceptance(depth), read from the widest γ down and stopping at the first
+        bound it clears: a drafting step mostly prices one or two widths, not every one (on a flat
+        cost curve the widest bound is the lowest)."""
+        if self.fixed_gamma is not None or self.max_draftless_gamma <= 0:
+            return chance >= self.min_first_acceptance(depth)
+        return any(chance >= bound for bound in self._first_token_bounds(depth))
 
     @property
     def min_proposal_survival(self) -> float:

@@ -83,10 +83,12 @@ def _proposals(group: Sequence[StepSequence], caps: Sequence[int], controller: G
         sequence.unused.score(sequence.context, controller)
     if all(sequence.ngram is None for sequence in group):
         return [Proposal() for _ in group]
-    min_first = controller.min_first_acceptance(depth)
+    def first_pays(chance: float) -> bool:
+        return controller.first_token_pays(chance, depth)
+
     return [Proposal() if sequence.ngram is None else sequence.ngram.propose_scored(
         sequence.context, min(cap, controller.max_draftless_gamma), controller.match_acceptance.probability,
-        min_first=min_first, min_survival=controller.min_proposal_survival) for sequence, cap in zip(group, caps)]
+        first_pays=first_pays, min_survival=controller.min_proposal_survival) for sequence, cap in zip(group, caps)]
 
 
 def _drafts(choice: Choice, group: Sequence, proposals: list[Proposal], caps: Sequence[int],
