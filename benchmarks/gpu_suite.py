@@ -217,7 +217,9 @@ def markdown(results: dict) -> str:
         if "host_ms_per_step" in overall:  # timed on this machine's CPU, beside the table's step
             host, step = overall["host_ms_per_step"], overall["step_ms"]
             lines.append(f"The engine's own work on this host: {host:.3f} ms a step beside the {step:.3f} ms the "
-                         f"table predicts for its forwards ({host / (host + step):.1%} of a step).")
+                         f"table predicts for its forwards ({host / (host + step):.1%} of a step)"
+                         + (f", and {overall['request_host_ms']:.2f} ms a request (indexing its prompt, remembering "
+                            "its output)." if "request_host_ms" in overall else "."))
     return "\n".join(lines) + "\n"
 
 

@@ -60,13 +60,15 @@ class NgramDrafter:
         self._context = SuffixIndex(self.min_n, self.max_n)
 
     def begin(self, prompt: Sequence[int]) -> None:
-        """A new generation from `prompt`: the index is kept where the prompt extends every token it holds
-        (a chat's next turn: only the new turn is indexed, not the whole conversation again), else it
-        starts empty. The whole prefix is compared, once: within a generation `_index` checks only the
-        join, as a context there only grows."""
+        """A new generation from `prompt`, indexed now, with the prefill, so that the first step walks at
+        once. The index is kept where the prompt extends every token it holds (a chat's next turn: only
+        the new turn is indexed, not the whole conversation again), else it starts empty. The whole
+        prefix is compared, once: within a generation `_index` checks only the join, as a context there
+        only grows."""
         indexed = self._context.tokens
         if len(prompt) < len(indexed) or list(prompt[:len(indexed)]) != indexed:
             self.reset()
+        self._index(prompt)
 
     def remember(self, tokens: Sequence[int]) -> None:
         """Keep a finished output for later requests (the corpus drops the oldest past its bound)."""

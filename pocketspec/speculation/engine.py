@@ -139,8 +139,6 @@ class SpeculativeEngine:
         stats.num_prompt_tokens, stats.num_reused_tokens = len(prompt), kept
         if logits is None:
             return None
-        if self.ngram is not None:
-            self.ngram.begin(prompt)
         self._unused.clear()
         return self._pick(logits)
 
@@ -170,6 +168,8 @@ class SpeculativeEngine:
         stop_reason = "max_tokens"
         is_end = self.target.tokenizer.is_end_of_generation
         first_token = self._prefill(list(prompt), stats, should_stop) if max_new_tokens > 0 else None
+        if self.ngram is not None and first_token is not None and max_new_tokens > 1:
+            self.ngram.begin(prompt)  # indexes the prompt, as a step will follow
         new_tokens = [first_token] if first_token is not None else []
         if max_new_tokens > 0 and first_token is None:
             stop_reason = "interrupted"
