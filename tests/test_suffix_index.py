@@ -7,7 +7,7 @@ import random
 import tracemalloc
 
 from memplanner.terms import NGRAM_INDEX_BYTES_PER_TOKEN
-from pocketspec.drafters.suffix_index import SuffixIndex, sighting
+from pocketspec.drafters.suffix_index import SuffixIndex, count_of, sighting
 
 
 def _followers_by_counting(tokens: list[int], key: tuple[int, ...]) -> dict[int, int]:
@@ -32,9 +32,10 @@ def test_every_ngram_answers_its_followers_as_counted_one_and_several_alike():
     for key in keys:
         expected = _followers_by_counting(tokens, key)
         assert (index.followers(key) or {}) == expected, key
+        assert index.counts(key) == {token: count_of(seen) for token, seen in expected.items()}, key
         num_single += len(expected) == 1
     assert num_single > 100 and len(keys) - num_single > 100  # both layouts were checked
-    assert index.followers((7,)) is None
+    assert index.followers((7,)) is None and index.counts((7,)) is None
 
 
 def test_the_planners_bytes_a_token_bound_the_index_of_text_where_every_ngram_is_new():

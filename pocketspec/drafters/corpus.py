@@ -15,7 +15,7 @@ from collections import deque
 from typing import Sequence
 
 from memplanner.terms import NGRAM_CORPUS_MAX_TOKENS
-from pocketspec.drafters.suffix_index import COUNT_MASK, SuffixIndex
+from pocketspec.drafters.suffix_index import SuffixIndex
 
 
 class OutputCorpus:
@@ -26,11 +26,11 @@ class OutputCorpus:
         self._documents: deque[list[int]] = deque()
         self._num_tokens = 0  # a running count: summing the documents on every output would cost more
 
-    def counts(self, key: tuple[int, ...]) -> dict[int, int]:
-        """How often each token followed the n-gram `key` in the remembered outputs."""
+    def counts(self, key: tuple[int, ...]) -> dict[int, int] | None:
+        """How often each token followed the n-gram `key` in the remembered outputs (a copy: other engines
+        may add to the corpus meanwhile); None when none did."""
         with self._lock:
-            entry = self._index.followers(key)
-            return {token: seen & COUNT_MASK for token, seen in entry.items()} if entry else {}
+            return self._index.counts(key)
 
     def remember(self, tokens: Sequence[int]) -> None:
         if len(tokens) <= self.min_n:

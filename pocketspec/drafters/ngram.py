@@ -87,12 +87,16 @@ class NgramDrafter:
         """(counts, sightings in the context) of the continuations of walked's last n tokens; None when unknown."""
         key = tuple(walked[-n:])
         in_context = self._context.followers(key)
-        counts = self.corpus.counts(key)  # a copy: other engines may add to the corpus meanwhile
-        if in_context:
-            for token, seen in in_context.items():
-                counts[token] = counts.get(token, 0) + (seen & COUNT_MASK)
-        elif not counts:
-            return None
+        counts = self.corpus.counts(key)
+        if in_context is None:
+            return None if counts is None else (counts, None)
+        if counts is None:
+            if len(in_context) == 1:  # most n-grams of a copy: one follower, and the corpus knows nothing
+                (token, seen), = in_context.items()
+                return {token: seen & COUNT_MASK}, in_context
+            counts = {}
+        for token, seen in in_context.items():
+            counts[token] = counts.get(token, 0) + (seen & COUNT_MASK)
         return counts, in_context
 
     def _continuations(self, walked: list[int]):

@@ -27,10 +27,6 @@ def count_of(seen: int) -> int:
     return seen & COUNT_MASK
 
 
-def end_of(seen: int) -> int:
-    return seen >> COUNT_BITS
-
-
 class SuffixIndex:
     """n-gram -> {next token: sighting} over one token stream (a sighting: count and latest end).
 
@@ -53,6 +49,15 @@ class SuffixIndex:
         if entry is None or type(entry) is dict:
             return entry
         return {entry & TOKEN_MASK: entry >> TOKEN_BITS}
+
+    def counts(self, key: tuple[int, ...]) -> dict[int, int] | None:
+        """{next token: how often it followed the n-gram `key`}, a new dict; None when it was never followed."""
+        entry = self._continuations.get(key)
+        if entry is None:
+            return None
+        if type(entry) is int:
+            return {entry & TOKEN_MASK: (entry >> TOKEN_BITS) & COUNT_MASK}
+        return {token: seen & COUNT_MASK for token, seen in entry.items()}
 
     def extend(self, new_tokens: Sequence[int]) -> None:
         was_collecting = gc.isenabled()
