@@ -61,23 +61,26 @@ class CostTable:
         self._width_factors: dict[int, float] = {}  # exp(correction) of the widths seen often enough
         self._factor_widths: list[int] = []  # those widths, ascending: a width's neighbours are a bisection away
         self._factor_by_width: dict[int, float] = {}  # the correction each width is predicted with, once asked
-        # what the controller asked this step, by (width, depth bucket): every prediction holds until the next
-        # observe (a step asks for up to 64 widths, and each prediction takes a dozen lookups)
-        self._optimistic: dict[tuple[int, int], float] = {}
+        # each prediction by (width, depth bucket), until an observe changes it (the controller asks for up to
+        # 64 widths a step, and a prediction takes a dozen lookups); an observe forgets only the widths whose
+        # correction it moved (_moved_widths)
+        self._predicted: dict[tuple[int, int], float] = {}
         self.num_observed: dict[int, int] = {}  # timed passes by width
         self._num_observed_by_group: dict[int, int] = {}
+        # each group's share of its predicted cost once the optimism starts (EXPLORE_AFTER_PASSES)
+        self._optimism = [1.0 - EXPLORATION] * len(EXPLORATION_GROUPS)
         self._num_timed = 0  # timed passes of every width
 
     def observe(self, width: int, seconds: float, depth: int = 0) -> None:
         if width <= 0 or seconds <= 0:
             return
-        self._optimistic.clear()
         self.num_observed[width] = self.num_observed.get(width, 0) + 1
         self._num_timed += 1
         group = _exploration_group(width)
         self._num_observed_by_group[group] = self._num_observed_by_group.get(group, 0) + 1
+        self._optimism[group] = 1.0 - EXPLORATION / (1 + self._num_observed_by_group[group])
         if self.measured is not None:
-            self._factor_by_width.clear()
+            moved = None  # every width
             predicted = self._calibrated(width, depth)
             if predicted > 0:
                 error = math.log(seconds / predicted)
@@ -87,10 +90,16 @@ class CostTable:
                 correction += self.smoothing * (error - correction)
                 self._width_corrections[width] = (count + 1, correction)
                 if count + 1 >= MIN_WIDTH_OBSERVATIONS:
-                    if width not in self._width_factors:
+                    if width in self._width_factors:
+                        moved = self._moved_widths(width)
+                    else:
                         bisect.insort(self._factor_widths, width)
                     self._width_factors[width] = math.exp(correction)
+                elif self._width_factors:
+                    moved = range(0)  # a width not yet its own, where others are: the shared correction is unused
+            self._forget(moved)
             return
+        self._forget(None)
         previous = self._seconds_by_width.get(width)
         if previous is None:
             self._seconds_by_width[width] = seconds
@@ -98,6 +107,26 @@ class CostTable:
             self._seconds_by_width[width] = previous + self.smoothing * (seconds - previous)
         self._scale_sum += seconds / interpolate(self.prior_ratio, width)
         self._scale_count += 1
+
+    def _moved_widths(self, width: int) -> range:
+        """The widths whose correction is `width`'s own (a timed width whose correction changed) or read
+        from it: those between it and its timed neighbours, and every one past it where it is the last."""
+        widths = self._factor_widths
+        index = bisect.bisect_left(widths, width)
+        lower = widths[index - 1] if index > 0 else 0
+        upper = widths[index + 1] if index + 1 < len(widths) else 1 << 30
+        return range(lower + 1, upper)
+
+    def _forget(self, moved: range | None) -> None:
+        """Drop the predictions of the `moved` widths (every one when None)."""
+        if moved is None:
+            self._factor_by_width.clear()
+            self._predicted.clear()
+            return
+        for width in [width for width in self._factor_by_width if width in moved]:
+            del self._factor_by_width[width]
+        for key in [key for key in self._predicted if key[0] in moved]:
+            del self._predicted[key]
 
     def _calibrated(self, width: int, depth: int) -> float:
         """The calibrated table's cost, read once per width and DEPTH_BUCKET of cached tokens: the
@@ -136,15 +165,9 @@ class CostTable:
 
     def optimistic_seconds(self, width: int, depth: int = 0) -> float:
         """What the controller chooses on: the prediction, less the optimism a little-timed group of widths earns."""
-        key = (width, depth // DEPTH_BUCKET)
-        found = self._optimistic.get(key)
-        if found is not None:
-            return found
         seconds = self.seconds(width, depth)
-        if self._num_timed >= EXPLORE_AFTER_PASSES:
-            seconds *= 1.0 - EXPLORATION / (1 + self._num_observed_by_group.get(_exploration_group(width), 0))
-        self._optimistic[key] = seconds
-        return seconds
+        return seconds * self._optimism[_exploration_group(width)] if self._num_timed >= EXPLORE_AFTER_PASSES \
+            else seconds
 
     def learned_curve(self, depth: int, widths=(1, 2, 4, 8, 16, 32)) -> dict | None:
         """The calibrated and the learned cost of some widths at one depth, and how often each was timed
@@ -161,7 +184,11 @@ class CostTable:
         if width <= 0:
             return 0.0
         if self.measured is not None:
-            return self._calibrated(width, depth) * self._correction(width)
+            key = (width, depth // DEPTH_BUCKET)
+            found = self._predicted.get(key)
+            if found is None:
+                found = self._predicted[key] = self._calibrated(width, depth) * self._correction(width)
+            return found
         measured = self._seconds_by_width.get(width)
         if measured is not None:
             return measured
