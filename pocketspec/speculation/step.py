@@ -22,6 +22,7 @@ and verified, and how a draft model follows its sequences. Every time is read fr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Protocol, Sequence
 
 from pocketspec.speculation.controller import Choice, GammaController, pooled_acceptance
@@ -83,9 +84,7 @@ def _proposals(group: Sequence[StepSequence], caps: Sequence[int], controller: G
         sequence.unused.score(sequence.context, controller)
     if all(sequence.ngram is None for sequence in group):
         return [Proposal() for _ in group]
-    def first_pays(chance: float) -> bool:
-        return controller.first_token_pays(chance, depth)
-
+    first_pays = partial(controller.first_token_pays, depth=depth)
     return [Proposal() if sequence.ngram is None else sequence.ngram.propose_scored(
         sequence.context, min(cap, controller.max_draftless_gamma), controller.match_acceptance.probability,
         first_pays=first_pays, min_survival=controller.min_proposal_survival) for sequence, cap in zip(group, caps)]
