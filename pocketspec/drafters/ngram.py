@@ -83,7 +83,7 @@ class NgramDrafter:
             num_indexed = 0
         self._context.extend(context[num_indexed:])
 
-    def _followers(self, walked: list[int], n: int):
+    def _continuations_at(self, walked: list[int], n: int):
         """(counts, sightings in the context) of the continuations of walked's last n tokens; None when unknown."""
         key = tuple(walked[-n:])
         in_context = self._context.followers(key)
@@ -109,13 +109,13 @@ class NgramDrafter:
         longest = min(self.max_n, len(walked))
         if longest < self.min_n:
             return None
-        found = self._followers(walked, longest)
+        found = self._continuations_at(walked, longest)
         if found is not None:
             return found[0], longest, found[1]
         known, unknown = self.min_n - 1, longest  # the longest known length lies in [known, unknown)
         while unknown - known > 1:
             n = (known + unknown) // 2
-            probed = self._followers(walked, n)
+            probed = self._continuations_at(walked, n)
             if probed is None:
                 unknown = n
             else:
