@@ -1,5 +1,7 @@
 """The γ controller picks the drafter and draft length with the most expected tokens per second."""
 
+import random
+
 import pytest
 
 from memplanner.acceptance import expected_tokens_per_step
@@ -153,3 +155,23 @@ def test_a_width_not_timed_takes_its_timed_neighbours_correction():
     assert table.seconds(16) == pytest.approx(truth.seconds(16), rel=0.01)  # between 8 and 20, both 1/1.5
     assert table.seconds(32) == pytest.approx(truth.seconds(32), rel=0.01)  # past the widest timed: its correction
     assert truth.seconds(6) < table.seconds(6) < 1.5 * truth.seconds(6)  # between 4 (right) and 8 (1.5x off)
+
+
+def test_a_prediction_kept_across_passes_equals_one_made_afresh():
+    """The table keeps each prediction until a timed pass moves its correction (costs.py: _moved_widths).
+    Asked for every width after every pass, it answers what a table given the same passes and asked
+    only then answers, bit for bit: through the shared correction, widths timed into their own,
+    neighbours read between them, and the optimism's start."""
+    generator = random.Random(5)
+    passes: list[tuple[int, float, int]] = []
+    asked = _table(first_inflated=5, factor=1.5)
+    for _ in range(120):
+        width, depth = generator.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32]), generator.choice([0, 40, 500])
+        passes.append((width, asked.seconds(width, depth) * generator.uniform(0.6, 1.4), depth))
+        asked.observe(*passes[-1])
+        fresh = _table(first_inflated=5, factor=1.5)
+        for timed in passes:
+            fresh.observe(*timed)
+        for depth in (0, 100):
+            assert [asked.optimistic_seconds(width, depth) for width in range(1, 33)] == \
+                [fresh.optimistic_seconds(width, depth) for width in range(1, 33)]
