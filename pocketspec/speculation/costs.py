@@ -60,7 +60,6 @@ class CostTable:
         self._width_corrections: dict[int, tuple[int, float]] = {}
         self._width_factors: dict[int, float] = {}  # exp(correction) of the widths seen often enough
         self._factor_widths: list[int] = []  # those widths, ascending: a width's neighbours are a bisection away
-        self._factor_by_width: dict[int, float] = {}  # the correction each width is predicted with, once asked
         # each prediction by (width, depth bucket), until an observe changes it (the controller asks for up to
         # 64 widths a step, and a prediction takes a dozen lookups); an observe forgets only the widths whose
         # correction it moved (_moved_widths)
@@ -120,11 +119,8 @@ class CostTable:
     def _forget(self, moved: range | None) -> None:
         """Drop the predictions of the `moved` widths (every one when None)."""
         if moved is None:
-            self._factor_by_width.clear()
             self._predicted.clear()
             return
-        for width in [width for width in self._factor_by_width if width in moved]:
-            del self._factor_by_width[width]
         for key in [key for key in self._predicted if key[0] in moved]:
             del self._predicted[key]
 
@@ -143,25 +139,18 @@ class CostTable:
 
     def _correction(self, width: int) -> float:
         """The width's own learned correction, else its nearest timed neighbours' (log-interpolated
-        between the two around it), else the shared one."""
-        factor = self._factor_by_width.get(width)
-        if factor is not None:
-            return factor
+        between the two around it), else the shared one (read once per prediction: seconds() keeps them)."""
         known = self._width_factors
         if width in known or not known:
-            factor = known.get(width, self._factor)
-        else:
-            widths = self._factor_widths
-            index = bisect.bisect_left(widths, width)
-            lower = widths[index - 1] if index > 0 else None
-            upper = widths[index] if index < len(widths) else None
-            if lower is None or upper is None:
-                factor = known[upper if lower is None else lower]
-            else:
-                share = (width - lower) / (upper - lower)
-                factor = math.exp((1 - share) * math.log(known[lower]) + share * math.log(known[upper]))
-        self._factor_by_width[width] = factor
-        return factor
+            return known.get(width, self._factor)
+        widths = self._factor_widths
+        index = bisect.bisect_left(widths, width)
+        lower = widths[index - 1] if index > 0 else None
+        upper = widths[index] if index < len(widths) else None
+        if lower is None or upper is None:
+            return known[upper if lower is None else lower]
+        share = (width - lower) / (upper - lower)
+        return math.exp((1 - share) * math.log(known[lower]) + share * math.log(known[upper]))
 
     def optimistic_seconds(self, width: int, depth: int = 0) -> float:
         """What the controller chooses on: the prediction, less the optimism a little-timed group of widths earns."""
