@@ -1,6 +1,9 @@
 """The draftless prompt-lookup drafter."""
 
+import random
+
 from pocketspec.drafters.ngram import NgramDrafter
+from pocketspec.drafters.suffix_index import MAX_MATCH_LENGTH
 
 
 def test_copies_what_followed_the_last_occurrence():
@@ -64,3 +67,58 @@ def test_a_prompt_that_extends_the_indexed_context_keeps_its_index_and_proposes_
     for drafter, prompt in ((kept, turn_two), (restarted, rewritten)):
         for end in range(len(turn_one) + 1, len(prompt) + 1):
             assert drafter.lookup(prompt[:end], 4) == NgramDrafter(min_n=1, max_n=3).lookup(prompt[:end], 4)
+
+
+def _reference_walk(context, documents, min_n, max_n, num_tokens):
+    """What propose_scored must find, by scanning every sighting: each token follows the longest suffix (at most
+    max_n) seen before, in the remembered documents or the context; the most seen follower, then the latest in
+    the context; its share of the followers; and its match length, extended backwards along its latest
+    sighting (at most MAX_MATCH_LENGTH) where the suffix was max_n long."""
+    walked, proposed = list(context[-MAX_MATCH_LENGTH - 1:]), []
+    for _ in range(num_tokens):
+        for n in range(min(max_n, len(walked)), min_n - 1, -1):
+            counts, latest = {}, {}
+            for stream, in_context in [*((document, False) for document in documents), (context, True)]:
+                for end in range(n, len(stream)):
+                    if stream[end - n:end] == walked[-n:]:
+                        counts[stream[end]] = counts.get(stream[end], 0) + 1
+                        if in_context:
+                            latest[stream[end]] = end
+            if counts:
+                break
+        else:
+            return proposed
+        token = max(counts, key=lambda candidate: (counts[candidate], latest.get(candidate, -1)))
+        length = n
+        if n == max_n and token in latest:
+            end, limit = latest[token], min(MAX_MATCH_LENGTH, len(walked), latest[token])
+            while length < limit and context[end - length - 1] == walked[-length - 1]:
+                length += 1
+        proposed.append((token, length, counts[token] / sum(counts.values())))
+        walked.append(token)
+    return proposed
+
+
+def test_a_walk_finds_what_a_scan_of_every_sighting_finds():
+    """The walk bounds each lookup by the last one and extends a copy's match without comparing (ngram.py:
+    _next); a scan of every sighting, over text that copies, repeats itself and forks, must find the same
+    tokens and the same evidence."""
+    generator = random.Random(11)
+    for min_n, max_n in ((1, 8), (2, 4)):
+        for _ in range(3):
+            text = [generator.randrange(5) for _ in range(40)]
+            while len(text) < 150:  # copies of earlier spans, some of them changed in one token
+                start = generator.randrange(len(text) - 20)
+                span = text[start:start + generator.randrange(5, 40)]
+                if generator.random() < 0.5:
+                    span[generator.randrange(len(span))] = generator.randrange(5)
+                text += span
+            documents = [text[10:60], [generator.randrange(5) for _ in range(30)]]
+            drafter = NgramDrafter(min_n=min_n, max_n=max_n)
+            for document in documents:
+                drafter.remember(document)
+            for end in [*range(2, 60, 5), *range(60, len(text), 9)]:
+                proposal = drafter.propose_scored(text[:end], 24)
+                assert [(token, evidence.match_length, evidence.share) for token, evidence
+                        in zip(proposal.tokens, proposal.evidence)] == \
+                    _reference_walk(text[:end], documents, min_n, max_n, 24), (min_n, max_n, end)

@@ -99,14 +99,14 @@ class NgramDrafter:
             counts[token] = counts.get(token, 0) + (seen & COUNT_MASK)
         return counts, in_context
 
-    def _continuations(self, walked: list[int]):
-        """The continuations of the longest known suffix of `walked`: their counts, the suffix's length and
-        its sightings in the context's own index; None when unknown.
+    def _continuations(self, walked: list[int], longest: int):
+        """The continuations of the longest known suffix of `walked`, of at most `longest` tokens: their counts,
+        the suffix's length and its sightings in the context's own index; None when unknown.
 
         Every suffix of a known n-gram is known (it ended where the n-gram ended, before the same token),
         so the known lengths run from min_n up to the longest, and a bisection finds it: the longest length
         first, where a copy goes on, then three probes at most where text is new."""
-        longest = min(self.max_n, len(walked))
+        longest = min(longest, len(walked))
         if longest < self.min_n:
             return None
         found = self._continuations_at(walked, longest)
@@ -131,21 +131,51 @@ class NgramDrafter:
 
         return rank
 
-    def _next(self, walked: list[int]) -> tuple[int, MatchEvidence] | None:
-        found = self._continuations(walked)
+    def _next(self, walked: list[int], previous: tuple[int, int, int] | None = None) \
+            -> tuple[int, MatchEvidence, tuple[int, int, int]] | None:
+        """The next token after `walked`, its evidence, and where it was found: (the suffix length n it was
+        found at, the end of its latest sighting in the context and how far walked agreed backwards there,
+        or -1 and 0 where the agreement was not matched); None when no suffix of `walked` is known.
+
+        previous: what the call for walked[:-1] returned, on a walk. It bounds this lookup: a known suffix of
+        walked is one token longer at most than walked[:-1]'s longest (drop its last token: what is left
+        was seen before that token). And where the copy goes on from that sighting, the agreement is one
+        longer, with nothing compared."""
+        max_n = self.max_n
+        longest = max_n if previous is None else min(max_n, previous[0] + 1)
+        if len(walked) >= longest:  # first, what most tokens of a copy find: one follower, in the context only
+            key = tuple(walked[-longest:])
+            sole = self._context.sole_follower(key)
+            if sole is not None and self.corpus.counts(key) is None:
+                token, end = sole
+                if longest < max_n:
+                    return token, MatchEvidence(longest, 1.0), (longest, -1, 0)
+                agreement = self._agreement(walked, end, previous)
+                return token, MatchEvidence(agreement, 1.0), (max_n, end, agreement)
+        found = self._continuations(walked, longest)
         if found is None:
             return None
         counts, n, in_context = found
-        if len(counts) == 1:  # the one continuation: nothing to rank (most n-grams of a copy)
+        if len(counts) == 1:  # the one continuation: nothing to rank
             token, share = next(iter(counts)), 1.0
         else:
             token = max(counts, key=self._rank(counts, in_context))
             share = counts[token] / sum(counts.values())
         latest = in_context.get(token) if in_context else None
-        length = n
-        if latest is not None and n == self.max_n:
-            length = self._context.backward_match(walked, latest >> COUNT_BITS, n)
-        return token, MatchEvidence(length, share)
+        if latest is None or n < max_n:
+            return token, MatchEvidence(n, share), (n, -1, 0)
+        end = latest >> COUNT_BITS
+        agreement = self._agreement(walked, end, previous)
+        return token, MatchEvidence(agreement, share), (n, end, agreement)
+
+    def _agreement(self, walked: list[int], end: int, previous: tuple[int, int, int] | None) -> int:
+        """How far `walked`, whose last max_n tokens end at `end` in the context, agrees with the context
+        backwards (at most MAX_MATCH_LENGTH): one more than walked[:-1] did at end - 1, where that is where
+        it was found (walked and the context before `end` are each one token longer than that agreement
+        could reach, so only the cap binds)."""
+        if previous is not None and previous[1] + 1 == end:
+            return min(previous[2] + 1, MAX_MATCH_LENGTH)
+        return self._context.backward_match(walked, end, self.max_n)
 
     def branches(self, context: Sequence[int], max_branches: int, max_tokens: int) -> list[list[int]]:
         """Up to max_branches proposals of up to max_tokens each, one per continuation of the context's
@@ -155,15 +185,16 @@ class NgramDrafter:
             return []
         self._index(context)
         walked = list(context[-MAX_MATCH_LENGTH - 1:])
-        found = self._continuations(walked)
+        found = self._continuations(walked, self.max_n)
         if found is None:
             return []
         counts, _, in_context = found
         branches = []
         for first in sorted(counts, key=self._rank(counts, in_context), reverse=True)[:max_branches]:
-            branch = [first]
-            while len(branch) < max_tokens and (step := self._next(walked + branch)) is not None:
+            branch, found_at = [first], None
+            while len(branch) < max_tokens and (step := self._next(walked + branch, found_at)) is not None:
                 branch.append(step[0])
+                found_at = step[2]
             branches.append(branch)
         return branches
 
@@ -183,11 +214,12 @@ class NgramDrafter:
         self._index(context)
         walked = list(context[-MAX_MATCH_LENGTH - 1:])
         survival = 1.0
+        found_at = None
         for _ in range(max_tokens):
-            found = self._next(walked)
+            found = self._next(walked, found_at)
             if found is None:
                 break
-            token, evidence = found
+            token, evidence, found_at = found
             proposal.tokens.append(token)
             proposal.evidence.append(evidence)
             if probability is not None:

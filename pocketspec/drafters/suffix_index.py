@@ -50,6 +50,14 @@ class SuffixIndex:
             return entry
         return {entry & TOKEN_MASK: entry >> TOKEN_BITS}
 
+    def sole_follower(self, key: tuple[int, ...]) -> tuple[int, int] | None:
+        """(token, latest end) when exactly one token ever followed the n-gram `key`, else None (most n-grams
+        of a copy: read without building a dict)."""
+        entry = self._continuations.get(key)
+        if type(entry) is not int:
+            return None
+        return entry & TOKEN_MASK, entry >> (TOKEN_BITS + COUNT_BITS)
+
     def counts(self, key: tuple[int, ...]) -> dict[int, int] | None:
         """{next token: how often it followed the n-gram `key`}, a new dict; None when it was never followed."""
         entry = self._continuations.get(key)

@@ -14,6 +14,7 @@ rows verified in one decode has a controller of its own, whose costs are that de
 from __future__ import annotations
 
 import bisect
+from operator import itemgetter
 from typing import NamedTuple, Sequence
 
 from memplanner.acceptance import expected_tokens_per_step
@@ -200,7 +201,13 @@ class GammaController:
 
     def options(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
                 model_lag: int | None, max_gamma: int, depth: int = 0) -> list[Choice]:
-        """Every (drafter, γ) this step could run, with its predicted tokens per second.
+        """Every (drafter, γ) this step could run, with its predicted tokens per second (_priced)."""
+        return [Choice(*option) for option in self._priced(ngram_available, ngram_probs, model_lag, max_gamma, depth)]
+
+    def _priced(self, ngram_available: int, ngram_probs: Sequence[float] | None, model_lag: int | None,
+                max_gamma: int, depth: int) -> list[tuple[str, int, float]]:
+        """Every (drafter, γ, predicted tokens per second) this step could run, as plain tuples: choose() prices
+        every γ each step and keeps one.
 
         ngram_probs: each proposed draftless token's acceptance probability (else ngram_available
         tokens at the n-gram drafter's single rate); model_lag: tokens the draft model must catch
@@ -208,39 +215,42 @@ class GammaController:
         as the width is little timed (pocketspec/speculation/costs.py: so a width the table makes look bad
         is still tried where it comes near the best).
         """
-        verify = self.target_costs.optimistic_seconds
-        choices = [Choice("none", 0, self._rate(1.0, verify(1, depth)))]
         if ngram_probs is None:
             alpha = self.acceptance["ngram"].rate
             expected = [expected_tokens_per_step(alpha, gamma) for gamma in range(ngram_available + 1)]
         else:
             expected = expected_tokens_by_gamma(ngram_probs)
+        widest = max(min(max_gamma, self.max_draftless_gamma, len(expected) - 1),
+                     0 if model_lag is None else min(max_gamma, self.max_gamma))
+        verify = self.target_costs.optimistic_curve(widest + 1, depth)  # verify[w]: a verify of w rows
+        choices = [("none", 0, self._rate(1.0, verify[1]))]
         # a fixed γ is lowered by the step's room, never by what the proposal holds
         for gamma in self._gammas(min(max_gamma, self.max_draftless_gamma)):
             if 1 <= gamma < len(expected):
-                choices.append(Choice("ngram", gamma, self._rate(expected[gamma], verify(gamma + 1, depth))))
+                choices.append(("ngram", gamma, self._rate(expected[gamma], verify[gamma + 1])))
         if model_lag is not None:
             alpha_model = self.acceptance["model"].rate
             for gamma in self._gammas(min(max_gamma, self.max_gamma)):
                 if gamma >= 1:
-                    seconds = self._model_seconds(gamma, model_lag) + verify(gamma + 1, depth)
+                    seconds = self._model_seconds(gamma, model_lag) + verify[gamma + 1]
                     tokens = expected_tokens_per_step(alpha_model, gamma)
-                    choices.append(Choice("model", gamma, self._rate(tokens, seconds)))
+                    choices.append(("model", gamma, self._rate(tokens, seconds)))
         return choices
 
     def choose(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
                model_lag: int | None, max_gamma: int | None = None, depth: int = 0) -> Choice:
         limit = self.widest_gamma if max_gamma is None else min(max_gamma, self.widest_gamma)
-        choices = self.options(ngram_available=ngram_available, ngram_probs=ngram_probs, model_lag=model_lag,
-                               max_gamma=limit, depth=depth)
         if self.fixed_gamma is not None:
+            choices = self.options(ngram_available=ngram_available, ngram_probs=ngram_probs, model_lag=model_lag,
+                                   max_gamma=limit, depth=depth)
             drafted = [choice for choice in choices if choice.gamma > 0]
             # with a fixed γ, a model draft beats an n-gram one only when there is no n-gram match
             drafted.sort(key=lambda choice: choice.drafter != "ngram")
             return drafted[0] if drafted else choices[0]
+        priced = self._priced(ngram_available, ngram_probs, model_lag, limit, depth)
         # ties go to the wider draft: on a flat step of the cost curve, more tokens for the same time
-        best = max(choices, key=lambda choice: (choice.predicted_tokens_per_second, choice.gamma))
-        model_choices = [choice for choice in choices if choice.drafter == "model"]
+        best = Choice(*max(priced, key=itemgetter(2, 1)))  # (tokens per second, γ)
+        model_choices = [Choice(*option) for option in priced if option[0] == "model"]
         if model_choices and best.drafter != "model":
             self._steps_since_model += 1
             if self._steps_since_model >= self.model_probe_interval:

@@ -60,10 +60,10 @@ class CostTable:
         self._width_corrections: dict[int, tuple[int, float]] = {}
         self._width_factors: dict[int, float] = {}  # exp(correction) of the widths seen often enough
         self._factor_widths: list[int] = []  # those widths, ascending: a width's neighbours are a bisection away
-        # each prediction by (width, depth bucket), until an observe changes it (the controller asks for up to
-        # 64 widths a step, and a prediction takes a dozen lookups); an observe forgets only the widths whose
-        # correction it moved (_moved_widths)
-        self._predicted: dict[tuple[int, int], float] = {}
+        # each prediction, by width then depth bucket, until an observe changes it (the controller asks for up
+        # to 64 widths a step, and a prediction takes a dozen lookups); an observe forgets only the widths whose
+        # correction it moved (_moved_widths), and finds them among the widths, not among every depth's entries
+        self._predicted: dict[int, dict[int, float]] = {}
         self.num_observed: dict[int, int] = {}  # timed passes by width
         self._num_observed_by_group: dict[int, int] = {}
         # each group's share of its predicted cost once the optimism starts (EXPLORE_AFTER_PASSES)
@@ -121,8 +121,8 @@ class CostTable:
         if moved is None:
             self._predicted.clear()
             return
-        for key in [key for key in self._predicted if key[0] in moved]:
-            del self._predicted[key]
+        for width in [width for width in self._predicted if width in moved]:
+            del self._predicted[width]
 
     def _calibrated(self, width: int, depth: int) -> float:
         """The calibrated table's cost, read once per width and DEPTH_BUCKET of cached tokens: the
@@ -158,6 +158,15 @@ class CostTable:
         return seconds * self._optimism[_exploration_group(width)] if self._num_timed >= EXPLORE_AFTER_PASSES \
             else seconds
 
+    def optimistic_curve(self, max_width: int, depth: int = 0) -> list[float]:
+        """[optimistic_seconds(width, depth) for width in 0..max_width] (0 for none) in one call: the controller
+        prices every width it may verify each step."""
+        seconds, optimism = self.seconds, self._optimism
+        if self._num_timed < EXPLORE_AFTER_PASSES:
+            return [0.0] + [seconds(width, depth) for width in range(1, max_width + 1)]
+        return [0.0] + [seconds(width, depth) * optimism[_exploration_group(width)]
+                        for width in range(1, max_width + 1)]
+
     def learned_curve(self, depth: int, widths=(1, 2, 4, 8, 16, 32)) -> dict | None:
         """The calibrated and the learned cost of some widths at one depth, and how often each was timed
         (what `pocketspec bench` reports beside each other); None without a calibrated table."""
@@ -173,10 +182,13 @@ class CostTable:
         if width <= 0:
             return 0.0
         if self.measured is not None:
-            key = (width, depth // DEPTH_BUCKET)
-            found = self._predicted.get(key)
+            by_depth = self._predicted.get(width)
+            if by_depth is None:
+                by_depth = self._predicted[width] = {}
+            bucket = depth // DEPTH_BUCKET
+            found = by_depth.get(bucket)
             if found is None:
-                found = self._predicted[key] = self._calibrated(width, depth) * self._correction(width)
+                found = by_depth[bucket] = self._calibrated(width, depth) * self._correction(width)
             return found
         measured = self._seconds_by_width.get(width)
         if measured is not None:
