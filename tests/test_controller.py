@@ -174,5 +174,4 @@ def test_a_prediction_kept_across_passes_equals_one_made_afresh():
             fresh.observe(*timed)
         for depth in (0, 100):
             assert [asked.optimistic_seconds(width, depth) for width in range(1, 33)] == \
-                [fresh.optimistic_seconds(width, depth) for width in range(1, 33)] == \
-                asked.optimistic_curve(32, depth)[1:]
+                [fresh.optimistic_seconds(width, depth) for width in range(1, 33)]

@@ -220,19 +220,17 @@ class GammaController:
             expected = [expected_tokens_per_step(alpha, gamma) for gamma in range(ngram_available + 1)]
         else:
             expected = expected_tokens_by_gamma(ngram_probs)
-        widest = max(min(max_gamma, self.max_draftless_gamma, len(expected) - 1),
-                     0 if model_lag is None else min(max_gamma, self.max_gamma))
-        verify = self.target_costs.optimistic_curve(widest + 1, depth)  # verify[w]: a verify of w rows
-        choices = [("none", 0, self._rate(1.0, verify[1]))]
+        verify = self.target_costs.optimistic_seconds
+        choices = [("none", 0, self._rate(1.0, verify(1, depth)))]
         # a fixed γ is lowered by the step's room, never by what the proposal holds
         for gamma in self._gammas(min(max_gamma, self.max_draftless_gamma)):
             if 1 <= gamma < len(expected):
-                choices.append(("ngram", gamma, self._rate(expected[gamma], verify[gamma + 1])))
+                choices.append(("ngram", gamma, self._rate(expected[gamma], verify(gamma + 1, depth))))
         if model_lag is not None:
             alpha_model = self.acceptance["model"].rate
             for gamma in self._gammas(min(max_gamma, self.max_gamma)):
                 if gamma >= 1:
-                    seconds = self._model_seconds(gamma, model_lag) + verify[gamma + 1]
+                    seconds = self._model_seconds(gamma, model_lag) + verify(gamma + 1, depth)
                     tokens = expected_tokens_per_step(alpha_model, gamma)
                     choices.append(("model", gamma, self._rate(tokens, seconds)))
         return choices

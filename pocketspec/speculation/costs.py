@@ -158,15 +158,6 @@ class CostTable:
         return seconds * self._optimism[_exploration_group(width)] if self._num_timed >= EXPLORE_AFTER_PASSES \
             else seconds
 
-    def optimistic_curve(self, max_width: int, depth: int = 0) -> list[float]:
-        """[optimistic_seconds(width, depth) for width in 0..max_width] (0 for none) in one call: the controller
-        prices every width it may verify each step."""
-        seconds, optimism = self.seconds, self._optimism
-        if self._num_timed < EXPLORE_AFTER_PASSES:
-            return [0.0] + [seconds(width, depth) for width in range(1, max_width + 1)]
-        return [0.0] + [seconds(width, depth) * optimism[_exploration_group(width)]
-                        for width in range(1, max_width + 1)]
-
     def learned_curve(self, depth: int, widths=(1, 2, 4, 8, 16, 32)) -> dict | None:
         """The calibrated and the learned cost of some widths at one depth, and how often each was timed
         (what `pocketspec bench` reports beside each other); None without a calibrated table."""
