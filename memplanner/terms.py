@@ -26,10 +26,11 @@ GENERATION_WORKING_SET_BYTES = 4 * 1024 * 1024
 # after 8100 tokens (2026-11-25): 880 B of them the n-gram index, the flat term above about 520.
 CONTEXT_BYTES_PER_TOKEN = 160
 # The suffix drafter's index (n = 1..8, pocketspec/drafters/suffix_index.py) and its token list, a
-# bound for any text: tracemalloc measured 974-1038 B a token on random tokens (every n-gram new, the
-# most it holds) over 4096-131072 tokens, 1181 B at most just after its dict grew (300000 tokens read
-# 2500 at a time), and 955 B on the recorded traces' most varied 4096-token slice (2026-11-28)
-NGRAM_INDEX_BYTES_PER_TOKEN = 1250
+# bound for any text: with bytes for keys, tracemalloc measured 771-849 B a token on random tokens
+# (every n-gram new, the most it holds) over 4096-131072 tokens, 994 B at most just after its dict grew
+# (300000 tokens read 2500 at a time), and 803 B on the recorded traces' most varied 4096-token slice
+# (2026-11-28; with tuples for keys: 974-1038, 1181 and 955 B)
+NGRAM_INDEX_BYTES_PER_TOKEN = 1050
 # The cross-request corpus of earlier outputs (pocketspec/drafters/corpus.py), one per process: past
 # this many tokens its oldest outputs are dropped
 NGRAM_CORPUS_MAX_TOKENS = 1 << 14

@@ -57,13 +57,13 @@ def test_a_prompt_that_extends_the_indexed_context_keeps_its_index_and_proposes_
     indexed = kept._context
     turn_two = turn_one + [3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3, 8, 3, 2, 7, 9, 5]
     kept.begin(turn_two)  # indexes the prompt now, with the prefill
-    assert kept._context is indexed and kept._context.tokens == turn_two
+    assert kept._context is indexed and kept._context.tokens.tolist() == turn_two
     rewritten = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 8] + turn_two[15:]
     restarted = NgramDrafter(min_n=1, max_n=3)
     restarted.lookup(turn_one, 4)
     first_index = restarted._context
     restarted.begin(rewritten)
-    assert restarted._context is not first_index and restarted._context.tokens == rewritten
+    assert restarted._context is not first_index and restarted._context.tokens.tolist() == rewritten
     for drafter, prompt in ((kept, turn_two), (restarted, rewritten)):
         for end in range(len(turn_one) + 1, len(prompt) + 1):
             assert drafter.lookup(prompt[:end], 4) == NgramDrafter(min_n=1, max_n=3).lookup(prompt[:end], 4)

@@ -26,9 +26,9 @@ class OutputCorpus:
         self._documents: deque[list[int]] = deque()
         self._num_tokens = 0  # a running count: summing the documents on every output would cost more
 
-    def counts(self, key: tuple[int, ...]) -> dict[int, int] | None:
-        """How often each token followed the n-gram `key` in the remembered outputs (a copy: other engines
-        may add to the corpus meanwhile); None when none did."""
+    def counts(self, key: bytes) -> dict[int, int] | None:
+        """How often each token followed the n-gram `key` (suffix_index.ngram_key) in the remembered outputs (a
+        copy: other engines may add to the corpus meanwhile); None when none did."""
         with self._lock:
             return self._index.counts(key)
 

@@ -16,13 +16,14 @@ A bounded corpus of earlier outputs (pocketspec/drafters/corpus.py: other reques
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from memplanner.defaults import NGRAM_MAX_N, NGRAM_MIN_N
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.corpus import OutputCorpus
-from pocketspec.drafters.suffix_index import COUNT_BITS, COUNT_MASK, MAX_MATCH_LENGTH, SuffixIndex
+from pocketspec.drafters.suffix_index import COUNT_BITS, COUNT_MASK, MAX_MATCH_LENGTH, SuffixIndex, token_array
 
 
 @dataclass(slots=True)
@@ -66,7 +67,7 @@ class NgramDrafter:
         prefix is compared, once: within a generation `_index` checks only the join, as a context there
         only grows."""
         indexed = self._context.tokens
-        if len(prompt) < len(indexed) or list(prompt[:len(indexed)]) != indexed:
+        if len(prompt) < len(indexed) or token_array(prompt[:len(indexed)]) != indexed:
             self.reset()
         self._index(prompt)
 
@@ -78,14 +79,14 @@ class NgramDrafter:
         indexed = self._context.tokens
         num_indexed = len(indexed)
         recent = max(0, num_indexed - self.max_n)
-        if len(context) < num_indexed or list(context[recent:num_indexed]) != indexed[recent:]:
+        if len(context) < num_indexed or token_array(context[recent:num_indexed]) != indexed[recent:]:
             self.reset()  # the context was rewritten, not extended
             num_indexed = 0
         self._context.extend(context[num_indexed:])
 
-    def _continuations_at(self, walked: list[int], n: int):
+    def _continuations_at(self, walked: array, n: int):
         """(counts, sightings in the context) of the continuations of walked's last n tokens; None when unknown."""
-        key = tuple(walked[-n:])
+        key = walked[-n:].tobytes()
         in_context = self._context.followers(key)
         counts = self.corpus.counts(key)
         if in_context is None:
@@ -99,7 +100,7 @@ class NgramDrafter:
             counts[token] = counts.get(token, 0) + (seen & COUNT_MASK)
         return counts, in_context
 
-    def _continuations(self, walked: list[int], longest: int):
+    def _continuations(self, walked: array, longest: int):
         """The continuations of the longest known suffix of `walked`, of at most `longest` tokens: their counts,
         the suffix's length and its sightings in the context's own index; None when unknown.
 
@@ -131,7 +132,7 @@ class NgramDrafter:
 
         return rank
 
-    def _next(self, walked: list[int], previous: tuple[int, int, int] | None = None) \
+    def _next(self, walked: array, previous: tuple[int, int, int] | None = None) \
             -> tuple[int, MatchEvidence, tuple[int, int, int]] | None:
         """The next token after `walked`, its evidence, and where it was found: (the suffix length n it was
         found at, the end of its latest sighting in the context and how far walked agreed backwards there,
@@ -144,7 +145,7 @@ class NgramDrafter:
         max_n = self.max_n
         longest = max_n if previous is None else min(max_n, previous[0] + 1)
         if len(walked) >= longest:  # first, what most tokens of a copy find: one follower, in the context only
-            key = tuple(walked[-longest:])
+            key = walked[-longest:].tobytes()
             sole = self._context.sole_follower(key)
             if sole is not None and self.corpus.counts(key) is None:
                 token, end = sole
@@ -168,7 +169,7 @@ class NgramDrafter:
         agreement = self._agreement(walked, end, previous)
         return token, MatchEvidence(agreement, share), (n, end, agreement)
 
-    def _agreement(self, walked: list[int], end: int, previous: tuple[int, int, int] | None) -> int:
+    def _agreement(self, walked: array, end: int, previous: tuple[int, int, int] | None) -> int:
         """How far `walked`, whose last max_n tokens end at `end` in the context, agrees with the context
         backwards (at most MAX_MATCH_LENGTH): one more than walked[:-1] did at end - 1, where that is where
         it was found (walked and the context before `end` are each one token longer than that agreement
@@ -184,18 +185,18 @@ class NgramDrafter:
         if max_tokens <= 0 or len(context) < self.min_n:
             return []
         self._index(context)
-        walked = list(context[-MAX_MATCH_LENGTH - 1:])
+        walked = token_array(context[-MAX_MATCH_LENGTH - 1:])
         found = self._continuations(walked, self.max_n)
         if found is None:
             return []
         counts, _, in_context = found
         branches = []
         for first in sorted(counts, key=self._rank(counts, in_context), reverse=True)[:max_branches]:
-            branch, found_at = [first], None
+            branch, found_at = token_array([first]), None
             while len(branch) < max_tokens and (step := self._next(walked + branch, found_at)) is not None:
                 branch.append(step[0])
                 found_at = step[2]
-            branches.append(branch)
+            branches.append(branch.tolist())
         return branches
 
     def propose_scored(self, context: Sequence[int], max_tokens: int,
@@ -212,7 +213,7 @@ class NgramDrafter:
         if max_tokens <= 0 or len(context) < self.min_n:
             return proposal
         self._index(context)
-        walked = list(context[-MAX_MATCH_LENGTH - 1:])
+        walked = token_array(context[-MAX_MATCH_LENGTH - 1:])
         survival = 1.0
         found_at = None
         for _ in range(max_tokens):

@@ -4,7 +4,7 @@ keeps one over its context; the shared corpus of earlier outputs (corpus.py) ano
 
 from __future__ import annotations
 
-import gc
+from array import array
 from typing import Sequence
 
 MAX_MATCH_LENGTH = 32  # backward extension stops here: longer matches are scored alike
@@ -19,6 +19,20 @@ TOKEN_MASK = (1 << TOKEN_BITS) - 1
 ONE_MORE = 1 << TOKEN_BITS  # a single follower's count + 1
 
 
+TOKEN_TYPECODE = "i"  # a stream's tokens as 4-byte ints; a corpus separator (-1) packs apart from every token
+TOKEN_BYTES = array(TOKEN_TYPECODE).itemsize
+
+
+def token_array(tokens: Sequence[int] = ()) -> array:
+    """Tokens in the index's packing: a slice of it is an n-gram's key at one C call (ngram_key)."""
+    return array(TOKEN_TYPECODE, tokens)
+
+
+def ngram_key(tokens: Sequence[int]) -> bytes:
+    """The index's key of an n-gram: its tokens' bytes (a token_array's slice answers .tobytes() itself)."""
+    return (tokens if isinstance(tokens, array) else token_array(tokens)).tobytes()
+
+
 def sighting(count: int, end: int) -> int:
     return (end << COUNT_BITS) | count
 
@@ -30,27 +44,27 @@ def count_of(seen: int) -> int:
 class SuffixIndex:
     """n-gram -> {next token: sighting} over one token stream (a sighting: count and latest end).
 
-    The index holds ints and tuples of ints only, so the cyclic garbage collector does not track
-    its entries: with a list per entry every collection of the old generation walked each of them
-    (a quarter of the speculative loop's host time in the replay of the recorded traces), and the
-    young collections walked each new one twice. Most n-grams of ordinary text are followed by one
-    token only; such an n-gram holds one int, not a dict of one entry.
+    The index holds bytes and ints only, so the cyclic garbage collector never tracks it: with a list
+    per entry every collection of the old generation walked each of them (a quarter of the speculative
+    loop's host time in the replay of the recorded traces), and with tuples as keys each new key was
+    walked once and the whole dict at every collection of its generation. Most n-grams of ordinary text
+    are followed by one token only; such an n-gram holds one int, not a dict of one entry.
     """
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
-        self.tokens: list[int] = []
-        # (sighting << TOKEN_BITS) | token while one token followed the n-gram, then {token: sighting}
-        self._continuations: dict[tuple[int, ...], int | dict[int, int]] = {}
+        self.tokens: array = token_array()
+        # ngram_key -> (sighting << TOKEN_BITS) | token while one token followed the n-gram, then {token: sighting}
+        self._continuations: dict[bytes, int | dict[int, int]] = {}
 
-    def followers(self, key: tuple[int, ...]) -> dict[int, int] | None:
+    def followers(self, key: bytes) -> dict[int, int] | None:
         """{next token: sighting} after the n-gram `key`, for reading only; None when it was never followed."""
         entry = self._continuations.get(key)
         if entry is None or type(entry) is dict:
             return entry
         return {entry & TOKEN_MASK: entry >> TOKEN_BITS}
 
-    def sole_follower(self, key: tuple[int, ...]) -> tuple[int, int] | None:
+    def sole_follower(self, key: bytes) -> tuple[int, int] | None:
         """(token, latest end) when exactly one token ever followed the n-gram `key`, else None (most n-grams
         of a copy: read without building a dict)."""
         entry = self._continuations.get(key)
@@ -58,7 +72,7 @@ class SuffixIndex:
             return None
         return entry & TOKEN_MASK, entry >> (TOKEN_BITS + COUNT_BITS)
 
-    def counts(self, key: tuple[int, ...]) -> dict[int, int] | None:
+    def counts(self, key: bytes) -> dict[int, int] | None:
         """{next token: how often it followed the n-gram `key`}, a new dict; None when it was never followed."""
         entry = self._continuations.get(key)
         if entry is None:
@@ -68,34 +82,23 @@ class SuffixIndex:
         return {token: seen & COUNT_MASK for token, seen in entry.items()}
 
     def extend(self, new_tokens: Sequence[int]) -> None:
-        was_collecting = gc.isenabled()
-        gc.disable()  # see _extend
-        try:
-            self._extend(new_tokens)
-        finally:
-            if was_collecting:
-                gc.enable()
-
-    def _extend(self, new_tokens: Sequence[int]) -> None:
-        """Index new_tokens. Each position adds up to one key an n; the cyclic garbage collector, counting
-        them, would walk the young objects every 700 of them, so the collection is put off until the index
-        is extended (nothing here forms a cycle)."""
+        """Index new_tokens: each position adds up to one key an n."""
         start = len(self.tokens)
         self.tokens.extend(new_tokens)
         tokens, continuations, min_n, max_n = self.tokens, self._continuations, self.min_n, self.max_n
         # An n-gram ending at `end` continues with tokens[end]; the stream's own suffix has no
         # continuation yet, so a lookup never finds itself. The host indexes every prompt token
-        # between a prompt's prefill and its first verify, so this loop is kept lean: one window
-        # per position, its n-grams sliced from it.
+        # between a prompt's prefill and its first verify, so this loop is kept lean: one window's
+        # bytes per position, its n-grams' keys sliced from them.
         for end in range(max(start, 1), len(tokens)):
             following = tokens[end]
             if following < 0:  # a corpus separator is never proposed
                 continue
             first = ((end << COUNT_BITS) | 1) << TOKEN_BITS | following
-            window = tuple(tokens[max(0, end - max_n):end])
+            window = tokens[max(0, end - max_n):end].tobytes()
             size = len(window)
-            for n in range(min_n, size + 1):
-                key = window[size - n:]
+            for length in range(min_n * TOKEN_BYTES, size + 1, TOKEN_BYTES):
+                key = window[size - length:]
                 entry = continuations.get(key)
                 if entry is None:
                     continuations[key] = first
@@ -109,8 +112,9 @@ class SuffixIndex:
                     seen = entry.get(following)
                     entry[following] = (end << COUNT_BITS) | (1 if seen is None else (seen & COUNT_MASK) + 1)
 
-    def backward_match(self, suffix: Sequence[int], source_end: int, matched: int) -> int:
-        """How far `suffix` (already matched for `matched` tokens) agrees with tokens before source_end."""
+    def backward_match(self, suffix: array, source_end: int, matched: int) -> int:
+        """How far `suffix` (a token_array, already matched for `matched` tokens) agrees with tokens before
+        source_end."""
         tokens = self.tokens
         limit = min(MAX_MATCH_LENGTH, len(suffix), source_end)
         if limit > matched and tokens[source_end - limit:source_end - matched] == suffix[len(suffix) - limit:
