@@ -27,6 +27,7 @@ from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.engine import BatchEngine
 from pocketspec.batch.sequence import Request
+from pocketspec.drafters.suffix_index import ngram_key
 from pocketspec.settings import BatchSettings, SamplingSettings, SpeculationSettings
 from pocketspec.torch_model.invariant import TileShape, make_batch_invariant
 from pocketspec.torch_model.load import load_model
@@ -236,7 +237,7 @@ def test_a_request_drafts_from_the_outputs_of_requests_that_finished_before_it(t
     again = engine.run([request])[0]
     _assert_each_equals_alone(tiny, [request], [again])
     assert first.stats.num_accepted < again.stats.num_accepted
-    assert engine.corpus.counts(tuple(first.tokens[:2]))  # the corpus holds the first answer
+    assert engine.corpus.counts(ngram_key(first.tokens[:2]))  # the corpus holds the first answer
 
 
 @pytest.mark.parametrize("drafter", ["none", "model"])
