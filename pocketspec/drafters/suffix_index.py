@@ -17,8 +17,6 @@ COUNT_MASK = (1 << COUNT_BITS) - 1
 TOKEN_BITS = 24  # every vocabulary is smaller than 16.7 M tokens
 TOKEN_MASK = (1 << TOKEN_BITS) - 1
 ONE_MORE = 1 << TOKEN_BITS  # a single follower's count + 1
-
-
 TOKEN_TYPECODE = "i"  # a stream's tokens as 4-byte ints; a corpus separator (-1) packs apart from every token
 TOKEN_BYTES = array(TOKEN_TYPECODE).itemsize
 
@@ -44,11 +42,12 @@ def count_of(seen: int) -> int:
 class SuffixIndex:
     """n-gram -> {next token: sighting} over one token stream (a sighting: count and latest end).
 
-    The index holds bytes and ints only, so the cyclic garbage collector never tracks it: with a list
-    per entry every collection of the old generation walked each of them (a quarter of the speculative
-    loop's host time in the replay of the recorded traces), and with tuples as keys each new key was
-    walked once and the whole dict at every collection of its generation. Most n-grams of ordinary text
-    are followed by one token only; such an n-gram holds one int, not a dict of one entry.
+    The index holds bytes, ints and dicts of ints only, so the cyclic garbage collector tracks none of its
+    keys and entries (only the dict itself, once an n-gram has several followers): with a list per entry
+    every collection of the old generation walked each of them (a quarter of the speculative loop's host
+    time in the replay of the recorded traces), and with tuples for keys each new key was walked once
+    before it was untracked. Most n-grams of ordinary text are followed by one token only; such an
+    n-gram holds one int, not a dict of one entry.
     """
 
     def __init__(self, min_n: int, max_n: int):
