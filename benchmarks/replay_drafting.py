@@ -70,12 +70,13 @@ def plain_seconds(costs: MeasuredCosts, num_prompt_tokens: int, num_tokens: int)
 
 def open_replay(costs: MeasuredCosts, speculation: SpeculationSettings, vocab_size: int,
                 exact_width: int | None = None, exact_until: int | None = None,
-                calibrated: MeasuredCosts | None = None) -> tuple[SpeculativeEngine, ReplayTarget]:
+                calibrated: MeasuredCosts | None = None,
+                target_class: type[ReplayTarget] = ReplayTarget) -> tuple[SpeculativeEngine, ReplayTarget]:
     """The real engine on a stand-in target whose forwards take `costs` on a virtual clock; the
     engine's controller is given `calibrated` as its table (default: the same costs), so a table
     that is off can be replayed against the machine it was measured on."""
     clock = VirtualClock()
-    target = ReplayTarget(costs, clock, vocab_size, max_logits_rows=requested_draft_limits(speculation).verify_width,
+    target = target_class(costs, clock, vocab_size, max_logits_rows=requested_draft_limits(speculation).verify_width,
                           exact_width=exact_width, exact_until=exact_until)
     engine = SpeculativeEngine(target, speculation=speculation, target_costs=calibrated or costs, clock=clock)
     return engine, target

@@ -218,7 +218,6 @@ def test_without_optimism_the_inflated_widths_would_never_heal(monkeypatch):
     from replay_drafting import open_replay, replay_trace
 
     import pocketspec.speculation.costs
-    from memplanner.measured_costs import load_measured_costs
 
     monkeypatch.setattr(pocketspec.speculation.costs, "EXPLORATION", 0.0)
     truth = load_measured_costs(TRACES / "costs_qwen2.5-coder-1.5b_2threads.json")
@@ -230,3 +229,27 @@ def test_without_optimism_the_inflated_widths_would_never_heal(monkeypatch):
         if num_steps >= 200:
             break
     assert engine.controller.target_costs.seconds(16, 512) > 1.15 * truth.forward_seconds(16, 512)
+
+
+def test_the_instruction_counts_stand_in_takes_the_same_steps_as_the_replays():
+    """benchmarks/host_instructions.py replays on a stand-in that reads its verdicts from the recorded tokens
+    (no logits); its engine must decide what the replay's engine decides, with and without the work once a
+    request done twice."""
+    import host_instructions
+    from memplanner.measured_costs import load_measured_costs
+
+    traces_path = TRACES / "code_edit_qwen.jsonl"
+    costs_path = ROOT / "benchmarks" / "results" / "gpu_suite_costs_qwen2.5-1.5b_bf16.json"
+    rows = replay(_recorded(traces_path.name), load_measured_costs(costs_path), SpeculationSettings(drafter="ngram"),
+                  vocab_size=151936)
+    steps = sum(row["num_steps"] for row in rows)
+    assert host_instructions.replay_once(traces_path, costs_path, "replay") == steps
+    assert host_instructions.replay_once(traces_path, costs_path, "request twice") == steps
+    assert host_instructions.replay_once(traces_path, costs_path, "setup") == 0
+
+
+def test_the_instruction_count_names_a_missing_file_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "host_instructions.py"),
+                           str(tmp_path / "none.jsonl"), "--costs", str(tmp_path / "none.json")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "no such file" in done.stderr and "Traceback" not in done.stderr
