@@ -218,6 +218,7 @@ def test_without_optimism_the_inflated_widths_would_never_heal(monkeypatch):
     from replay_drafting import open_replay, replay_trace
 
     import pocketspec.speculation.costs
+    from memplanner.measured_costs import load_measured_costs
 
     monkeypatch.setattr(pocketspec.speculation.costs, "EXPLORATION", 0.0)
     truth = load_measured_costs(TRACES / "costs_qwen2.5-coder-1.5b_2threads.json")
