@@ -32,6 +32,11 @@ class OutputCorpus:
         with self._lock:
             return self._index.counts(key)
 
+    def knows(self, key: bytes) -> bool:
+        """Whether any remembered output continued the n-gram `key` (counts() without building the counts)."""
+        with self._lock:
+            return self._index.knows(key)
+
     def remember(self, tokens: Sequence[int]) -> None:
         if len(tokens) <= self.min_n:
             return

@@ -147,7 +147,7 @@ class NgramDrafter:
         if len(walked) >= longest:  # first, what most tokens of a copy find: one follower, in the context only
             key = walked[-longest:].tobytes()
             sole = self._context.sole_follower(key)
-            if sole is not None and self.corpus.counts(key) is None:
+            if sole is not None and not self.corpus.knows(key):
                 token, end = sole
                 if longest < max_n:
                     return token, MatchEvidence(longest, 1.0), (longest, -1, 0)

@@ -63,6 +63,10 @@ class SuffixIndex:
             return entry
         return {entry & TOKEN_MASK: entry >> TOKEN_BITS}
 
+    def knows(self, key: bytes) -> bool:
+        """Whether any token ever followed the n-gram `key`."""
+        return key in self._continuations
+
     def sole_follower(self, key: bytes) -> tuple[int, int] | None:
         """(token, latest end) when exactly one token ever followed the n-gram `key`, else None (most n-grams
         of a copy: read without building a dict)."""
