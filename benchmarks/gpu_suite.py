@@ -148,7 +148,7 @@ def predicted_speedups(costs_path: Path, table: str, deadline: float) -> list[di
             continue
         out = costs_path.with_name(costs_path.stem + "_replay_" + trace_path.stem)  # the script adds .json, .md
         command = [sys.executable, str(ROOT / "benchmarks" / "replay_drafting.py"), str(trace_path),
-                   "--costs", str(costs_path), "--out", str(out)]
+                   "--costs", str(costs_path), "--verdict-on-device", "--out", str(out)]
         try:
             subprocess.run(command, capture_output=True, text=True, timeout=remaining - 10,
                            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})

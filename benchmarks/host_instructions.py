@@ -48,22 +48,22 @@ def replay_once(traces_path: Path, costs_path: Path, phase: str) -> int:
     from pocketspec.drafters.corpus import OutputCorpus
     from pocketspec.drafters.ngram import NgramDrafter
     from pocketspec.settings import SpeculationSettings
-    from pocketspec.speculation.verify import verify_greedy
     from replay_drafting import open_replay, replay_trace
     from replay_target import ReplayTarget
 
     class RecordedChoices(ReplayTarget):
-        """The stand-in, its verdict read from the recorded tokens (greedy), with no logits and no reports."""
+        """The stand-in with its verdict on the device (no logits on the host) and no reports."""
 
-        def verify(self, tokens, draft_probs, sampling, rng):
+        def _advance(self, tokens):
             start = len(self._cached)
             self.clock.now += self.costs.forward_seconds(len(tokens), start)
             self._cached.extend(tokens)
-            return verify_greedy(tokens[1:], [self._next_after(start + row) for row in range(len(tokens))])
+            return start
 
     costs = load_measured_costs(costs_path)
     traces = [json.loads(line) for line in traces_path.read_text().splitlines() if line.strip()]
-    engine, target = open_replay(costs, SpeculationSettings(drafter="ngram"), 151936, target_class=RecordedChoices)
+    engine, target = open_replay(costs, SpeculationSettings(drafter="ngram"), 151936, target_class=RecordedChoices,
+                                 verdict_on_device=True)
     if phase == "setup":
         return 0
     if phase == "request twice":

@@ -1,7 +1,7 @@
 """Replay the speculative loop against recorded target outputs, on this machine's cost table.
 
     .venv/bin/python benchmarks/replay_drafting.py benchmarks/results/traces/code_edit.jsonl \
-        [--gamma auto|N] [--max-gamma 31] [--out benchmarks/results/replay_code_edit]
+        [--gamma auto|N] [--max-gamma 31] [--verdict-on-device] [--out benchmarks/results/replay_code_edit]
 
 At temperature 0 a speculative run emits exactly what plain decoding emitted
 (benchmarks/record_traces.py keeps that). So the real engine (pocketspec/speculation/engine.py: its
@@ -71,13 +71,15 @@ def plain_seconds(costs: MeasuredCosts, num_prompt_tokens: int, num_tokens: int)
 def open_replay(costs: MeasuredCosts, speculation: SpeculationSettings, vocab_size: int,
                 exact_width: int | None = None, exact_until: int | None = None,
                 calibrated: MeasuredCosts | None = None,
-                target_class: type[ReplayTarget] = ReplayTarget) -> tuple[SpeculativeEngine, ReplayTarget]:
+                target_class: type[ReplayTarget] = ReplayTarget,
+                verdict_on_device: bool = False) -> tuple[SpeculativeEngine, ReplayTarget]:
     """The real engine on a stand-in target whose forwards take `costs` on a virtual clock; the
     engine's controller is given `calibrated` as its table (default: the same costs), so a table
-    that is off can be replayed against the machine it was measured on."""
+    that is off can be replayed against the machine it was measured on. verdict_on_device: the
+    stand-in verifies as a torch static step does, with no logits on the host (replay_target.py)."""
     clock = VirtualClock()
     target = target_class(costs, clock, vocab_size, max_logits_rows=requested_draft_limits(speculation).verify_width,
-                          exact_width=exact_width, exact_until=exact_until)
+                          exact_width=exact_width, exact_until=exact_until, verdict_on_device=verdict_on_device)
     engine = SpeculativeEngine(target, speculation=speculation, target_costs=calibrated or costs, clock=clock)
     return engine, target
 
@@ -130,16 +132,18 @@ def bench_rounds(traces: list[dict]) -> list[list[dict]]:
 
 def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSettings, vocab_size: int,
            max_branches: int = 1, exact_width: int | None = None, exact_until: int | None = None,
-           calibrated: MeasuredCosts | None = None, fresh_rounds: bool = False) -> list[dict]:
+           calibrated: MeasuredCosts | None = None, fresh_rounds: bool = False,
+           verdict_on_device: bool = False) -> list[dict]:
     """fresh_rounds: the traces in `pocketspec bench`'s rounds, each round on a new engine (priors, no
     corpus, the table's costs) as the bench starts a process a round; else in their order, one engine
-    learning over them all."""
+    learning over them all. verdict_on_device: as open_replay's."""
     widest = requested_draft_limits(speculation).widest
     rows = []
     rounds = bench_rounds(traces) if fresh_rounds else [traces]
     for trace, starts_round in ((trace, index == 0) for chunk in rounds for index, trace in enumerate(chunk)):
         if starts_round:
-            engine, target = open_replay(costs, speculation, vocab_size, exact_width, exact_until, calibrated)
+            engine, target = open_replay(costs, speculation, vocab_size, exact_width, exact_until, calibrated,
+                                         verdict_on_device=verdict_on_device)
             request_work = time_request_work(engine.ngram)
             chain_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             tree_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
@@ -228,6 +232,9 @@ def main(argv=None) -> None:
     parser.add_argument("--ngram-max", type=int, default=None, help="the longest suffix the n-gram drafter indexes")
     parser.add_argument("--fresh-rounds", action="store_true",
                         help="replay in the bench's rounds, each from a fresh engine (priors, no corpus), as the bench does")
+    parser.add_argument("--verdict-on-device", action="store_true",
+                        help="the stand-in verifies as a torch static step (a GPU's) does, with no logits on the host: "
+                             "for the host ms/step of a GPU table (default: logits rows on the host, as llama.cpp)")
     parser.add_argument("--vocab-size", type=int, default=151936)
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = parser.parse_args(argv)
@@ -249,7 +256,7 @@ def main(argv=None) -> None:
     if not 1 <= speculation.ngram_min <= speculation.ngram_max:
         parser.error(f"need 1 <= --ngram-min <= --ngram-max, got {speculation.ngram_min} and {speculation.ngram_max}")
     rows = replay(traces, costs, speculation, args.vocab_size, args.tree_branches, args.exact_width, args.exact_until,
-                  calibrated, args.fresh_rounds)
+                  calibrated, args.fresh_rounds, args.verdict_on_device)
     summary = by_category(rows)
     title = f"Replay of {', '.join(path.name for path in args.traces)} (γ {args.gamma})"
     print(markdown_table(COLUMNS, table_rows(summary)))
@@ -259,8 +266,10 @@ def main(argv=None) -> None:
                  f"tree oracle: up to {args.tree_branches} branches, every verified row paid for",
                  "copy bound: the recorded output drafted up to its first pair of tokens not seen before",
                  "host ms/step: the engine's own work a step on this machine's wall clock (drafting, the controller, "
-                 "bookkeeping), without the stand-in's logits and the host verdicts, which a GPU's static step "
-                 "reaches on the device",
+                 "bookkeeping), without the stand-in's own time; "
+                 + ("its verdicts as a torch static step reaches them, on the device: no logits on the host"
+                    if args.verdict_on_device else "its verdicts from logits rows on the host, as llama.cpp's "
+                    "(20 MB a step of 33 rows, which also take the host's caches)"),
                  "host ms/request: the drafter's work once a request on the same clock, apart from the steps: "
                  "indexing the prompt with the prefill and remembering the output for later requests"]
         if args.exact_width is not None:

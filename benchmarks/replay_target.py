@@ -1,6 +1,12 @@
 """The stand-in target benchmarks/replay_drafting.py runs the real engine against: its logits pick the
 recorded next token, and each forward takes the cost table's time for its width and depth on a
-virtual clock."""
+virtual clock.
+
+Its verdict on a verify is reached as one of two backends reaches it: on the host from vocabulary-wide
+logits rows (llama.cpp, and torch's dynamic step: up to 33 rows of 152k floats, 20 MB a step, which
+also evict the engine's own data from the host's caches), or as a torch static step reaches it on the
+device (verdict_on_device), where the host reads back two integers and never sees the logits. The
+engine's host time on a GPU is measured with the second."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import numpy as np
 from memplanner.measured_costs import MeasuredCosts
 from pocketspec.backends.base import CachedTokens
 from pocketspec.speculation.prefix import common_prefix_length
+from pocketspec.speculation.verify import verify_greedy
 
 
 class VirtualClock:
@@ -33,8 +40,10 @@ class ReplayTarget(CachedTokens):
     n_batch = 512
 
     def __init__(self, costs: MeasuredCosts, clock: VirtualClock, vocab_size: int, max_context: int = 1 << 16,
-                 max_logits_rows: int = 32, exact_width: int | None = None, exact_until: int | None = None):
+                 max_logits_rows: int = 32, exact_width: int | None = None, exact_until: int | None = None,
+                 verdict_on_device: bool = False):
         super().__init__()
+        self.verdict_on_device = verdict_on_device
         self.exact_width, self.exact_until = exact_width, exact_until
         self.stayed_exact = True
         self.costs, self.clock = costs, clock
@@ -74,6 +83,12 @@ class ReplayTarget(CachedTokens):
         return width <= self.exact_width and (self.exact_until is None or start + width <= self.exact_until)
 
     def forward(self, tokens, logits_rows) -> np.ndarray:
+        start = self._advance(tokens)
+        return self._logits([start + row for row in logits_rows])
+
+    def _advance(self, tokens) -> int:
+        """A forward of `tokens` on the virtual clock, with the replay's reports (its width, its time past the
+        match, whether it rounds like one-token forwards); the cached depth it started from."""
         start = len(self._cached)
         self.stayed_exact = self.stayed_exact and self.rounds_like_one_token(start, len(tokens))
         seconds = self.costs.forward_seconds(len(tokens), start)
@@ -84,7 +99,7 @@ class ReplayTarget(CachedTokens):
         self.clock.now += seconds
         self.widths[len(tokens)] += 1
         self._cached.extend(tokens)
-        return self._logits([start + row for row in logits_rows])
+        return start
 
     def prefill(self, tokens, should_stop=None) -> np.ndarray:
         started = time.perf_counter()
@@ -94,9 +109,16 @@ class ReplayTarget(CachedTokens):
         return logits
 
     def verify(self, tokens, draft_probs, sampling, rng):
-        """The forward and the verdict on the host (a GPU's static step reaches its verdict on the device)."""
+        """The forward and its verdict: from logits on the host, or from the recorded tokens alone where the
+        verdict is on the device (greedy only: the recorded run was)."""
         started = time.perf_counter()
-        verdict = super().verify(tokens, draft_probs, sampling, rng)
+        if self.verdict_on_device:
+            if not sampling.is_greedy:
+                raise ValueError("a verdict on the device is replayed at temperature 0 only")
+            start = self._advance(tokens)
+            verdict = verify_greedy(tokens[1:], [self._next_after(start + row) for row in range(len(tokens))])
+        else:
+            verdict = super().verify(tokens, draft_probs, sampling, rng)
         self.stand_in_wall_seconds += time.perf_counter() - started
         return verdict
 

@@ -254,3 +254,32 @@ def test_the_instruction_count_names_a_missing_file_in_one_line(tmp_path):
                            str(tmp_path / "none.jsonl"), "--costs", str(tmp_path / "none.json")],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "no such file" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_verdict_on_the_device_replays_every_decision_a_verdict_from_host_logits_does():
+    """--verdict-on-device (a torch static step's verify: no logits on the host, for a GPU table's host
+    ms/step) must change what the host does, never what the engine decides: the same steps, widths, drafts
+    and virtual time on real traces, with the same reports."""
+    from memplanner.measured_costs import load_measured_costs
+
+    traces = _recorded("code_edit_qwen.jsonl")[:12]
+    costs = load_measured_costs(ROOT / "benchmarks" / "results" / "gpu_suite_costs_qwen2.5-1.5b_bf16.json")
+    on_host, on_device = (replay(traces, costs, SpeculationSettings(drafter="ngram"), vocab_size=151936,
+                                 verdict_on_device=verdict_on_device) for verdict_on_device in (False, True))
+    decided = ["num_steps", "num_drafted", "num_accepted", "widths", "decode_seconds", "past_match_seconds",
+               "stayed_exact"]
+    assert [[row[key] for key in decided] for row in on_device] == [[row[key] for key in decided] for row in on_host]
+    assert sum(row["num_accepted"] for row in on_device) > 100
+
+
+def test_a_verdict_on_the_device_refuses_sampling():
+    from replay_drafting import open_replay
+
+    from pocketspec.settings import SamplingSettings
+
+    engine, target = open_replay(_costs(lambda width: 0.03), SpeculationSettings(drafter="ngram"), vocab_size=64,
+                                 verdict_on_device=True)
+    target.follow(list(range(40)))
+    target.prefill([0, 1, 2])
+    with pytest.raises(ValueError, match="temperature 0"):
+        target.verify([3, 4], None, SamplingSettings(temperature=0.7), engine.rng)
