@@ -3,8 +3,8 @@
 A server's requests and `generate --batch` prompts often repeat one another (the same code
 rewritten, the same boilerplate). Every finished output is indexed here; each engine's
 drafter (pocketspec/drafters/ngram.py) consults it beside its own context. A server runs its
-engines on threads of their own, so lookups and additions take a lock; a lookup returns a
-copy. Past NGRAM_CORPUS_MAX_TOKENS (the memory planner counts the full corpus) the oldest outputs
+engines on threads of their own, so lookups and additions take a lock (the single-entry reads
+excepted); a lookup returns a copy. Past NGRAM_CORPUS_MAX_TOKENS (the memory planner counts the full corpus) the oldest outputs
 are dropped, down to half the bound.
 """
 
@@ -32,10 +32,18 @@ class OutputCorpus:
         with self._lock:
             return self._index.counts(key)
 
-    def knows(self, key: bytes) -> bool:
-        """Whether any remembered output continued the n-gram `key` (counts() without building the counts)."""
-        with self._lock:
-            return self._index.knows(key)
+    # Read without the lock (the walk asks for most tokens of a copy): each is one lookup in one dict,
+    # atomic (the GIL; a free-threaded build locks the dict itself). While remember() rebuilds the index
+    # they may answer from the part rebuilt so far: a draft may differ then, never the output.
+
+    def only_followed_by(self, key: bytes, token: int) -> bool:
+        """Whether every remembered output that continued the n-gram `key` continued it with `token` (so too
+        when none did): counts() without building the counts."""
+        return self._index.only_followed_by(key, token)
+
+    def sole_token(self, key: bytes) -> int | None:
+        """The one token the remembered outputs continued the n-gram `key` with, else None."""
+        return self._index.sole_token(key)
 
     def remember(self, tokens: Sequence[int]) -> None:
         if len(tokens) <= self.min_n:

@@ -144,15 +144,18 @@ class NgramDrafter:
         longer, with nothing compared."""
         max_n = self.max_n
         longest = max_n if previous is None else min(max_n, previous[0] + 1)
-        if len(walked) >= longest:  # first, what most tokens of a copy find: one follower, in the context only
+        if len(walked) >= longest:  # first, what most tokens of a copy find: one follower, wherever it was seen
             key = walked[-longest:].tobytes()
             sole = self._context.sole_follower(key)
-            if sole is not None and not self.corpus.knows(key):
+            if sole is not None:
                 token, end = sole
-                if longest < max_n:
-                    return token, MatchEvidence(longest, 1.0), (longest, -1, 0)
-                agreement = self._agreement(walked, end, previous)
-                return token, MatchEvidence(agreement, 1.0), (max_n, end, agreement)
+                if self.corpus.only_followed_by(key, token):  # the counts would be {token: any}: a share of 1
+                    if longest < max_n:
+                        return token, MatchEvidence(longest, 1.0), (longest, -1, 0)
+                    agreement = self._agreement(walked, end, previous)
+                    return token, MatchEvidence(agreement, 1.0), (max_n, end, agreement)
+            elif not self._context.knows(key) and (token := self.corpus.sole_token(key)) is not None:
+                return token, MatchEvidence(longest, 1.0), (longest, -1, 0)  # an earlier output's, alone
         found = self._continuations(walked, longest)
         if found is None:
             return None

@@ -67,6 +67,16 @@ class SuffixIndex:
         """Whether any token ever followed the n-gram `key`."""
         return key in self._continuations
 
+    def only_followed_by(self, key: bytes, token: int) -> bool:
+        """Whether every token that followed the n-gram `key` is `token` (so too when none did)."""
+        entry = self._continuations.get(key)
+        return entry is None or (type(entry) is int and entry & TOKEN_MASK == token)
+
+    def sole_token(self, key: bytes) -> int | None:
+        """The token that followed the n-gram `key`, where exactly one ever did, else None."""
+        entry = self._continuations.get(key)
+        return entry & TOKEN_MASK if type(entry) is int else None
+
     def sole_follower(self, key: bytes) -> tuple[int, int] | None:
         """(token, latest end) when exactly one token ever followed the n-gram `key`, else None (most n-grams
         of a copy: read without building a dict)."""
@@ -91,17 +101,21 @@ class SuffixIndex:
         tokens, continuations, min_n, max_n = self.tokens, self._continuations, self.min_n, self.max_n
         # An n-gram ending at `end` continues with tokens[end]; the stream's own suffix has no
         # continuation yet, so a lookup never finds itself. The host indexes every prompt token
-        # between a prompt's prefill and its first verify, so this loop is kept lean: one window's
-        # bytes per position, its n-grams' keys sliced from them.
-        for end in range(max(start, 1), len(tokens)):
+        # between a prompt's prefill and its first verify, and the accepted tokens every step, so
+        # this loop is kept lean: the new tokens' bytes (and the max_n before them) are packed once,
+        # and each key is one slice of them, shortest first.
+        first_end = max(start, 1)
+        base = max(0, first_end - max_n)
+        packed = tokens[base:].tobytes()
+        shortest = min_n * TOKEN_BYTES
+        for end in range(first_end, len(tokens)):
             following = tokens[end]
             if following < 0:  # a corpus separator is never proposed
                 continue
             first = ((end << COUNT_BITS) | 1) << TOKEN_BITS | following
-            window = tokens[max(0, end - max_n):end].tobytes()
-            size = len(window)
-            for length in range(min_n * TOKEN_BYTES, size + 1, TOKEN_BYTES):
-                key = window[size - length:]
+            stop = (end - base) * TOKEN_BYTES
+            for key_start in range(stop - shortest, max(0, stop - max_n * TOKEN_BYTES) - 1, -TOKEN_BYTES):
+                key = packed[key_start:stop]
                 entry = continuations.get(key)
                 if entry is None:
                     continuations[key] = first
