@@ -4,8 +4,8 @@ A server's requests and `generate --batch` prompts often repeat one another (the
 rewritten, the same boilerplate). Every finished output is indexed here; each engine's
 drafter (pocketspec/drafters/ngram.py) consults it beside its own context. A server runs its
 engines on threads of their own, so lookups and additions take a lock (the single-entry reads
-excepted); a lookup returns a copy. Past NGRAM_CORPUS_MAX_TOKENS (the memory planner counts the full corpus) the oldest outputs
-are dropped, down to half the bound.
+excepted); a lookup returns a copy. Past NGRAM_CORPUS_MAX_TOKENS (the memory planner counts the
+full corpus) the oldest outputs are dropped, down to half the bound.
 """
 
 from __future__ import annotations
