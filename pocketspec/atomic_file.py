@@ -2,13 +2,16 @@
 
 A file is written to a hidden temporary name beside its final one, fsynced, and renamed
 over the final name only once it is complete, so an interrupted run leaves the old file
-(or none) under the final name and never a half-written one.
+(or none) under the final name and never a half-written one. A device or a pipe
+(/dev/null, /dev/stdout, a FIFO, a shell's >(...)) has nothing to replace, and renaming a
+file over it would replace the device itself: it is written as the text comes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -42,6 +45,10 @@ def replaced_on_success(path: Path, *, what: str) -> Iterator[IO[str]]:
     On an exception (Ctrl-C included) the temporary file is removed and `path` is left as it was.
     """
     path = Path(path).expanduser()
+    if _is_device_or_pipe(path):
+        with _written_through(path, what) as file:
+            yield file
+        return
     try:
         descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     except OSError as error:
@@ -49,7 +56,7 @@ def replaced_on_success(path: Path, *, what: str) -> Iterator[IO[str]]:
     is_done = False
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            yield file
+            yield _CheckedWrites(file, what, path)
             try:
                 file.flush()
                 os.fsync(file.fileno())
@@ -73,3 +80,56 @@ def _keep_mode(path: Path, temporary: str) -> None:
         os.umask(umask)
         mode = 0o666 & ~umask
     os.chmod(temporary, mode)
+
+
+def _is_device_or_pipe(path: Path) -> bool:
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # nothing there yet (or unreachable: the temporary file's creation says why)
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+@contextlib.contextmanager
+def _written_through(path: Path, what: str) -> Iterator[IO[str]]:
+    """`path` opened as it is, for a device or a pipe; a failed open or last write is one UserError."""
+    try:
+        file = open(path, "w", encoding="utf-8")
+    except OSError as error:
+        raise UserError(f"cannot write {what} {path}: {error.strerror or error}") from None
+    try:
+        yield _CheckedWrites(file, what, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            file.close()
+        raise
+    try:
+        file.close()
+    except OSError as error:  # /dev/full, a pipe whose reader left
+        raise UserError(f"cannot write {what} {path}: {error.strerror or error}") from None
+
+
+class _CheckedWrites:
+    """An output's text stream whose failed write or flush (a full disk, /dev/full, a pipe's reader gone) is one
+    UserError naming the output, not a traceback from wherever the text was written."""
+
+    def __init__(self, file: IO[str], what: str, path: Path):
+        self._file, self._what, self._path = file, what, path
+
+    def _failed(self, error: OSError) -> UserError:
+        return UserError(f"cannot write {self._what} {self._path}: {error.strerror or error}")
+
+    def write(self, text: str) -> int:
+        try:
+            return self._file.write(text)
+        except OSError as error:
+            raise self._failed(error) from None
+
+    def flush(self) -> None:
+        try:
+            self._file.flush()
+        except OSError as error:
+            raise self._failed(error) from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._file, name)

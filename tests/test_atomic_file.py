@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +85,47 @@ def test_an_unwritable_place_is_one_user_error(tmp_path):
         with replaced_on_success(tmp_path / "missing" / "out.jsonl", what="--output"):
             pass
     assert "\n" not in str(raised.value)
+
+
+def _device_twin(tmp_path, name: str, minor: int) -> Path:
+    """A character device like /dev/null (1, 3) or /dev/full (1, 7) in tmp_path, so a regression replaces the
+    twin and not the machine's own; skipped where this user may not make one."""
+    path = tmp_path / name
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, minor))
+        os.close(os.open(path, os.O_WRONLY))  # a filesystem mounted nodev makes the node but refuses to open it
+    except OSError as error:
+        pytest.skip(f"cannot make a device node here: {error}")
+    return path
+
+
+def test_a_device_is_written_through_and_never_replaced(tmp_path):
+    """--output /dev/null (or /dev/stdout, a FIFO): renaming a finished file over it would replace the device."""
+    null = _device_twin(tmp_path, "null", 3)
+    with replaced_on_success(null, what="--output") as file:
+        file.write("text\n")
+    assert stat.S_ISCHR(os.stat(null).st_mode) and sorted(tmp_path.iterdir()) == [null]
+
+
+def test_a_fifo_receives_the_text_as_it_is_written(tmp_path):
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
+    reader.start()
+    with replaced_on_success(fifo, what="--output") as file:
+        file.write("line one\n")
+    reader.join(timeout=30)
+    assert received == ["line one\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+@pytest.mark.parametrize("streams", [False, True])
+def test_a_device_that_refuses_the_text_is_one_user_error(tmp_path, streams):
+    """Refused at the last write, or at a flush while the text streams (generate flushes every token)."""
+    full = _device_twin(tmp_path, "full", 7)
+    with pytest.raises(UserError, match="cannot write --output .*full: No space left") as raised:
+        with replaced_on_success(full, what="--output") as file:
+            file.write("text\n")
+            if streams:
+                file.flush()
+    assert "\n" not in str(raised.value) and stat.S_ISCHR(os.stat(full).st_mode)
