@@ -5,6 +5,7 @@ mid-stream, /health and /metrics. One server for the module."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import httpx
@@ -203,6 +204,25 @@ def test_client_leaving_mid_stream_frees_the_slot(server, client):
         _metric(before, "pocketspec_tokens_total", kind="completion")
     assert num_generated < 100  # it stopped long before its 400 tokens
     assert _chat(client, max_tokens=2).choices[0].message.content is not None
+
+
+def test_client_leaving_while_sending_its_body_is_counted_not_logged_as_a_failure(server):
+    """Content-Length promises 1000 bytes, 20 arrive, the connection closes: no 500 and no traceback."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with server.client() as http:
+        before = http.get("/metrics").text
+        with socket.create_connection((host, int(port)), timeout=30) as connection:
+            connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: 1000\r\n\r\n" + b'{"prompt": "1, 2, 3,')
+        deadline = time.monotonic() + 20
+        while _metric(after := http.get("/metrics").text, "pocketspec_requests_total", outcome="disconnected") == \
+                _metric(before, "pocketspec_requests_total", outcome="disconnected") and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert _metric(after, "pocketspec_requests_total", endpoint="completions", outcome="disconnected") == \
+        _metric(before, "pocketspec_requests_total", endpoint="completions", outcome="disconnected") + 1
+    assert _metric(after, "pocketspec_requests_total", outcome="failed") == \
+        _metric(before, "pocketspec_requests_total", outcome="failed")
+    assert "ClientDisconnect" not in server.stderr() and "Traceback" not in server.stderr()
 
 
 def test_metrics_count_requests_and_tokens(server, client):

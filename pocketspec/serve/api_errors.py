@@ -23,6 +23,9 @@ SERVER_ERROR = "server_error"
 _UNION_MEMBER_TAGS = {"str", "int", "float", "bool", "list", "dict"}
 
 
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before it was answered (no one reads it)
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
                  error_type: str | None = None, headers: dict[str, str] | None = None):

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Callable
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 
-from pocketspec.serve.api_errors import APIError, bad_request
+from pocketspec.serve.api_errors import CLIENT_CLOSED_REQUEST, APIError, bad_request
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -27,10 +28,14 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
         if int(declared) > max_bytes:
             raise _too_large(max_bytes)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > max_bytes:
-            raise _too_large(max_bytes)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_bytes:
+                raise _too_large(max_bytes)
+    except ClientDisconnect:  # no one is left to read the answer: it is counted, not logged as a failure
+        raise APIError(CLIENT_CLOSED_REQUEST, "the client disconnected before its request body was read",
+                       code="client_disconnected") from None
     return bytes(body)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+from pocketspec.serve.api_errors import CLIENT_CLOSED_REQUEST
 from pocketspec.serve.generation import GenerationOutcome, Slots
 from pocketspec.stats import peak_rss_bytes
 
@@ -19,6 +20,8 @@ def endpoint_label(path: str) -> str:
 
 
 def refusal_label(status: int) -> str:
+    if status == CLIENT_CLOSED_REQUEST:
+        return "disconnected"
     return "busy" if status == 503 else "rejected" if status < 500 else "failed"
 
 
