@@ -166,3 +166,20 @@ def test_a_system_failing_in_a_later_round_loses_its_rows_and_the_others_go_on(s
     assert {(row["system"], row["round"]) for row in results["rows"]} == {
         (system, index) for system in ("plain", "pocketspec-ngram") for index in (0, 1)}
     assert f"- llama.cpp-speculative: {failed['reason']}" in (out / "report.md").read_text()
+
+
+def test_an_earlier_runs_results_are_kept_unless_forced(smollm2_path, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text('{"earlier": true}')
+    assert_one_line_error(run_cli("bench", "--target", str(smollm2_path), "--out", str(out)),
+                          f"--out {out} already holds", "--force")
+    assert (out / "results.json").read_text() == '{"earlier": true}'
+
+
+def test_an_out_folder_that_cannot_be_made_is_refused_before_any_round(smollm2_path, tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("kept")
+    assert_one_line_error(run_cli("bench", "--target", str(smollm2_path), "--out", str(a_file / "sub")),
+                          f"cannot make --out {a_file / 'sub'}")
+    assert a_file.read_text() == "kept"

@@ -5,13 +5,15 @@ on the same machine, models and prompts, written to --out as results.json, repor
 
 The systems (plain, each PocketSpec drafter at each --memory-budget, each peer) run in
 rounds, one category at a time, each system in its own process so that its peak memory is
-its own (apps/bench/rounds.py). Ctrl-C writes the rounds completed so far, marked partial.
+its own (apps/bench/rounds.py). Ctrl-C writes the rounds completed so far, marked partial. An
+earlier run's results in --out are kept unless --force; --out is made before the first round.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -30,6 +32,7 @@ from apps.bench.peers.transformers_assisted import missing_requirement as transf
 from memplanner.memory_budget import parse_memory_budget
 from pocketspec.backends.device_check import check_devices
 from pocketspec.models.catalog import resolve_pair
+from pocketspec.atomic_file import replaced_on_success
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models
 from pocketspec.session_settings import apply_backend_options
@@ -131,9 +134,10 @@ def _command_line() -> str:
               help="PocketSpec's verify width: proven bit-exact, or free [default: as `pocketspec generate`].")
 @click.option("--out", "--out-dir", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=DEFAULT_OUT,
               help="Folder for results.json, report.md and the plots [default: benchmarks/results/bench].")
+@click.option("--force", is_flag=True, help="Replace the results an earlier run left in --out.")
 def bench(target, draft, pair, suite, categories, per_category, max_tokens, repeats, turns, temperature, top_p, top_k, seed,
           memory_budget, drafters, peers_text, peer_draft_max, llama_tools, threads, max_context, repack,
-          kv_type, exact_verify, out_dir, **backend_args):
+          kv_type, exact_verify, out_dir, force, **backend_args):
     """Benchmark plain decoding, PocketSpec's drafters and the peers on a prompt suite."""
     prompts = with_later_turns(select_prompts(read_suite(suite), tuple(_split(categories)), per_category), turns)
     settings, _ = apply_backend_options(MODEL, SPECULATION, backend_args)  # refuse what every worker would refuse
@@ -161,6 +165,7 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
             if reason:
                 systems[-1].skip(reason)
     systems += [_peer_system(peer, job) for peer in peers]
+    _prepare_out_dir(out_dir, force)
     progress = BenchProgress(plan_rounds(prompts, BENCH.max_prompts_per_round, repeats))
     click.echo(f"{len(prompts)} prompts × {sum(s.status == 'ok' for s in systems)} systems in "
                f"{len(progress.rounds)} rounds, {max_tokens} new tokens, target {choice.target_path.name}", err=True)
@@ -176,6 +181,20 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
             _write_outputs(out_dir, systems, progress, job, suite)
         raise
     _write_outputs(out_dir, systems, progress, job, suite)
+
+
+def _prepare_out_dir(out_dir: Path, force: bool) -> None:
+    """--out made ready before the first round, so that an hour's run cannot fail at its end for want of a
+    folder; an earlier run's results are kept unless --force."""
+    if (out_dir / "results.json").exists() and not force:
+        raise UserError(f"--out {out_dir} already holds a bench's results.json; choose another --out, or add --force "
+                        "to replace it")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"cannot make --out {out_dir}: {error.strerror or error}") from None
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write into --out {out_dir}: permission denied")
 
 
 def _write_outputs(out_dir: Path, systems: list[System], progress: BenchProgress, job: BenchJob,
@@ -198,11 +217,12 @@ def _write_outputs(out_dir: Path, systems: list[System], progress: BenchProgress
         "rounds": progress.describe(),
         "rows": progress.rows,
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    with replaced_on_success(out_dir / "results.json", what="the bench's results") as file:
+        file.write(json.dumps(results, indent=1))
     plots = [path.name for path in write_plots(results, out_dir)] if progress.rows else []
     report = build_report(results, plots)
-    (out_dir / "report.md").write_text(report)
+    with replaced_on_success(out_dir / "report.md", what="the bench's report") as file:
+        file.write(report)
     click.echo(report)
     partial = (f" (partial: {progress.num_rounds_completed} of {len(progress.rounds)} rounds completed)"
                if progress.is_partial else "")
