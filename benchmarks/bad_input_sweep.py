@@ -137,6 +137,10 @@ def cases() -> list[Case]:
         ["--memory-budget", "lots"], ["--devices", "cuda:0"], ["--categories", "nope"], ["--max-context", "100"],
         ["--peer-draft-max", "0"], ["--seed", "-7"],
     )]
+    rows += [Case("bench", bench[:-1] + [out], why=why) for out, why in (
+        ("{notes_txt}/sub", "an --out under a file: refused before the first round, not after it"),
+        ("{earlier_bench}", "an --out holding an earlier run's results.json: kept unless --force"),
+    )]
     rows += [
         Case("models", ["models", "pull", "nope"]),
         Case("models", ["models", "pull", "smollm2-135m-instruct"], home="under_file"),
@@ -183,6 +187,8 @@ def build_workspace(folder: Path, smollm2: Path) -> dict[str, Path]:
                                        '{"type": "user", "content": "hi"}\n'
                                        '{"type": "assistant", "content": "hel')
     (inputs / "text.gguf").write_text("this is not a model\n")
+    (inputs / "earlier-bench").mkdir()
+    (inputs / "earlier-bench" / "results.json").write_text('{"rows": []}\n')
     with open(smollm2, "rb") as source:
         (inputs / "truncated.gguf").write_bytes(source.read(4_000_000))
     broken = {"arch_gguf": dict(arch="notallama"), "zero_heads_gguf": dict(attention__head_count=0),
@@ -191,7 +197,7 @@ def build_workspace(folder: Path, smollm2: Path) -> dict[str, Path]:
     for name, values in broken.items():
         files[name] = write_header_variant(inputs / f"{name}.gguf", **values)
     for path in inputs.iterdir():
-        files.setdefault(path.name.replace(".", "_"), path)
+        files.setdefault(path.name.replace(".", "_").replace("-", "_"), path)
     return files
 
 
