@@ -30,8 +30,12 @@ class PeopleFirstGroup(click.Group):
             click.echo(f"error: {error.format_message()}", err=True)
             sys.exit(2)
         except KeyboardInterrupt:
-            click.echo("\ninterrupted", err=True)
-            sys.exit(130)
+            _exit_interrupted()
+
+
+def _exit_interrupted() -> None:
+    click.echo("\ninterrupted", err=True)
+    sys.exit(130)
 
 
 @click.group(cls=PeopleFirstGroup)
@@ -51,7 +55,10 @@ def _register_commands() -> None:
             main.add_command(command)
 
 
-_register_commands()
+try:  # the commands' imports take a second or more: a Ctrl-C then is met as one later would be
+    _register_commands()
+except KeyboardInterrupt:
+    _exit_interrupted()
 
 if __name__ == "__main__":
     main()

@@ -12,6 +12,7 @@ def load_tokenizer(path: Path):
     import llama_cpp
     from llama_cpp._internals import LlamaModel
 
+    from pocketspec.backends import llama_logs
     from pocketspec.backends.llama_context import init_llama
     from pocketspec.tokenizer import Tokenizer
 
@@ -22,7 +23,8 @@ def load_tokenizer(path: Path):
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     try:
-        vocab_model = LlamaModel(path_model=str(path), params=params, verbose=False)
+        with llama_logs.ctrl_c_held():
+            vocab_model = LlamaModel(path_model=str(path), params=params, verbose=False)
     except ValueError as error:
         raise UserError(f"llama.cpp could not read the vocabulary of {path}: {error}") from None
     return vocab_model, Tokenizer(vocab_model)

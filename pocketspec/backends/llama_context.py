@@ -100,7 +100,8 @@ class LlamaModelContext:
             split = llama_split(settings, shape.num_layers, llama_cpp.LLAMA_MAX_DEVICES)
             self._tensor_split = apply_llama_split(model_params, split)
         try:
-            self._model = LlamaModel(path_model=str(model_path), params=model_params, verbose=False)
+            with llama_logs.ctrl_c_held():
+                self._model = LlamaModel(path_model=str(model_path), params=model_params, verbose=False)
         except ValueError as error:
             raise UserError(f"llama.cpp could not load {model_path}: {error}; check the file or re-pull it") from None
         llama_logs.take_buffer_sizes()
@@ -119,7 +120,8 @@ class LlamaModelContext:
         context_params.no_perf = True
         context_params.op_offload = not is_cpu_planned(settings)
         try:
-            self._context = LlamaContext(model=self._model, params=context_params, verbose=False)
+            with llama_logs.ctrl_c_held():
+                self._context = LlamaContext(model=self._model, params=context_params, verbose=False)
         except ValueError:
             self._model.close()
             raise UserError(
