@@ -34,7 +34,7 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 @click.command()
 @model_choice_options
 @click.option("--prompt", default=None, help="Prompt text.")
-@click.option("--prompt-file", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Read the prompt from a file.")
+@click.option("--prompt-file", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Read the prompt from a file ('-': stdin).")
 @setting_option("--max-tokens", GenerationSettings, "max_new_tokens", show_default=True)
 @sampling_options
 @runtime_options

@@ -45,6 +45,9 @@ def as_text(text: str, source: str) -> str:
 
 
 def read_text_file(path: Path, flag: str) -> str:
+    """The text of `path`; "-" reads stdin, as most tools do (a file named "-" is ./-)."""
+    if str(path) == "-":
+        return read_piped_stdin()
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:

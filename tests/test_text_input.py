@@ -86,6 +86,15 @@ def test_generate_prompt_file_with_stray_bytes(smollm2_path, tmp_path):
     _assert_replaced(result, f"--prompt-file {prompt_file}")
 
 
+def test_generate_reads_the_prompt_from_stdin_with_prompt_file_dash(smollm2_path):
+    """`--prompt-file -` reads stdin, as most tools do: the same greedy tokens as --prompt with that text."""
+    common = ["generate", "--target", str(smollm2_path), "--draft", "none", "--max-tokens", "6", "--json"]
+    piped = _cli([*common, "--prompt-file", "-"], stdin=b"The capital of France is")
+    given = _cli([*common, "--prompt", "The capital of France is"])
+    assert piped.returncode == 0 and given.returncode == 0, piped.stderr.decode()
+    assert json.loads(piped.stdout)["tokens"] == json.loads(given.stdout)["tokens"]
+
+
 def test_piped_chat_and_system_prompt_with_stray_bytes(smollm2_path, tmp_path):
     home = home_with_measurements(tmp_path / "home")
     env = {**os.environ, "POCKETSPEC_HOME": str(home)}
