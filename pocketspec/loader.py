@@ -10,7 +10,7 @@ from memplanner.measured_costs import MachineCosts, best_draft_model_speedup
 from memplanner.shapes import shape_from_gguf
 from pocketspec.backends.torch_open import check_self_draft, open_backend, open_self_draft
 from pocketspec.calibrate import cached_costs, calibrated_costs
-from pocketspec.models.catalog import resolve_pair
+from pocketspec.models.catalog import load_catalog, resolve_pair
 from pocketspec.models.model_files import resolve_model
 from pocketspec.speculation.engine import SpeculativeEngine
 from pocketspec.errors import UserError
@@ -28,9 +28,20 @@ class ModelChoice:
     draft_is_explicit: bool = False  # the user named the draft model (--draft), not only a pair
 
 
+def _what_to_give(flag: str) -> str:
+    if flag == "--pair":
+        return "one of " + ", ".join(sorted(load_catalog().pairs))
+    if flag == "--draft":
+        return f"a model name or path, or one of {', '.join((*DRAFTLESS, *SELF_DRAFTS))}"
+    return "a model name or path"
+
+
 def choose_models(
     *, target: str | None, draft: str | None, pair: str | None, pull_if_missing: bool = False
 ) -> ModelChoice:
+    for flag, value in (("--target", target), ("--draft", draft), ("--pair", pair)):
+        if value is not None and not value.strip():  # an unset shell variable: never a default in disguise
+            raise UserError(f"{flag} is empty: give {_what_to_give(flag)}")
     draft_is_explicit = draft is not None
     if pair is not None or target is None:
         pair_entry = resolve_pair(pair)

@@ -55,6 +55,16 @@ def test_unknown_pair():
     assert_one_line_error(run_cli("generate", "--pair", "no-such-pair", "--prompt", "hi"), "no-such-pair")
 
 
+@pytest.mark.parametrize("flags, fragment", [
+    (["--target", ""], "--target is empty"),
+    (["--target", "smollm2-135m-instruct", "--draft", " "], "--draft is empty"),
+    (["--pair", ""], "--pair is empty: give one of qwen-coder"),
+])
+def test_an_empty_model_flag_is_refused_not_read_as_the_default(flags, fragment):
+    """`--draft "$DRAFT"` with DRAFT unset: an error, never the default model or drafter in disguise."""
+    assert_one_line_error(run_cli("generate", *flags, "--prompt", "hi"), fragment)
+
+
 def test_draft_with_another_vocabulary(smollm2_path):
     draft = model_path("qwen2.5-coder-0.5b-instruct")
     result = run_cli("generate", "--target", str(smollm2_path), "--draft", str(draft), "--prompt", "hi")
