@@ -106,7 +106,7 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
     with open_session(settings, on_note=note, on_progress=progress_line()) as session:
         choice = session.choice
         models = (_model_name(choice.target_path, "none"), _model_name(choice.draft_path, choice.drafter))
-        with TranscriptWriter(transcript_path) as transcript:
+        with TranscriptWriter(transcript_path, is_new=replayed is None) as transcript:
             if transcript.set_aside is not None:
                 note(f"{transcript_path}: its last line was cut mid-write; cut it off and kept the original "
                      f"as {transcript.set_aside}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -156,3 +157,20 @@ def test_a_small_context_stays_the_size_asked_for(smollm2_path):
         assert engine.target.num_cached <= 64
     # The last token is sampled from the 64th position's logits and never cached.
     assert result.stop_reason == "context_full" and len(prompt) + len(result.tokens) == 65
+
+
+def test_a_piped_chat_refused_before_its_first_turn_leaves_no_transcript(smollm2_path, tmp_path):
+    """A message longer than the context is refused (exit 2); the new chat's header-only file is removed, while a
+    chat that was answered keeps its transcript."""
+    from conftest import home_with_measurements
+
+    home = home_with_measurements(tmp_path / "home")
+    env = {**os.environ, "POCKETSPEC_HOME": str(home)}
+    chat = [sys.executable, "-m", "apps.cli", "chat", "--target", str(smollm2_path), "--draft", "none",
+            "--max-context", "256", "--max-tokens", "2"]
+    refused = subprocess.run(chat, input="word " * 400, capture_output=True, text=True, timeout=300, env=env)
+    assert_one_line_error(refused, "256")
+    assert not list((home / "chats").glob("*.jsonl"))
+    answered = subprocess.run(chat, input="hi", capture_output=True, text=True, timeout=300, env=env)
+    assert answered.returncode == 0, answered.stderr
+    assert len(list((home / "chats").glob("*.jsonl"))) == 1

@@ -11,6 +11,7 @@ the next record starts a line of its own and the file resumes again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -109,10 +110,15 @@ def find_transcript(name: str | Path) -> Path:
 
 
 class TranscriptWriter:
-    """Appends records to a transcript; `set_aside` is the copy kept when a torn last line was cut off."""
+    """Appends records to a transcript; `set_aside` is the copy kept when a torn last line was cut off.
 
-    def __init__(self, path: Path):
+    is_new: a new chat's file, removed when it is closed holding its header alone (a chat refused or stopped
+    before its first message leaves nothing behind in the chats folder)."""
+
+    def __init__(self, path: Path, *, is_new: bool = False):
         self.path = Path(path)
+        self._is_new = is_new
+        self._num_records = 0
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.set_aside = set_aside_torn_tail(self.path)
@@ -129,12 +135,16 @@ class TranscriptWriter:
             record = {**record, "at": round(time.time(), 3)}
         self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._file.flush()
+        self._num_records += 1
         if sync:
             os.fsync(self._file.fileno())
 
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
+            if self._is_new and self._num_records <= 1:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
 
     def __enter__(self) -> "TranscriptWriter":
         return self
