@@ -29,7 +29,8 @@ def parse_memory_budget(text: str, devices: tuple[str, ...] = ()) -> MemoryBudge
     except ValueError as error:
         raise ValueError(f"--memory-budget {text!r}: {error}") from None
     if total_bytes <= 0:
-        raise ValueError(f"--memory-budget must be positive, got {text!r}")
+        rounded = " (it rounds to 0 bytes; write e.g. 512MiB or 3GiB)" if any(c in "123456789" for c in text) else ""
+        raise ValueError(f"--memory-budget must be positive, got {text!r}{rounded}")
     return MemoryBudget(total_bytes)
 
 
