@@ -32,7 +32,8 @@ verifies at that width, as `pocketspec generate --exact-verify` does.
 Prompts run in file order on one engine, so the drafter's cross-request corpus fills and the
 controller learns over them all, as in a chat or a server. With --fresh-rounds they run as
 `pocketspec bench` runs them: in its rounds (a category's conversations, five at a time), each on
-a fresh engine, as the bench starts a process a round.
+a fresh engine, as the bench starts a process a round, which starts from the cost table's
+corrections the round before learned (pocketspec/learned_costs.py).
 
 Results: per category, speedup, tokens per step, acceptance, the verify widths used, and the share of decode time spent on rows past the match: what each verify cost beyond the cheapest
 verify that still holds its pending token and the drafts the target accepted (drafts that failed
@@ -135,15 +136,20 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
            calibrated: MeasuredCosts | None = None, fresh_rounds: bool = False,
            verdict_on_device: bool = False) -> list[dict]:
     """fresh_rounds: the traces in `pocketspec bench`'s rounds, each round on a new engine (priors, no
-    corpus, the table's costs) as the bench starts a process a round; else in their order, one engine
+    corpus) that starts from the cost corrections the round before learned, as the bench starts a process a
+    round and each adopts what the last one kept in POCKETSPEC_HOME; else in their order, one engine
     learning over them all. verdict_on_device: as open_replay's."""
     widest = requested_draft_limits(speculation).widest
     rows = []
     rounds = bench_rounds(traces) if fresh_rounds else [traces]
+    engine = None
     for trace, starts_round in ((trace, index == 0) for chunk in rounds for index, trace in enumerate(chunk)):
         if starts_round:
+            learned = None if engine is None else engine.controller.target_costs.learned()
             engine, target = open_replay(costs, speculation, vocab_size, exact_width, exact_until, calibrated,
                                          verdict_on_device=verdict_on_device)
+            if learned is not None:  # as the bench's next process adopts it (pocketspec/learned_costs.py)
+                engine.controller.target_costs.adopt(learned)
             request_work = time_request_work(engine.ngram)
             chain_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
             tree_drafter = NgramDrafter(speculation.ngram_min, speculation.ngram_max)
@@ -231,7 +237,8 @@ def main(argv=None) -> None:
     parser.add_argument("--ngram-min", type=int, default=None, help="the shortest suffix the n-gram drafter matches")
     parser.add_argument("--ngram-max", type=int, default=None, help="the longest suffix the n-gram drafter indexes")
     parser.add_argument("--fresh-rounds", action="store_true",
-                        help="replay in the bench's rounds, each from a fresh engine (priors, no corpus), as the bench does")
+                        help="replay in the bench's rounds, each from a fresh engine (priors, no corpus, the cost "
+                             "corrections the round before learned), as the bench does")
     parser.add_argument("--verdict-on-device", action="store_true",
                         help="the stand-in verifies as a torch static step (a GPU's) does, with no logits on the host: "
                              "for the host ms/step of a GPU table (default: logits rows on the host, as llama.cpp)")

@@ -24,6 +24,7 @@ from pocketspec.budget import MemoryPlan, apply_budget
 from pocketspec.budget.sequences_plan import per_sequence_plan
 from pocketspec.conversation.prompt_encoding import PromptEncoding
 from pocketspec.errors import UserError
+from pocketspec.learned_costs import adopt_learned_costs, keep_learned_costs
 from pocketspec.loader import ModelChoice, load_engine
 from pocketspec.settings import ModelSettings, SpeculationSettings, draft_settings_for
 from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
@@ -41,6 +42,8 @@ class Session(PromptEncoding):
         self.plan = plan
         self.notes = notes  # what the plan and the loader said, in order
         self.settings = settings
+        for table in self._cost_tables():
+            adopt_learned_costs(table)
 
     @property
     def tokenizer(self):
@@ -76,8 +79,15 @@ class Session(PromptEncoding):
             result["memory_budget_bytes"] = self.budget_bytes
         return result
 
+    def _cost_tables(self):
+        """The engine's cost tables, which start from what earlier sessions learned and are kept for later ones
+        (pocketspec/learned_costs.py)."""
+        return (self.engine.controller.target_costs, self.engine.controller.draft_costs)
+
     def close(self) -> None:
         if self.engine is not None:
+            for table in self._cost_tables():
+                keep_learned_costs(table)
             self.engine.close()
         self.engine = None
 

@@ -17,6 +17,9 @@ table inflated 1.5x from 5 rows (benchmarks/replay_drafting.py), 16 rows were le
 1 % in 200 steps; without the optimism they stayed 1.5x too dear. The optimism starts only after
 EXPLORE_AFTER_PASSES timed passes: a process's first answer may be a dozen tokens (Spec-Bench's
 extractions), and one exploring step in each group of widths then cost it 30 % of its speed.
+What one run learned, its corrections and how far it explored, a later run adopts (learned(),
+adopt(); pocketspec/learned_costs.py keeps it between sessions), so exploring is paid once a
+table, not once a process.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ DEPTH_BUCKET = 32  # cached tokens over which one calibrated cost is used
 EXPLORATION = 0.6
 EXPLORE_AFTER_PASSES = 32  # timed passes before any width looks cheaper than predicted
 EXPLORATION_GROUPS = (1, 2, 3, 4, 5, 9, 17)  # lower edges of the groups of widths explored together
+# The most timed passes a later run adopts for one width or group (learned(), adopt()): what it adopts still
+# moves with what it times, and a group it adopts still looks EXPLORATION / (1 + 16) cheaper once it explores
+MAX_ADOPTED_PASSES = 16
+MAX_ADOPTED_LOG_CORRECTION = 3.0  # a correction past e^±3 (20x) is no correction but a broken file
 
 
 class CostTable:
@@ -106,6 +113,42 @@ class CostTable:
             self._seconds_by_width[width] = previous + self.smoothing * (seconds - previous)
         self._scale_sum += seconds / interpolate(self.prior_ratio, width)
         self._scale_count += 1
+
+    def learned(self) -> dict | None:
+        """What the passes timed so far taught about the calibrated table, for a later run to adopt()
+        (pocketspec/learned_costs.py keeps it); None without a calibrated table or a timed pass."""
+        if self.measured is None or not self._num_observed_by_group:
+            return None
+        return {"log_correction": self._log_correction,
+                "widths": {str(width): [min(count, MAX_ADOPTED_PASSES), correction]
+                           for width, (count, correction) in sorted(self._width_corrections.items())},
+                "groups": {str(EXPLORATION_GROUPS[group]): min(count, MAX_ADOPTED_PASSES)
+                           for group, count in sorted(self._num_observed_by_group.items())}}
+
+    def adopt(self, learned: dict) -> None:
+        """Start from what an earlier run's learned() kept, as if this run had timed those passes: its corrections
+        of the calibrated table, and its groups of widths explored (they look cheaper only by what is left of their
+        optimism). ValueError, and nothing adopted, when `learned` is not what learned() makes."""
+        try:
+            log_correction = float(learned["log_correction"])
+            corrections = {int(width): (int(count), float(correction))
+                           for width, (count, correction) in learned["widths"].items()}
+            groups = {EXPLORATION_GROUPS.index(int(edge)): int(count) for edge, count in learned["groups"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(f"not a cost table's learned corrections: {error}") from None
+        logs = [log_correction, *(correction for _, correction in corrections.values())]
+        counts = [*(count for count, _ in corrections.values()), *groups.values()]
+        if self.measured is None or not all(abs(value) <= MAX_ADOPTED_LOG_CORRECTION for value in logs) \
+                or not all(1 <= count <= MAX_ADOPTED_PASSES for count in counts) or min(corrections, default=1) < 1:
+            raise ValueError("not a cost table's learned corrections: a value out of range, or no calibrated table")
+        self._log_correction, self._factor = log_correction, math.exp(log_correction)
+        self._width_corrections = corrections
+        self._width_factors = {width: math.exp(correction) for width, (count, correction) in corrections.items()
+                               if count >= MIN_WIDTH_OBSERVATIONS}
+        self._factor_widths = sorted(self._width_factors)
+        self._num_observed_by_group = groups
+        self._optimism = [1.0 - EXPLORATION / (1 + groups.get(group, 0)) for group in range(len(EXPLORATION_GROUPS))]
+        self._forget(None)
 
     def _moved_widths(self, width: int) -> range:
         """The widths whose correction is `width`'s own (a timed width whose correction changed) or read
