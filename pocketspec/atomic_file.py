@@ -52,7 +52,7 @@ def replaced_on_success(path: Path, *, what: str) -> Iterator[IO[str]]:
     try:
         descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     except OSError as error:
-        raise UserError(f"cannot write {what} {path}: {error.strerror or error}") from None
+        raise _cannot_write(what, path, error) from None
     is_done = False
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
@@ -63,7 +63,7 @@ def replaced_on_success(path: Path, *, what: str) -> Iterator[IO[str]]:
                 _keep_mode(path, temporary)
                 os.replace(temporary, path)
             except OSError as error:
-                raise UserError(f"cannot write {what} {path}: {error.strerror or error}") from None
+                raise _cannot_write(what, path, error) from None
         is_done = True
     finally:
         if not is_done:
@@ -82,6 +82,10 @@ def _keep_mode(path: Path, temporary: str) -> None:
     os.chmod(temporary, mode)
 
 
+def _cannot_write(what: str, path: Path, error: OSError) -> UserError:
+    return UserError(f"cannot write {what} {path}: {error.strerror or error}")
+
+
 def _is_device_or_pipe(path: Path) -> bool:
     try:
         mode = os.stat(path).st_mode
@@ -96,7 +100,7 @@ def _written_through(path: Path, what: str) -> Iterator[IO[str]]:
     try:
         file = open(path, "w", encoding="utf-8")
     except OSError as error:
-        raise UserError(f"cannot write {what} {path}: {error.strerror or error}") from None
+        raise _cannot_write(what, path, error) from None
     try:
         yield _CheckedWrites(file, what, path)
     except BaseException:
@@ -106,7 +110,7 @@ def _written_through(path: Path, what: str) -> Iterator[IO[str]]:
     try:
         file.close()
     except OSError as error:  # /dev/full, a pipe whose reader left
-        raise UserError(f"cannot write {what} {path}: {error.strerror or error}") from None
+        raise _cannot_write(what, path, error) from None
 
 
 class _CheckedWrites:
@@ -117,7 +121,7 @@ class _CheckedWrites:
         self._file, self._what, self._path = file, what, path
 
     def _failed(self, error: OSError) -> UserError:
-        return UserError(f"cannot write {self._what} {self._path}: {error.strerror or error}")
+        return _cannot_write(self._what, self._path, error)
 
     def write(self, text: str) -> int:
         try:
