@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import sys
 
+if __name__ == "__main__":  # `python -m apps.cli`: huge pages first, before the imports below (as apps/start.py)
+    from pocketspec.huge_pages import restart_with_huge_pages
+
+    restart_with_huge_pages()
+
 import click
 
 from apps.text_input import make_streams_safe

@@ -68,6 +68,7 @@ def _print_human(report: dict) -> None:
         click.echo(f"onnxruntime       not importable: {onnx_info['error']}")
     memory = report["memory"]
     click.echo(f"memory            {_gib(memory['available_bytes'])} available of {_gib(memory['total_bytes'])}")
+    click.echo(f"huge pages        {report['huge_pages']}")
     problem = report["pocketspec_home_problem"]
     click.echo(f"POCKETSPEC_HOME   {report['pocketspec_home']}"
                + (f" (cannot hold downloads: {problem})" if problem else ""))

@@ -1,6 +1,6 @@
 """What this machine and this install can run, as plain data: the llama-cpp-python build (version,
 accelerator from the build stamp that native/build_llama_cpp.sh writes into the venv, llama.cpp's
-system info), CPU features, GPUs, torch, memory, and which catalog models are downloaded.
+system info), CPU features, GPUs, torch, memory, huge pages, and which catalog models are downloaded.
 
 Every probe is optional: a missing tool is reported, never fatal. `pocketspec doctor` prints it;
 `pocketspec bench` records it beside its results.
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from pocketspec import huge_pages
 from pocketspec.models.catalog import folder_problem, load_catalog, model_path, models_dir, pocketspec_home
 
 CPU_FLAGS_OF_INTEREST = ("avx", "avx2", "avx512f", "avx512_vnni", "amx_tile", "f16c", "fma")
@@ -149,5 +150,6 @@ def collect_report() -> dict:
         "torch": _torch_report(),
         "onnxruntime": _onnx_report(),
         "memory": {"total_bytes": memory.total, "available_bytes": memory.available},
+        "huge_pages": huge_pages.current_state(),
         "models": _models_report(),
     }

@@ -187,6 +187,14 @@ def _rounds_lines(results: dict) -> list[str]:
     return lines
 
 
+def _huge_pages_lines(results: dict, peers: list[str]) -> list[str]:
+    state = results.get("machine", {}).get("doctor", {}).get("huge_pages")
+    if state is None:
+        return []
+    peers_note = "; llama.cpp's peers ran with the environment the bench was given, as a user runs them" if peers else ""
+    return [f"Huge pages for PocketSpec's processes (pocketspec/huge_pages.py): {state}{peers_note}."]
+
+
 def learned_curve_table(rows: list[dict]) -> str | None:
     """A PocketSpec system's verify cost by width, × one row: its calibrated table against what its
     controller learned by its last prompt (the last round's worker), and how often each width was timed."""
@@ -230,7 +238,7 @@ def build_report(results: dict, plot_names: list[str] = ()) -> str:
             "tok/s is the decode rate (prompt processing excluded); TTFT is the prompt's processing time; "
             "peak is the resident memory of the process that ran the system (the most over its rounds); ratios "
             "compare summed tokens over summed seconds.", ""]
-    body += [line for text in _rounds_lines(results) for line in (text, "")]
+    body += [line for text in _rounds_lines(results) + _huge_pages_lines(results, peers) for line in (text, "")]
     if OVERALL not in grouped:
         body += ["No round completed: nothing was measured.", ""]
     else:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from apps.bench.suite import SuitePrompt
 from apps.bench.peers import llama_bench, llama_speculative
-from apps.bench.peers.process import describe_failure, run_child
+from apps.bench.peers.process import describe_failure, run_child, run_peer
 
 
 @dataclass
@@ -113,7 +113,7 @@ def _run_llama_speculative(system: System, job: BenchJob, prompts: list[SuitePro
             max_tokens=job.max_tokens, num_threads=job.num_threads, max_context=job.max_context,
             temperature=job.temperature, top_k=job.top_k, top_p=job.top_p, seed=job.seed,
             draft_max=job.peer_draft_max, kv_type=job.pocketspec_options.get("kv_type"))
-        run = run_child(argv)
+        run = run_peer(argv)
         if run.returncode != 0:
             system.status, system.reason = "failed", describe_failure(run, llama_speculative.TOOL)
             return []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from apps.bench.peers.process import describe_failure, executable, run_child
+from apps.bench.peers.process import describe_failure, executable, run_peer
 
 TOOL = "llama-bench"
 
@@ -27,7 +27,7 @@ def reference_note(tools_dir: Path, model: Path, *, num_tokens: int, num_threads
     binary = tools_dir / TOOL
     if not executable(binary):
         return f"{TOOL} not found in {tools_dir}: no llama.cpp plain-decoding reference"
-    run = run_child(command(binary, model, num_tokens=num_tokens, num_threads=num_threads))
+    run = run_peer(command(binary, model, num_tokens=num_tokens, num_threads=num_threads))
     if run.returncode != 0:
         return describe_failure(run, TOOL)
     rate, deviation = parse_rate(run.stdout)

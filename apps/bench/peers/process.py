@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pocketspec.huge_pages import users_environment
 from pocketspec.stats import vm_hwm_bytes
 
 POLL_SECONDS = 0.02
@@ -45,12 +46,19 @@ class _LineReader:
                 self.on_line(line.decode(errors="replace"))
 
 
+def run_peer(argv: list[str]) -> ChildRun:
+    """A peer (one of llama.cpp's tools) run as the user would run it: with the environment the user
+    gave PocketSpec, not the huge-page tunable PocketSpec added to its own (pocketspec/huge_pages.py)."""
+    return run_child(argv, env=users_environment(os.environ))
+
+
 def run_child(argv: list[str], *, stdin_text: str | None = None, timeout_seconds: float | None = None,
-              on_line=None) -> ChildRun:
+              on_line=None, env: dict[str, str] | None = None) -> ChildRun:
     """Run argv to completion with its output in temporary files (no pipe can fill up).
 
-    on_line, when given, sees each line of stdout as it is written. A child that Ctrl-C
-    ended raises KeyboardInterrupt here, as Ctrl-C in this process does.
+    env: the child's environment (None: this process's). on_line, when given, sees each line of
+    stdout as it is written. A child that Ctrl-C ended raises KeyboardInterrupt here, as Ctrl-C in
+    this process does.
     """
     with tempfile.TemporaryFile() as stdin_file, tempfile.TemporaryFile() as stdout_file, \
             tempfile.TemporaryFile() as stderr_file:
@@ -59,7 +67,7 @@ def run_child(argv: list[str], *, stdin_text: str | None = None, timeout_seconds
             stdin_file.seek(0)
         started = time.perf_counter()
         process = subprocess.Popen(argv, stdin=stdin_file if stdin_text is not None else subprocess.DEVNULL,
-                                   stdout=stdout_file, stderr=stderr_file)
+                                   stdout=stdout_file, stderr=stderr_file, env=env)
         peak_bytes = 0
         reader = _LineReader(stdout_file, on_line) if on_line is not None else None
         try:
