@@ -12,7 +12,7 @@ pairs of fresh processes): plain decoding 2.0 % faster (1.00-1.04x a pair, faste
 glibc reads its tunables only when a process starts, so the CLI starts itself again, once, with
 the tunable added (`restart_with_huge_pages`), before it imports anything heavy; its children
 inherit it. POCKETSPEC_HUGE_PAGES=0 turns this off. Where THP is `always` the kernel already
-gives huge pages unasked, and where it is `never` (or outside Linux and glibc) nothing can.
+gives huge pages unasked, and where it is `never` (or outside Linux and glibc 2.35+) nothing can.
 """
 
 from __future__ import annotations
@@ -41,9 +41,14 @@ def thp_mode(setting: Path = THP_SETTING) -> str | None:
     return text[start + 1:end] if 0 <= start < end else None
 
 
-def is_glibc() -> bool:
+def glibc_has_tunable(version: str | None = None) -> bool:
+    """Whether this process runs on glibc 2.35 or later, the first with glibc.malloc.hugetlb.
+    version: as os.confstr("CS_GNU_LIBC_VERSION") reads, e.g. "glibc 2.36" (None: this process's)."""
     try:
-        return os.confstr("CS_GNU_LIBC_VERSION") is not None
+        if version is None:
+            version = os.confstr("CS_GNU_LIBC_VERSION") or ""
+        name, _, number = version.partition(" ")
+        return name == "glibc" and tuple(int(part) for part in number.split(".")[:2]) >= (2, 35)
     except (AttributeError, ValueError, OSError):
         return False
 
@@ -55,7 +60,7 @@ def has_tunable(environ: Mapping[str, str]) -> bool:
 def state(environ: Mapping[str, str], mode: str | None, glibc: bool) -> str:
     """Whether this process's malloc asks for huge pages, and why (for doctor and the bench's notes)."""
     if mode is None or not glibc:
-        return "off: needs Linux's transparent huge pages and glibc"
+        return "off: needs Linux's transparent huge pages and glibc 2.35 or later"
     if mode == "never":
         return "off: the kernel's transparent huge pages are `never`"
     if mode == "always":
@@ -68,7 +73,7 @@ def state(environ: Mapping[str, str], mode: str | None, glibc: bool) -> str:
 
 
 def current_state() -> str:
-    return state(os.environ, thp_mode(), is_glibc())
+    return state(os.environ, thp_mode(), glibc_has_tunable())
 
 
 def should_restart(environ: Mapping[str, str], mode: str | None, glibc: bool) -> bool:
@@ -104,7 +109,7 @@ def restart_with_huge_pages() -> None:
 
     Call it first thing in an entry point, before any input is read: exec keeps the arguments,
     the environment (plus the tunable) and the open stdin, stdout and stderr."""
-    if not sys.executable or not should_restart(os.environ, thp_mode(), is_glibc()):
+    if not sys.executable or not should_restart(os.environ, thp_mode(), glibc_has_tunable()):
         return
     sys.stdout.flush()
     sys.stderr.flush()

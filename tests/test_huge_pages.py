@@ -18,7 +18,7 @@ from pocketspec.huge_pages import (OPT_OUT_VARIABLE, TUNABLE, TUNABLES_VARIABLE,
                                    environment_with_huge_pages, should_restart, state, thp_mode, users_environment)
 
 REPO = Path(__file__).resolve().parents[1]
-CAN_ADVISE = thp_mode() == "madvise" and huge_pages.is_glibc()
+CAN_ADVISE = thp_mode() == "madvise" and huge_pages.glibc_has_tunable()
 
 
 @pytest.mark.parametrize("text, mode", [("always [madvise] never\n", "madvise"), ("[always] madvise never", "always"),
@@ -28,6 +28,13 @@ def test_the_kernels_mode_is_the_bracketed_word(tmp_path, text, mode):
     setting = tmp_path / "enabled"
     setting.write_text(text)
     assert thp_mode(setting) == mode
+
+
+@pytest.mark.parametrize("version, has", [("glibc 2.36", True), ("glibc 2.35", True), ("glibc 2.41.9000", True),
+                                           ("glibc 3.0", True), ("glibc 2.34", False), ("glibc 2.31", False),
+                                           ("glibc", False), ("", False), ("musl 1.2", False)])
+def test_only_glibc_from_2_35_has_the_tunable(version, has):
+    assert huge_pages.glibc_has_tunable(version) is has
 
 
 def test_an_unreadable_setting_is_no_mode(tmp_path):
@@ -74,7 +81,7 @@ def _doctor_line(env: dict) -> str:
     return next(line for line in doctor.stdout.splitlines() if line.startswith("huge pages"))
 
 
-@pytest.mark.skipif(not CAN_ADVISE, reason="needs glibc and the kernel's THP mode `madvise`")
+@pytest.mark.skipif(not CAN_ADVISE, reason="needs glibc 2.35+ and the kernel's THP mode `madvise`")
 def test_the_cli_restarts_itself_with_the_tunable_unless_told_not_to():
     plain = {key: value for key, value in os.environ.items() if key not in (TUNABLES_VARIABLE, OPT_OUT_VARIABLE)}
     assert "on: glibc.malloc.hugetlb=1" in _doctor_line(plain)
@@ -100,7 +107,7 @@ def _most_huge_page_bytes(env: dict, target: Path) -> int:
     return most
 
 
-@pytest.mark.skipif(not CAN_ADVISE, reason="needs glibc and the kernel's THP mode `madvise`")
+@pytest.mark.skipif(not CAN_ADVISE, reason="needs glibc 2.35+ and the kernel's THP mode `madvise`")
 def test_the_models_memory_sits_on_huge_pages(smollm2_path):
     plain = {key: value for key, value in os.environ.items() if key not in (TUNABLES_VARIABLE, OPT_OUT_VARIABLE)}
     with_pages = _most_huge_page_bytes(plain, smollm2_path)
