@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sys
 
-if __name__ == "__main__":  # `python -m apps.cli`: huge pages first, before the imports below (as apps/start.py)
-    from pocketspec.huge_pages import restart_with_huge_pages
+if __name__ == "__main__":  # `python -m apps.cli`: huge pages first, before the imports below
+    from apps.start import restart_first
 
-    restart_with_huge_pages()
+    restart_first()
 
 import click
 

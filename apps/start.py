@@ -1,18 +1,24 @@
 """The `pocketspec` command's entry point: it first starts the process again with huge pages for
 llama.cpp's buffers where that helps (pocketspec/huge_pages.py), before the CLI's imports take
-their second, then runs the CLI."""
+their second, then runs the CLI. `python -m apps.cli` and `python -m apps.bench` call
+restart_first too."""
 
 import sys
 
 
-def main() -> None:
+def restart_first() -> None:
+    """restart_with_huge_pages, with a Ctrl-C meanwhile met as apps/cli.py meets one during its imports."""
     try:
         from pocketspec.huge_pages import restart_with_huge_pages
 
         restart_with_huge_pages()
-    except KeyboardInterrupt:  # as apps/cli.py meets a Ctrl-C during its imports
+    except KeyboardInterrupt:
         sys.stderr.write("\ninterrupted\n")
         sys.exit(130)
+
+
+def main() -> None:
+    restart_first()
     from apps.cli import main as cli
 
     cli()

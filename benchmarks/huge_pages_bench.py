@@ -24,21 +24,27 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from apps.report import markdown_table, write_results  # noqa: E402
-from pocketspec.huge_pages import OPT_OUT_VARIABLE, TUNABLE, TUNABLES_VARIABLE, current_state, thp_mode  # noqa: E402
+from pocketspec.huge_pages import (OPT_OUT_VARIABLE, TUNABLES_VARIABLE, current_state,  # noqa: E402
+                                   environment_with_huge_pages, thp_mode)
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 MODES = ("huge pages", "4 KiB pages")
 
 
-def _environment(mode: str) -> dict[str, str]:
+def _environment(mode: str, *, is_pocketspec: bool) -> dict[str, str]:
+    """This environment without any huge-page setting, then set for `mode`: PocketSpec adds the
+    tunable itself unless told POCKETSPEC_HUGE_PAGES=0; another program is given it."""
     environment = {key: value for key, value in os.environ.items() if key not in (TUNABLES_VARIABLE, OPT_OUT_VARIABLE)}
-    return environment if mode == "huge pages" else {**environment, OPT_OUT_VARIABLE: "0"}
+    if is_pocketspec:
+        return environment if mode == "huge pages" else {**environment, OPT_OUT_VARIABLE: "0"}
+    return environment_with_huge_pages(environment) if mode == "huge pages" else environment
 
 
 def _generate(mode: str, args) -> dict:
     done = subprocess.run([sys.executable, "-m", "apps.cli", "generate", "--target", args.model, "--draft", "none",
                            "--prompt", PROMPT, "--max-tokens", str(args.max_tokens), "--threads", str(args.threads),
-                           "--json"], cwd=ROOT, env=_environment(mode), capture_output=True, text=True, timeout=600)
+                           "--json"], cwd=ROOT, env=_environment(mode, is_pocketspec=True), capture_output=True, text=True,
+                          timeout=600)
     if done.returncode != 0:
         raise SystemExit(f"error: generate ({mode}) failed: {done.stderr.strip()[-400:]}")
     stats = json.loads(done.stdout)["stats"]
@@ -50,13 +56,9 @@ def _llama_bench(mode: str, args) -> dict:
     from apps.bench.peers.llama_speculative import default_tools_dir
     from pocketspec.models.catalog import model_path
 
-    environment = _environment("4 KiB pages")
-    environment.pop(OPT_OUT_VARIABLE)
-    if mode == "huge pages":
-        environment[TUNABLES_VARIABLE] = TUNABLE
     done = subprocess.run([str(default_tools_dir() / "llama-bench"), "-m", str(model_path(args.model)), "-p", "0",
                            "-n", "128", "-t", str(args.threads), "-r", "2", "-o", "json"],
-                          env=environment, capture_output=True, text=True, timeout=600)
+                          env=_environment(mode, is_pocketspec=False), capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise SystemExit(f"error: llama-bench ({mode}) failed: {done.stderr.strip()[-400:]}")
     return {"tokens_per_second": float(json.loads(done.stdout)[0]["avg_ts"])}

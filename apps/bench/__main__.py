@@ -2,9 +2,9 @@
 
 import sys
 
-from pocketspec.huge_pages import restart_with_huge_pages
+from apps.start import restart_first
 
-restart_with_huge_pages()
+restart_first()
 
 from apps.cli import main  # noqa: E402  (after the restart: its imports take a second)
 
