@@ -157,6 +157,22 @@ def test_a_width_not_timed_takes_its_timed_neighbours_correction():
     assert truth.seconds(6) < table.seconds(6) < 1.5 * truth.seconds(6)  # between 4 (right) and 8 (1.5x off)
 
 
+def test_a_slow_spell_timed_on_one_row_slows_every_width():
+    """A process that slows down times mostly one-token passes. A width timed only before the spell slows
+    with them, so a verify of two rows keeps its true price beside one row (with a correction per width,
+    two rows looked 1.25x cheaper here, and single-token drafts that lose were chosen)."""
+    truth = _table(first_inflated=33, factor=1.0)
+    table = _table(first_inflated=33, factor=1.0)
+    for _ in range(10):
+        for width in (1, 2):
+            table.observe(width, truth.seconds(width))
+    for _ in range(30):
+        table.observe(1, 1.25 * truth.seconds(1))
+    assert table.seconds(1) == pytest.approx(1.25 * truth.seconds(1), rel=0.02)
+    assert table.seconds(2) / table.seconds(1) == pytest.approx(truth.seconds(2) / truth.seconds(1), rel=0.02)
+    assert table.seconds(8) == pytest.approx(1.25 * truth.seconds(8), rel=0.02)
+
+
 def test_a_prediction_kept_across_passes_equals_one_made_afresh():
     """The table keeps each prediction until a timed pass moves its correction (costs.py: _moved_widths).
     Asked for every width after every pass, it answers what a table given the same passes and asked

@@ -64,14 +64,16 @@ def test_an_adopted_group_explores_by_what_is_left_of_its_optimism():
 
 
 @pytest.mark.parametrize("broken", [
-    None, [], {}, {"log_correction": 0.0, "widths": {}},
-    {"log_correction": "x", "widths": {}, "groups": {}},
-    {"log_correction": 0.0, "widths": {"4": [3]}, "groups": {}},
-    {"log_correction": 0.0, "widths": {}, "groups": {"6": 3}},  # not a group's edge
-    {"log_correction": 9.0, "widths": {}, "groups": {"1": 3}},  # a correction of e^9
-    {"log_correction": 0.0, "widths": {"4": [0, 0.1]}, "groups": {"4": 3}},
-    {"log_correction": 0.0, "widths": {"0": [3, 0.1]}, "groups": {"1": 3}},
-    {"log_correction": 0.0, "widths": {"4": [3, 0.1]}, "groups": {"4": 99}},
+    None, [], {}, {"log_speed": 0.0, "shapes": {}},
+    {"log_speed": "x", "shapes": {}, "groups": {}},
+    {"log_speed": 0.0, "shapes": {"4": [3]}, "groups": {}},
+    {"log_speed": 0.0, "shapes": {}, "groups": {"6": 3}},  # not a group's edge
+    {"log_speed": 9.0, "shapes": {}, "groups": {"1": 3}},  # a correction of e^9
+    {"log_speed": 0.0, "shapes": {"4": [0, 0.1]}, "groups": {"4": 3}},
+    {"log_speed": 0.0, "shapes": {"0": [3, 0.1]}, "groups": {"1": 3}},
+    {"log_speed": 0.0, "shapes": {"4": [3, 0.1]}, "groups": {"4": 99}},
+    # what a session kept before the speed and the shapes were apart (absolute corrections per width)
+    {"log_correction": 0.0, "widths": {"2": [16, 0.1]}, "groups": {"1": 16, "2": 16}},
 ])
 def test_what_learned_never_makes_is_refused_and_nothing_is_adopted(broken):
     table, fresh = CostTable(_measured()), CostTable(_measured())
@@ -137,7 +139,7 @@ def test_a_kept_file_for_this_table_whose_corrections_are_out_of_range_is_not_ad
     assert keep_learned_costs(_timed(CostTable(_measured()), _measured(factor=1.0), passes=5))
     path = learned_costs_path(_measured())
     kept = json.loads(path.read_text())
-    kept["learned"]["log_correction"] = 40.0
+    kept["learned"]["log_speed"] = 40.0
     path.write_text(json.dumps(kept))
     table = CostTable(_measured())
     assert not adopt_learned_costs(table)
