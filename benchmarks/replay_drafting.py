@@ -60,13 +60,17 @@ from pocketspec.speculation.draft_limits import requested_draft_limits  # noqa: 
 from pocketspec.drafters.ngram import NgramDrafter  # noqa: E402
 from pocketspec.speculation.engine import SpeculativeEngine  # noqa: E402
 from pocketspec.settings import BenchSettings, SpeculationSettings  # noqa: E402
+from clock_noise import ClockNoise, ProcessTime  # noqa: E402
 from replay_bounds import copy_bound_seconds, oracle_seconds  # noqa: E402
 from replay_target import ReplayTarget, VirtualClock  # noqa: E402
 
 
-def plain_seconds(costs: MeasuredCosts, num_prompt_tokens: int, num_tokens: int) -> float:
-    """Decode time of plain decoding: one one-token forward per token after the first."""
-    return sum(costs.forward_seconds(1, num_prompt_tokens + index) for index in range(num_tokens - 1))
+def plain_seconds(costs: MeasuredCosts, num_prompt_tokens: int, num_tokens: int,
+                  process_time: ProcessTime | None = None) -> float:
+    """Decode time of plain decoding: one one-token forward per token after the first (through the process's
+    wandering speed, when the replay has one)."""
+    table_seconds = [costs.forward_seconds(1, num_prompt_tokens + index) for index in range(num_tokens - 1)]
+    return sum(table_seconds) if process_time is None else process_time.plain_decoding(table_seconds)
 
 
 def open_replay(costs: MeasuredCosts, speculation: SpeculationSettings, vocab_size: int,
@@ -134,20 +138,25 @@ def bench_rounds(traces: list[dict]) -> list[list[dict]]:
 def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSettings, vocab_size: int,
            max_branches: int = 1, exact_width: int | None = None, exact_until: int | None = None,
            calibrated: MeasuredCosts | None = None, fresh_rounds: bool = False,
-           verdict_on_device: bool = False) -> list[dict]:
+           verdict_on_device: bool = False, clock_noise: ClockNoise | None = None) -> list[dict]:
     """fresh_rounds: the traces in `pocketspec bench`'s rounds, each round on a new engine (priors, no
     corpus) that starts from the cost corrections the round before learned, as the bench starts a process a
     round and each adopts what the last one kept in POCKETSPEC_HOME; else in their order, one engine
-    learning over them all. verdict_on_device: as open_replay's."""
+    learning over them all. verdict_on_device: as open_replay's. clock_noise: each round is a process
+    whose speed wanders (clock_noise.py), for the engine and for plain decoding alike."""
     widest = requested_draft_limits(speculation).widest
     rows = []
     rounds = bench_rounds(traces) if fresh_rounds else [traces]
-    engine = None
+    engine, process_time, num_processes = None, None, 0
     for trace, starts_round in ((trace, index == 0) for chunk in rounds for index, trace in enumerate(chunk)):
         if starts_round:
             learned = None if engine is None else engine.controller.target_costs.learned()
             engine, target = open_replay(costs, speculation, vocab_size, exact_width, exact_until, calibrated,
                                          verdict_on_device=verdict_on_device)
+            if clock_noise is not None:
+                process_time = target.process_time = clock_noise.process(num_processes)
+                target.process_started = target.clock.now
+            num_processes += 1
             if learned is not None:  # as the bench's next process adopts it (pocketspec/learned_costs.py)
                 engine.controller.target_costs.adopt(learned)
             request_work = time_request_work(engine.ngram)
@@ -162,7 +171,7 @@ def replay(traces: list[dict], costs: MeasuredCosts, speculation: SpeculationSet
         host_seconds = time.perf_counter() - started - target.stand_in_wall_seconds - request_work["seconds"]
         rows.append({"prompt_id": trace["prompt_id"], "category": trace["category"], "turn": trace.get("turn", 1),
                      "num_tokens": len(output), "decode_seconds": stats.decode_seconds,
-                     "plain_seconds": plain_seconds(costs, len(prompt), len(output)),
+                     "plain_seconds": plain_seconds(costs, len(prompt), len(output), process_time),
                      "oracle_seconds": oracle_seconds(chain_drafter, costs, prompt, output, widest),
                      "tree_oracle_seconds": oracle_seconds(tree_drafter, costs, prompt, output, widest, max_branches),
                      "copy_bound_seconds": copy_bound_seconds(costs, prompt, output, widest, earlier_pairs),
@@ -242,6 +251,11 @@ def main(argv=None) -> None:
     parser.add_argument("--verdict-on-device", action="store_true",
                         help="the stand-in verifies as a torch static step (a GPU's) does, with no logits on the host: "
                              "for the host ms/step of a GPU table (default: logits rows on the host, as llama.cpp)")
+    parser.add_argument("--clock-noise", default=None, metavar="PROCESS,PASS,SPELL",
+                        help="a machine whose speed wanders (benchmarks/clock_noise.py): standard deviations of the log "
+                             "speed of each process (a --fresh-rounds round, else the whole replay), of its slow "
+                             "spells' steps and of each pass, e.g. 0.08,0.03,0.03")
+    parser.add_argument("--noise-seed", type=int, default=0, help="the --clock-noise draw")
     parser.add_argument("--vocab-size", type=int, default=151936)
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = parser.parse_args(argv)
@@ -251,6 +265,10 @@ def main(argv=None) -> None:
     calibrated = None if args.calibrated_costs is None else load_measured_costs(args.calibrated_costs)
     if args.calibrated_costs is not None and calibrated is None:
         parser.error(f"--calibrated-costs {args.calibrated_costs}: not a cost table")
+    try:
+        clock_noise = None if args.clock_noise is None else ClockNoise.parse(args.clock_noise, args.noise_seed)
+    except ValueError as error:
+        parser.error(f"--clock-noise: {error}")
     traces = [json.loads(line) for path in args.traces for line in path.read_text().splitlines() if line.strip()]
     speculation = SpeculationSettings(drafter="ngram", gamma=None if args.gamma == "auto" else int(args.gamma),
                                       exact_verify=args.exact_verify)
@@ -263,12 +281,15 @@ def main(argv=None) -> None:
     if not 1 <= speculation.ngram_min <= speculation.ngram_max:
         parser.error(f"need 1 <= --ngram-min <= --ngram-max, got {speculation.ngram_min} and {speculation.ngram_max}")
     rows = replay(traces, costs, speculation, args.vocab_size, args.tree_branches, args.exact_width, args.exact_until,
-                  calibrated, args.fresh_rounds, args.verdict_on_device)
+                  calibrated, args.fresh_rounds, args.verdict_on_device, clock_noise)
     summary = by_category(rows)
     title = f"Replay of {', '.join(path.name for path in args.traces)} (γ {args.gamma})"
     print(markdown_table(COLUMNS, table_rows(summary)))
     if args.out is not None:
-        notes = [f"cost table: {args.costs}", "speedups are predicted from the table, not timed",
+        notes = [f"cost table: {args.costs}", "speedups are predicted from the table, not timed"
+                 + ("" if clock_noise is None else
+                    f", on a clock whose speed wanders (clock_noise.py): sigmas {clock_noise.process_sigma} a process, "
+                    f"{clock_noise.spell_sigma} a spell's step, {clock_noise.pass_sigma} a pass; seed {clock_noise.seed}"),
                  *([f"the controller's table: {args.calibrated_costs}"] if calibrated is not None else []),
                  f"tree oracle: up to {args.tree_branches} branches, every verified row paid for",
                  "copy bound: the recorded output drafted up to its first pair of tokens not seen before",

@@ -55,6 +55,8 @@ class ReplayTarget(CachedTokens):
         self.widths: Counter = Counter()
         self.past_match_seconds = 0.0
         self.stand_in_wall_seconds = 0.0  # the wall time this stand-in took: its logits and the host verdicts
+        self.process_time = None  # clock_noise.ProcessTime: the process's wandering speed (None: the table's)
+        self.process_started = 0.0  # the virtual time the process started at
 
     @property
     def max_context(self) -> int:
@@ -95,6 +97,9 @@ class ReplayTarget(CachedTokens):
         num_matched = common_prefix_length(list(tokens[1:]), self.truth[start + 1:])
         # the cheapest verify that still holds the accepted drafts (a wider one may cost less)
         needed = min(self.costs.forward_seconds(width, start) for width in range(num_matched + 1, len(tokens) + 1))
+        if self.process_time is not None:
+            factor = self.process_time.factor(self.clock.now - self.process_started)
+            seconds, needed = seconds * factor, needed * factor
         self.past_match_seconds += seconds - needed
         self.clock.now += seconds
         self.widths[len(tokens)] += 1

@@ -16,6 +16,7 @@ from pocketspec.settings import SpeculationSettings
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from clock_noise import ClockNoise  # noqa: E402
 from replay_bounds import copy_bound_seconds  # noqa: E402
 from replay_drafting import bench_rounds, by_category, replay  # noqa: E402
 
@@ -156,6 +157,33 @@ def test_fresh_rounds_start_each_round_without_what_earlier_rounds_said():
     fresh = by_category(replay([novel, short, again], costs, SpeculationSettings(drafter="ngram"),
                                vocab_size=6000, fresh_rounds=True))
     assert fresh["again"]["speedup"] == pytest.approx(1.0)
+
+
+def test_a_clock_that_never_wanders_replays_the_table_to_the_last_bit():
+    traces = [_copy_trace(), _novel_trace(), {**_copy_trace("copy again"), "category": "again"}]
+    costs = _costs(lambda width: 0.03 * (1 + width / 8))
+    speculation = SpeculationSettings(drafter="ngram")
+    plain = replay(traces, costs, speculation, vocab_size=6000, fresh_rounds=True)
+    still = replay(traces, costs, speculation, vocab_size=6000, fresh_rounds=True, clock_noise=ClockNoise(3, 0, 0, 0))
+    assert [(row["decode_seconds"], row["plain_seconds"]) for row in still] == \
+        [(row["decode_seconds"], row["plain_seconds"]) for row in plain]
+
+
+def test_a_wandering_clock_slows_the_engine_and_plain_decoding_alike_and_each_process_its_own_way():
+    noise = ClockNoise(seed=1, process_sigma=0.1, pass_sigma=0.0, spell_sigma=0.05)
+    first, second = noise.process(0), noise.process(1)
+    moments = [0.0, 0.3, 1.0, 4.0, 9.0]
+    assert [first.factor(at, "replay") for at in moments] == [first.factor(at, "plain") for at in moments]
+    assert len({first.factor(at) for at in moments}) > 1  # spells come and go
+    assert first.factor(0.0) != second.factor(0.0)
+    assert [noise.process(0).factor(at) for at in moments] == [first.factor(at) for at in moments]  # a seed redraws it
+    # plain decoding's clock goes on from its last answer: two answers meet what one long answer would
+    table_seconds = [0.05] * 40
+    split = noise.process(2)
+    whole = noise.process(2).plain_decoding(table_seconds * 2)
+    assert split.plain_decoding(table_seconds) + split.plain_decoding(table_seconds) == pytest.approx(whole)
+    with pytest.raises(ValueError):
+        ClockNoise.parse("0.1,0.2", seed=0)
 
 
 def test_a_replay_that_leaves_the_recording_is_an_error(monkeypatch):
