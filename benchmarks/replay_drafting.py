@@ -289,7 +289,8 @@ def main(argv=None) -> None:
         notes = [f"cost table: {args.costs}", "speedups are predicted from the table, not timed"
                  + ("" if clock_noise is None else
                     f", on a clock whose speed wanders (clock_noise.py): sigmas {clock_noise.process_sigma} a process, "
-                    f"{clock_noise.spell_sigma} a spell's step, {clock_noise.pass_sigma} a pass; seed {clock_noise.seed}"),
+                    f"{clock_noise.spell_sigma} a spell's step, {clock_noise.pass_sigma} a pass; seed {clock_noise.seed} "
+                    "(the oracles and the copy bound stay on the quiet table, so compare them only without it)"),
                  *([f"the controller's table: {args.calibrated_costs}"] if calibrated is not None else []),
                  f"tree oracle: up to {args.tree_branches} branches, every verified row paid for",
                  "copy bound: the recorded output drafted up to its first pair of tokens not seen before",
