@@ -107,15 +107,16 @@ class CostTable:
             if predicted > 0:
                 error = math.log(seconds / predicted)
                 gap = error - self._log_speed  # this pass beside the speed of the passes before it
-                # the speed moves by what the width's shape does not explain (a width's first pass is all
-                # shape), so a width the table prices wrong does not move the speed of every other one
                 count, shape = self._width_shapes.get(width, (0, gap))
-                if width == SPEED_WIDTH:
-                    shape = 0.0  # the speed is this width's: all that moves it is the machine's
-                self._log_speed += self.smoothing * (gap - shape)
-                self._speed = math.exp(self._log_speed)
-                if width != SPEED_WIDTH:
+                if width == SPEED_WIDTH:  # the speed is this width's: all that moves it is the machine's
+                    shape = 0.0
+                    self._log_speed += self.smoothing * gap
+                else:
+                    # the speed moves by what the width's shape does not explain (a width's first pass is all
+                    # shape), so a width the table prices wrong does not move the speed of every other one
+                    self._log_speed += self.smoothing * (gap - shape)
                     shape += self.smoothing * (gap - shape)
+                self._speed = math.exp(self._log_speed)
                 self._width_shapes[width] = (count + 1, shape)
                 if count + 1 >= MIN_WIDTH_OBSERVATIONS:
                     if width not in self._shape_factors:
