@@ -71,12 +71,39 @@ def test_qwen_pair_model_draft_greedy_equals_plain(qwen_target_path, qwen_draft_
         assert_matches_plain(engine.target, prompt, result.tokens, expected)
 
 
+def _what_decisions_read(engine) -> tuple:
+    """Everything the engine learns from a generation and later decisions read."""
+    controller = engine.controller
+    return (controller.target_costs.learned(), controller.draft_costs.learned(),
+            {name: (estimate.num_accepted, estimate.num_tried) for name, estimate in controller.acceptance.items()},
+            dict(controller.match_acceptance._counts), controller.step_overhead_seconds,
+            engine.ngram.corpus.num_tokens if engine.ngram else None, engine.rng.bit_generator.state)
+
+
 def test_qwen_pair_adaptive_greedy_equals_plain(qwen_target_path, qwen_draft_path):
     expected = _plain_tokens(qwen_target_path, REPETITIVE_PROMPT, 40)
     with built_engine(qwen_target_path, draft_path=qwen_draft_path) as engine:
         prompt = _chat_tokens(engine, REPETITIVE_PROMPT)
+        learned = _what_decisions_read(engine)
+        engine.warm_up(prompt, 4)  # as a bench worker does before its first timed prompt
+        assert _what_decisions_read(engine) == learned
+        assert engine.target.num_cached == 0 and engine.model.backend.num_cached == 0
         result = engine.generate(prompt, 40)
         assert_matches_plain(engine.target, prompt, result.tokens, expected)
+
+
+def test_a_warm_up_leaves_nothing_that_a_decision_reads(smollm2_path):
+    """A bench worker warms up on its first prompt, then times it: the warm-up's tokens in the corpus
+    of outputs, or its passes in the controller, would make that prompt decide as no user's does."""
+    expected = _plain_tokens(smollm2_path, REPETITIVE_PROMPT, 48)
+    with built_engine(smollm2_path, drafter="ngram") as engine:
+        prompt = _chat_tokens(engine, REPETITIVE_PROMPT)
+        learned = _what_decisions_read(engine)
+        engine.warm_up(prompt, 4)
+        assert _what_decisions_read(engine) == learned
+        result = engine.generate(prompt, 48)
+        assert_matches_plain(engine.target, prompt, result.tokens, expected)
+        assert _what_decisions_read(engine) != learned  # what the check reads does change with a generation
 
 
 def test_long_context_speculation_diverges_only_at_near_ties(qwen_target_path):

@@ -86,8 +86,8 @@ def run_pocketspec(job: dict) -> None:
             messages = conversations.get(conversation, []) + [{"role": "user", "content": prompt["text"]}]
             # plain decoding's prompt when the bench has it: a later turn then follows the same replies
             prompt_tokens = prompt.get("prompt_tokens") or session.encode_messages(messages)
-            if index == 0 and job["num_warmup_tokens"]:
-                generate(prompt_tokens, job["num_warmup_tokens"])
+            if index == 0:
+                engine.warm_up(prompt_tokens, job["num_warmup_tokens"])
             result = generate(prompt_tokens, job["max_tokens"])
             stats, reply = result.stats, tokenizer.decode(result.tokens)
             emit(measured_row(prompt, tokens=result.tokens, num_decode_tokens=max(stats.num_tokens - 1, 0),

@@ -45,6 +45,11 @@ class OutputCorpus:
         """The one token the remembered outputs continued the n-gram `key` with, else None."""
         return self._index.sole_token(key)
 
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the outputs remembered now."""
+        return self._num_tokens
+
     def remember(self, tokens: Sequence[int]) -> None:
         if len(tokens) <= self.min_n:
             return

@@ -97,6 +97,24 @@ class SpeculativeEngine:
         if seed is not None:
             self.reseed(seed)
 
+    def warm_up(self, prompt: Sequence[int], num_tokens: int) -> None:
+        """Decode num_tokens greedy tokens after `prompt` on the target and the draft model alone, then drop
+        them: the first timed generation finds the weights, caches and buffers touched (no page faults),
+        and the engine as a fresh one has it: the controller's costs and acceptance, the n-gram corpus and
+        the random stream learn nothing from the warm-up (a benchmark's first prompt decides as a user's
+        first request does)."""
+        if num_tokens <= 0 or not prompt:
+            return
+        greedy, rng = SamplingSettings(), np.random.default_rng(0)
+        self.target.rollback(0)
+        token = int(np.argmax(self.target.prefill(list(prompt))))
+        for _ in range(num_tokens - 1):
+            token = self.target.verify([token], None, greedy, rng).next_token
+        if self.model is not None:  # while the target holds the prompt: a self-draft's window copies from it
+            ModelDrafter(self.model.backend, greedy, rng).propose(list(prompt), num_tokens)
+            self.model.reset()
+        self.target.rollback(0)
+
     def allocator_peaks(self) -> dict[str, int]:
         """torch's allocator peaks by GPU on devices this process does not see itself (a row split's
         other ranks); {} on llama.cpp and the CPU."""
