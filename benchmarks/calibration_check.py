@@ -3,8 +3,12 @@
     .venv/bin/python benchmarks/calibration_check.py [--model qwen2.5-coder-1.5b-instruct] [--threads 2] \
         [--depth 512] [--out benchmarks/results/calibration_check]
 
-For each width it reports three costs, × one row:
-- llama-bench `-p W -n 0 -d DEPTH` (its prompt test: logits of the last row only);
+For each width it reports these costs, × one row:
+- llama-bench `-p W -n 0 -d DEPTH` (its prompt test: logits of the last row only), as `make peers` builds
+  it: stock llama.cpp, whose batched kernels are not PocketSpec's;
+- the same llama-bench built with PocketSpec's row-exact patch, the kernels a verify runs, when
+  `POCKETSPEC_TOOLS_ROW_EXACT=1 native/build_llama_tools.sh .venv/bin/pip` has built it: the check of the
+  measuring method compares with this one where it is there;
 - PocketSpec's calibration (pocketspec/calibrate.py) asking for the last row's logits, as llama-bench
   does: the like-for-like check of the measuring method;
 - PocketSpec's calibration asking for every row's logits, as a verify does: what the controller
@@ -34,10 +38,14 @@ from pocketspec.settings import ModelSettings  # noqa: E402
 WIDTHS = (1, 2, 4, 8, 16, 32)
 
 
-def llama_bench_seconds(model: Path, widths, depth: int, num_threads: int, num_repetitions: int = 5) -> dict:
-    binary = default_tools_dir() / "llama-bench"
-    if not binary.exists():
-        raise SystemExit(f"{binary} not found: run `make peers` first")
+def row_exact_tools_dir() -> Path:
+    """Where native/build_llama_tools.sh puts llama-bench built with the row-exact patch."""
+    stock = default_tools_dir()
+    return stock.parent.with_name(f"{stock.parent.name}-row-exact") / stock.name
+
+
+def llama_bench_seconds(binary: Path, model: Path, widths, depth: int, num_threads: int,
+                        num_repetitions: int = 5) -> dict:
     argv = [str(binary), "-m", str(model), "-t", str(num_threads), "-p", ",".join(map(str, widths)), "-n", "0",
             "-d", str(depth), "-r", str(num_repetitions), "-o", "json"]
     tests = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
@@ -64,17 +72,24 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     model = Path(args.model) if Path(args.model).exists() else model_path(args.model)
     settings = ModelSettings(num_threads=args.threads)
-    measured = {"llama-bench": llama_bench_seconds(model, WIDTHS, args.depth, args.threads),
-                "calibration, last row's logits": calibrated_seconds(model, settings, args.depth, all_rows=False),
-                "calibration, every row's logits": calibrated_seconds(model, settings, args.depth, all_rows=True)}
-    reference = measured["llama-bench"]
-    columns = ["rows", *[f"{name} × one row" for name in measured], "last row's logits / llama-bench",
+    stock = default_tools_dir() / "llama-bench"
+    if not stock.exists():
+        raise SystemExit(f"{stock} not found: run `make peers` first")
+    benches = {"llama-bench": stock}
+    if (row_exact := row_exact_tools_dir() / "llama-bench").exists():
+        benches["llama-bench, row-exact kernels"] = row_exact
+    measured = {name: llama_bench_seconds(binary, model, WIDTHS, args.depth, args.threads)
+                for name, binary in benches.items()}
+    measured["calibration, last row's logits"] = calibrated_seconds(model, settings, args.depth, all_rows=False)
+    measured["calibration, every row's logits"] = calibrated_seconds(model, settings, args.depth, all_rows=True)
+    reference = list(benches)[-1]  # the kernels the calibration runs, where that llama-bench was built
+    columns = ["rows", *[f"{name} × one row" for name in measured], f"last row's logits / {reference}",
                *[f"{name} ms ± spread" for name in measured]]
     rows = []
     for width in WIDTHS:
-        ratios = [values[width]["seconds"] / values[1]["seconds"] for values in measured.values()]
-        like_for_like = ratios[1] / ratios[0]
-        rows.append([width, *[f"{ratio:.2f}" for ratio in ratios], f"{like_for_like:.2f}",
+        ratios = {name: values[width]["seconds"] / values[1]["seconds"] for name, values in measured.items()}
+        like_for_like = ratios["calibration, last row's logits"] / ratios[reference]
+        rows.append([width, *[f"{ratio:.2f}" for ratio in ratios.values()], f"{like_for_like:.2f}",
                      *[f"{1000 * values[width]['seconds']:.0f} ± {values[width]['spread']:.0%}"
                        for values in measured.values()]])
     notes = [f"model {model.name}, {args.threads} threads, {args.depth} cached tokens",

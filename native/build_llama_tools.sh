@@ -9,6 +9,9 @@
 # Installs into $POCKETSPEC_HOME/llama-tools/<version>-<accel>/ (POCKETSPEC_HOME defaults
 # to ~/.cache/pocketspec) with a stamp build.json, and skips the build when that stamp
 # names the same version and CMake arguments. POCKETSPEC_FORCE_REBUILD=1 rebuilds.
+# POCKETSPEC_TOOLS_ROW_EXACT=1 builds llama-bench alone with PocketSpec's row-exact patch into
+# <version>-<accel>-row-exact/: the same kernels as PocketSpec's verify, for
+# benchmarks/calibration_check.py to compare its calibration with (the peers stay stock llama.cpp).
 # About 10 minutes on 2 cores (longer with the server: about 40 minutes here on a busy machine).
 set -euo pipefail
 
@@ -18,6 +21,14 @@ ACCEL="${POCKETSPEC_ACCEL:-cpu}"
 CMAKE_ARGS="$(llama_cmake_args "$ACCEL")" || exit 2
 TOOLS=(llama-speculative-simple llama-bench llama-server)
 DEST="${POCKETSPEC_HOME:-$HOME/.cache/pocketspec}/llama-tools/$LLAMA_CPP_PYTHON_VERSION-$ACCEL"
+PATCH_ID=none
+STAMP_PAIRS=("version=$LLAMA_CPP_PYTHON_VERSION" "cmake_args=$CMAKE_ARGS")
+if [[ "${POCKETSPEC_TOOLS_ROW_EXACT:-0}" == "1" ]]; then
+  TOOLS=(llama-bench)
+  DEST="$DEST-row-exact"
+  PATCH_ID="$(row_exact_patch_id)"
+  STAMP_PAIRS+=("patch=$PATCH_ID")
+fi
 STAMP="$DEST/build.json"
 
 if [[ ! -x "$PIP" ]]; then
@@ -29,7 +40,7 @@ PYTHON="$(dirname "$PIP")/python"
 already_built() {
   [[ "${POCKETSPEC_FORCE_REBUILD:-0}" != "1" ]] || return 1
   for tool in "${TOOLS[@]}"; do [[ -x "$DEST/bin/$tool" ]] || return 1; done
-  stamp_matches "$PYTHON" "$STAMP" "version=$LLAMA_CPP_PYTHON_VERSION" "cmake_args=$CMAKE_ARGS"
+  stamp_matches "$PYTHON" "$STAMP" "${STAMP_PAIRS[@]}"
 }
 
 if already_built; then
@@ -44,6 +55,10 @@ echo "CMAKE_ARGS=$CMAKE_ARGS"
 "$PIP" download -q --no-deps --no-binary :all: -d "$WORK" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
 tar -xzf "$WORK"/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION".tar.gz -C "$WORK"
 SOURCE="$WORK/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
+if [[ "$PATCH_ID" != none ]]; then
+  echo "applying native/patches/row-exact-verify.patch ($PATCH_ID)"
+  patch -p1 --forward --silent -d "$WORK/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION" < "$ROW_EXACT_PATCH"
+fi
 
 # Static libraries make each binary self-contained; the tests and HTTPS download
 # support are not needed for local GGUF files.
@@ -59,6 +74,5 @@ for tool in "${TOOLS[@]}"; do
 done
 "$DEST/bin/llama-bench" --help >/dev/null || { echo "error: llama-bench does not run after the build" >&2; exit 1; }
 
-write_stamp "$PYTHON" "$STAMP" "source=llama-cpp-python sdist, vendor/llama.cpp" "version=$LLAMA_CPP_PYTHON_VERSION" \
-  "accel=$ACCEL" "cmake_args=$CMAKE_ARGS"
+write_stamp "$PYTHON" "$STAMP" "source=llama-cpp-python sdist, vendor/llama.cpp" "accel=$ACCEL" "${STAMP_PAIRS[@]}"
 echo "done: ${TOOLS[*]} in $DEST/bin, stamp $STAMP"
