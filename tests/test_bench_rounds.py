@@ -47,6 +47,15 @@ def test_each_round_runs_plain_first_then_every_runnable_system_once():
                     ("writing", "plain"), ("writing", "pocketspec-ngram"), ("writing", "prompt-lookup")]
 
 
+def test_each_repeat_rotates_the_systems_after_plain():
+    """A system's place in a round is no advantage: each repeat moves every system after plain one place on."""
+    rounds = plan_rounds(prompts("coding"), max_prompts_per_round=5, num_repeats=3)
+    runs = [(round_.repeat, system.name) for round_, system in schedule(rounds, systems())]
+    assert runs == [(0, "plain"), (0, "pocketspec-ngram"), (0, "prompt-lookup"),
+                    (1, "plain"), (1, "prompt-lookup"), (1, "pocketspec-ngram"),
+                    (2, "plain"), (2, "pocketspec-ngram"), (2, "prompt-lookup")]
+
+
 def test_every_prompt_meets_every_runnable_system_exactly_once():
     suite = prompts("a", "b", "a", "c", "a", "a", "b")
     measured = [(prompt.prompt_id, system.name) for round_, system in schedule(plan_rounds(suite, 2), systems())

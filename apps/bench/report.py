@@ -170,7 +170,8 @@ def _rounds_lines(results: dict) -> list[str]:
         return []
     lines = [f"Ran in {rounds['num_planned']} rounds (one per category, cut into groups of at most "
              f"{results['settings']['max_prompts_per_round']} prompts): in each, plain decoding first, then every other "
-             "system over the same prompts, each in its own process; ratios compare rows of the same rounds."]
+             "system over the same prompts, each in its own process (their order rotating by one place each repeat); "
+             "ratios compare rows of the same rounds."]
     if rounds["is_partial"]:
         lines.append(f"**Partial results: the run stopped after {rounds['num_completed']} of {rounds['num_planned']} "
                      "rounds**; only completed rounds are counted.")

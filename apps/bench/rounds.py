@@ -3,7 +3,7 @@
 A round is one category's prompts (at most BenchSettings.max_prompts_per_round of them; a
 suite without categories is cut into groups of that size). In each round plain decoding
 runs first, because its rows are that round's reference, then every other system over the
-same prompts, each in its own process. When the machine's speed drifts (other work on a
+same prompts, each in its own process, in an order that rotates from one repeat to the next. When the machine's speed drifts (other work on a
 shared machine, heat), it moves all the systems of a round alike, and every ratio compares
 rows measured in the same round. The price is one process start (imports, model load from
 the page cache, warm-up) per system per round; each worker's is measured and reported.
@@ -54,10 +54,15 @@ def plan_rounds(prompts: list[SuitePrompt], max_prompts_per_round: int, num_repe
 
 def schedule(rounds: list[Round], systems: list[System]) -> Iterator[tuple[Round, System]]:
     """Every (round, system) run in order: round after round; in each, plain first, then the
-    other runnable systems in their given order. Skipped systems never run."""
-    runnable = sorted((system for system in systems if system.status == "ok"), key=lambda system: system.kind != "plain")
+    other runnable systems in their given order, rotated by one place each repeat (--repeats): a
+    system's place after plain (the page cache, the machine's drift over a round) then falls on every
+    system alike, and the spread over the repeats shows it. Skipped systems never run."""
+    runnable = [system for system in systems if system.status == "ok"]
+    plain = [system for system in runnable if system.kind == "plain"]
+    others = [system for system in runnable if system.kind != "plain"]
     for round_ in rounds:
-        for system in runnable:
+        shift = round_.repeat % len(others) if others else 0
+        for system in plain + others[shift:] + others[:shift]:
             yield round_, system
 
 
