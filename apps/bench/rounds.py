@@ -3,9 +3,9 @@
 A round is one category's prompts (at most BenchSettings.max_prompts_per_round of them; a
 suite without categories is cut into groups of that size). In each round plain decoding
 runs first, because its rows are that round's reference, then every other system over the
-same prompts, each in its own process, in an order that rotates from one repeat to the next. When the machine's speed drifts (other work on a
-shared machine, heat), it moves all the systems of a round alike, and every ratio compares
-rows measured in the same round. The price is one process start (imports, model load from
+same prompts, each in its own process, in an order that rotates from one repeat to the
+next. When the machine's speed drifts (other work on a shared machine, heat), it moves all
+the systems of a round alike, and every ratio compares rows measured in the same round. The price is one process start (imports, model load from
 the page cache, warm-up) per system per round; each worker's is measured and reported.
 """
 
