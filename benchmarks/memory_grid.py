@@ -142,6 +142,9 @@ def grid(quick: bool) -> list[dict]:
 
 
 def main() -> None:
+    from pocketspec.huge_pages import restart_with_huge_pages
+
+    restart_with_huge_pages()  # as the pocketspec command does: the workers' malloc gets the same huge pages
     answer_if_worker(worker)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")

@@ -88,6 +88,7 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
     device = s.target_device
     found = {
         "process_base": terms.process_base_bytes(device),
+        "huge_page_rounding": terms.huge_page_rounding_bytes(device),
         "runtime_overhead": terms.runtime_overhead_bytes(device),
         "working_set": terms.working_set_bytes(workload.max_context) * batch,
         "target_weights": terms.resident_weights_bytes(target, device, s.repack_weights),

@@ -28,7 +28,8 @@ __all__ = ["Plan", "PlanSettings", "Workload", "plan", "min_budget_any", "min_bu
 
 UNLIMITED = 1 << 62
 REPACK_EITHER = (True, False)  # the plan may repack llama.cpp's CPU weights or not
-_MODEL_TERMS = ("process_base", "runtime_overhead", "weights", "repacked_weights", "metadata")  # not generation memory
+_MODEL_TERMS = ("process_base", "huge_page_rounding", "runtime_overhead", "weights", "repacked_weights",
+                "metadata")  # not generation memory
 QUANTIZED_TARGET_KV = ("q8_0", "q4_0")  # suggested to the user, in this order, when f16 does not fit
 
 

@@ -28,7 +28,8 @@ from memplanner.sizes import format_bytes, parse_size
 DEVICE_NAME = re.compile(r"^(cpu|cuda|rocm)(:\d+)?$")  # cpu:0, cpu:1: devices simulated on one CPU
 # Host memory, not device memory, when the devices are GPUs: the interpreter, llama.cpp's
 # vocabulary tables, the Python side of a generation and the n-gram index.
-HOST_TERMS = ("process_base", "target_metadata", "draft_metadata", "working_set", "ngram_index", "ngram_corpus")
+HOST_TERMS = ("process_base", "huge_page_rounding", "target_metadata", "draft_metadata", "working_set", "ngram_index",
+              "ngram_corpus")
 
 
 @dataclass(frozen=True)

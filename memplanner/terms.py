@@ -135,6 +135,19 @@ def process_base_bytes(device_kind: str = "cpu") -> int:
     return constants.PROCESS_BASE_BYTES if device_kind == "cpu" else 0
 
 
+# Transparent huge pages (on by default where THP is `madvise`: pocketspec/huge_pages.py; and in every
+# process where THP is `always`) fault memory in 2 MiB at a time, so a mapping touched in part (a malloc
+# arena, the heap, a buffer's last page) is resident in whole huge pages. Measured with and without them
+# (benchmarks/memory_grid.py's runs, 2-core Zen 5 EPYC, 2026-12-01): 3.2 MB more peak RSS for SmolLM2
+# decoding plainly, 5.2-5.7 MB for the qwen 1.5B, 4.5-5.9 MB for it with its 0.5B draft; one huge page more.
+HUGE_PAGE_ROUNDING_BYTES = 8 * 1024 * 1024
+
+
+def huge_page_rounding_bytes(device_kind: str = "cpu") -> int:
+    """What huge pages add to the whole process's peak RSS: part of a CPU budget."""
+    return HUGE_PAGE_ROUNDING_BYTES if device_kind == "cpu" else 0
+
+
 def runtime_overhead_bytes(device_kind: str = "cpu") -> int:
     """Python, numpy and llama.cpp libraries (CPU, measured); CUDA context (GPU, estimated)."""
     if device_kind == "cpu":

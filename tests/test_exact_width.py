@@ -53,3 +53,43 @@ def test_a_narrow_exact_width_names_the_cpu_settings_that_widen_it(settings, wid
     else:
         for lever in ("row-exact-verify.patch", "--kv-type bf16", "--no-repack"):
             assert (lever in advice) == (lever in advised), advice
+
+
+class KernelsThatSwitch:
+    """A backend whose batches of `switch_width` rows or more round one row's last bit otherwise, past
+    `switch_depth` cached tokens too: the probe's comparison, bit for bit, on logits whose values are
+    the position's and the token's."""
+
+    vocab_size = 64
+    max_context = 512
+
+    def __init__(self, switch_width: int, deep_switch_width: int, switch_depth: int = 100):
+        self.switch_width, self.deep_switch_width, self.switch_depth = switch_width, deep_switch_width, switch_depth
+        self.num_cached = 0
+
+    def rollback(self, num_kept: int) -> None:
+        self.num_cached = min(self.num_cached, num_kept)
+
+    def prefill(self, tokens):
+        return self.forward(tokens, [len(tokens) - 1])[0]
+
+    def forward(self, tokens, logits_rows):
+        import numpy as np
+
+        start, width = self.num_cached, len(tokens)
+        self.num_cached += width
+        logits = np.array([[np.float32(start + row) / 7 + np.float32(token) for token in range(self.vocab_size)]
+                           for row in logits_rows], dtype=np.float32)
+        switch = self.switch_width if start < self.switch_depth else self.deep_switch_width
+        if width >= switch and len(logits) > 1:
+            logits[1] = np.nextafter(logits[1], np.float32(np.inf))  # one bit, in one row
+        return logits
+
+
+@pytest.mark.parametrize("switch_width, deep_switch_width, expected", [(5, 40, 4), (40, 3, 2), (40, 40, 32)])
+def test_the_probe_finds_the_widest_batch_that_rounds_as_one_row_does(switch_width, deep_switch_width, expected):
+    from pocketspec.backends.exact_width import probe_exact_width
+
+    backend = KernelsThatSwitch(switch_width, deep_switch_width)
+    assert probe_exact_width(backend, 32) == expected
+    assert backend.num_cached == 0
