@@ -12,6 +12,9 @@ source "$(dirname "$0")/llama_build.sh"
 PIP="${1:-.venv/bin/pip}"
 ACCEL="${POCKETSPEC_ACCEL:-cpu}"
 CMAKE_ARGS="$(llama_cmake_args "$ACCEL")" || exit 2
+# The bindings' multimodal library (mtmd, LLAVA_BUILD), which PocketSpec never loads: leaving it out
+# cut the 2-core Xeon's build from 6-7 minutes to 5 min 14 s (2026-12-02)
+CMAKE_ARGS="$CMAKE_ARGS -DLLAVA_BUILD=OFF"
 PATCH_ID="$(row_exact_patch_id)"
 
 if [[ ! -x "$PIP" ]]; then
@@ -49,7 +52,7 @@ if [[ "${POCKETSPEC_FORCE_REBUILD:-0}" == "1" ]]; then
   rm -rf "$WHEEL_DIR"
 fi
 if ! compgen -G "$WHEEL_DIR/llama_cpp_python-*.whl" > /dev/null; then
-  echo "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION for $ACCEL (about 10 minutes on 2 cores)"
+  echo "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION for $ACCEL (about 5-10 minutes on 2 cores)"
   echo "CMAKE_ARGS=$CMAKE_ARGS"
   WORK="$(mktemp -d)"
   trap 'rm -rf "$WORK"' EXIT

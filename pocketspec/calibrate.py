@@ -3,7 +3,7 @@
 The table (memplanner/measured_costs.py) is keyed by what decides the cost: the model file,
 the backend and its build, the thread count, the weight layout and the device. It lives in
 POCKETSPEC_HOME/costs/; `pocketspec doctor --calibrate` measures it again on request. Widths are
-timed in interleaved rounds and kept as medians, with their spread (pocketspec/cost_samples.py);
+timed in interleaved rounds and each kept as its fastest pass, with its spread (pocketspec/cost_samples.py);
 a table whose repeats disagree is used once and not cached.
 """
 

@@ -113,14 +113,15 @@ def test_doctor_names_the_row_exact_kernels():
 @needs_row_exact
 def test_the_qwen_target_verifies_32_rows_exactly_at_the_start_and_deep_in_the_context(qwen_target_path):
     """The real Q4_K_M model (Q4_K and Q6_K weights, repacked; f16 cache past 512 cells): every width
-    the probe tries, at 0 and at 320 cached tokens, gives one-token logits bit for bit."""
+    the probe tries, at 0 and at 320 cached tokens, gives one-token logits bit for bit. The probe is the one
+    a session runs (cached per model, build and settings: a test of this session that already probed this
+    build's kernels on these settings is not repeated)."""
     from conftest import built_engine
-    from pocketspec.backends.exact_width import probe_exact_width
 
     with built_engine(qwen_target_path, drafter="ngram", max_gamma=WIDTHS - 1) as engine:
         assert engine.target.settings.repack_weights and engine.target.settings.kv_type == "f16"
         assert engine.target.max_logits_rows >= WIDTHS
-        assert probe_exact_width(engine.target, WIDTHS) == WIDTHS
+        assert engine.target.exact_verify_width(WIDTHS) == WIDTHS
 
 
 @needs_row_exact
