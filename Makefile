@@ -36,11 +36,14 @@ $(BIN)/pip:
 llama: $(BIN)/pip
 	native/build_llama_cpp.sh $(BIN)/pip
 
+# llama.cpp's wheel compiles (the CPU's minutes) while pip installs the rest (mostly the network's); then
+# the wheel goes in.
 $(VENV)/.pocketspec-installed: pyproject.toml native/build_llama_cpp.sh native/llama_build.sh \
 		native/patches/row-exact-verify.patch | $(BIN)/pip
+	native/build_llama_cpp.sh --wheel-only $(BIN)/pip & wheel=$$!; \
+	  $(BIN)/pip install -q '$(TORCH_SPEC)' && $(BIN)/pip install -q -e '.[test,torch,bench,serve,$(ONNX_EXTRA)]'; \
+	  installed=$$?; wait $$wheel && exit $$installed
 	native/build_llama_cpp.sh $(BIN)/pip
-	$(BIN)/pip install -q '$(TORCH_SPEC)'
-	$(BIN)/pip install -q -e '.[test,torch,bench,serve,$(ONNX_EXTRA)]'
 	touch $@
 
 # The models the tests load: SmolLM2 for every run, and the qwen-coder pair.
