@@ -79,7 +79,7 @@ if [[ "${POCKETSPEC_FORCE_REBUILD:-0}" == "1" ]]; then
   rm -rf "$WHEEL_DIR"
 fi
 if ! compgen -G "$WHEEL_DIR/llama_cpp_python-*.whl" > /dev/null; then
-  echo "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION for $ACCEL (the CPU build: about 4-8 minutes on 2 cores)"
+  echo "building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION for $ACCEL (the CPU build: about 4-5 minutes on 2 cores)"
   echo "CMAKE_ARGS=$CMAKE_ARGS"
   WORK="$(mktemp -d)"
   trap 'rm -rf "$WORK"' EXIT
