@@ -8,13 +8,14 @@ For each width it reports these costs, × one row:
   it: stock llama.cpp, whose batched kernels are not PocketSpec's;
 - the same llama-bench built with PocketSpec's row-exact patch, the kernels a verify runs, when
   `POCKETSPEC_TOOLS_ROW_EXACT=1 native/build_llama_tools.sh .venv/bin/pip` has built it: the check of the
-  measuring method compares with this one where it is there;
+  measuring method compares with this one where it is there (it needs no `make peers`, whose llama-server
+  takes long to build);
 - PocketSpec's calibration (pocketspec/calibrate.py) asking for the last row's logits, as llama-bench
   does: the like-for-like check of the measuring method;
 - PocketSpec's calibration asking for every row's logits, as a verify does: what the controller
   uses. The difference is the output head's cost for the other rows (a matmul over the vocabulary
   per row) and copying their logits out.
-llama-bench needs `make peers`. Run it on a quiet machine (no helper, no build).
+Either llama-bench will do. Run it on a quiet machine (no helper, no build).
 """
 
 from __future__ import annotations
@@ -72,12 +73,12 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     model = Path(args.model) if Path(args.model).exists() else model_path(args.model)
     settings = ModelSettings(num_threads=args.threads)
-    stock = default_tools_dir() / "llama-bench"
-    if not stock.exists():
-        raise SystemExit(f"{stock} not found: run `make peers` first")
-    benches = {"llama-bench": stock}
-    if (row_exact := row_exact_tools_dir() / "llama-bench").exists():
-        benches["llama-bench, row-exact kernels"] = row_exact
+    stock, row_exact = default_tools_dir() / "llama-bench", row_exact_tools_dir() / "llama-bench"
+    benches = {name: binary for name, binary in (("llama-bench", stock), ("llama-bench, row-exact kernels", row_exact))
+               if binary.exists()}
+    if not benches:
+        raise SystemExit(f"{stock} not found: run `make peers` first (or build the row-exact llama-bench alone, "
+                         "as this file's docstring says)")
     measured = {name: llama_bench_seconds(binary, model, WIDTHS, args.depth, args.threads)
                 for name, binary in benches.items()}
     measured["calibration, last row's logits"] = calibrated_seconds(model, settings, args.depth, all_rows=False)

@@ -83,9 +83,7 @@ if ! compgen -G "$WHEEL_DIR/llama_cpp_python-*.whl" > /dev/null; then
   echo "CMAKE_ARGS=$CMAKE_ARGS"
   WORK="$(mktemp -d)"
   trap 'rm -rf "$WORK"' EXIT
-  "$PIP" download -q --no-deps --no-binary :all: -d "$WORK" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
-  tar -xzf "$WORK"/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION".tar.gz -C "$WORK"
-  SOURCE="$WORK/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
+  SOURCE="$(download_bindings_source "$PIP" "$WORK")"
   without_forced_common_library "$SOURCE"
   if [[ "$PATCH_ID" != none ]]; then
     echo "applying native/patches/row-exact-verify.patch ($PATCH_ID)"

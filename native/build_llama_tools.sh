@@ -52,12 +52,11 @@ WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 echo "building ${TOOLS[*]} from llama-cpp-python $LLAMA_CPP_PYTHON_VERSION's llama.cpp for $ACCEL into $DEST"
 echo "CMAKE_ARGS=$CMAKE_ARGS"
-"$PIP" download -q --no-deps --no-binary :all: -d "$WORK" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
-tar -xzf "$WORK"/llama_cpp_python-"$LLAMA_CPP_PYTHON_VERSION".tar.gz -C "$WORK"
-SOURCE="$WORK/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
+BINDINGS="$(download_bindings_source "$PIP" "$WORK")"
+SOURCE="$BINDINGS/vendor/llama.cpp"
 if [[ "$PATCH_ID" != none ]]; then
   echo "applying native/patches/row-exact-verify.patch ($PATCH_ID)"
-  patch -p1 --forward --silent -d "$WORK/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION" < "$ROW_EXACT_PATCH"
+  patch -p1 --forward --silent -d "$BINDINGS" < "$ROW_EXACT_PATCH"
 fi
 
 # Static libraries make each binary self-contained; the tests and HTTPS download

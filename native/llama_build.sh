@@ -62,6 +62,18 @@ llama_cmake_args() {
   esac
 }
 
+# download_bindings_source PIP DIR: downloads llama-cpp-python's sdist into DIR, unpacks it there and
+# prints the unpacked folder. Only the bindings come as source: --no-binary :all: reaches the build
+# environment in which pip reads the sdist's metadata, so pip built scikit-build-core and setuptools from
+# source too, and setuptools 84.2.1's source does not build ("No module named
+# '_distutils_hack.override'", a fresh machine on 2026-12-02).
+download_bindings_source() {
+  local pip="$1" dir="$2"
+  "$pip" download -q --no-deps --no-binary llama-cpp-python -d "$dir" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" >&2 || return 1
+  tar -xzf "$dir/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz" -C "$dir" || return 1
+  echo "$dir/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
+}
+
 # PocketSpec's patch to ggml's CPU backend, applied to the Python bindings' build (not to llama.cpp's
 # own tools, which stay llama.cpp's): verify batches of up to 32 rows computed row for row as
 # one-token decoding computes them (native/README.md). POCKETSPEC_ROW_EXACT_PATCH=0 builds without it.
