@@ -57,9 +57,18 @@ def drafting_text(num_drafted: int, num_accepted: int, num_steps: int | None = N
     return acceptance if num_steps is None else f"{acceptance}, {num_accepted / max(num_steps, 1):.2f} accepted/step"
 
 
+def decode_token_count(num_tokens: int, is_ended_by_end_token: bool, num_first_tokens: int = 1) -> int:
+    """The tokens a generation's decode steps produced, from the num_tokens it emitted: those after the first
+    num_first_tokens (which the prefill yields), its end-of-generation token included, since that token's step is
+    decoded and timed like any other. llama.cpp's tools count the same way (llama-speculative-simple's n_predict
+    includes the end token), so every system's decode rate divides the same tokens by the same steps' time."""
+    return max(num_tokens + int(is_ended_by_end_token) - num_first_tokens, 0)
+
+
 @dataclass
 class GenerationStats:
-    num_tokens: int = 0
+    num_tokens: int = 0  # the tokens emitted: an end-of-generation token is not one
+    is_ended_by_end_token: bool = False  # the target produced its end-of-generation token (not emitted)
     num_prompt_tokens: int = 0
     num_reused_tokens: int = 0  # prompt tokens whose KV was kept from an earlier call
     seconds: float = 0.0
@@ -109,9 +118,13 @@ class GenerationStats:
         return max(self.seconds - self.prefill_seconds, 0.0)
 
     @property
+    def num_decode_tokens(self) -> int:
+        return decode_token_count(self.num_tokens, self.is_ended_by_end_token)
+
+    @property
     def decode_tokens_per_second(self) -> float:
-        """Tokens after the first (which the prefill yields) per second of decoding."""
-        return (self.num_tokens - 1) / self.decode_seconds if self.num_tokens > 1 and self.decode_seconds > 0 else 0.0
+        """The decode steps' tokens (num_decode_tokens) per second of decoding."""
+        return self.num_decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -125,6 +138,7 @@ class GenerationStats:
     def as_dict(self) -> dict:
         return {
             "num_tokens": self.num_tokens,
+            "is_ended_by_end_token": self.is_ended_by_end_token,
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_reused_tokens": self.num_reused_tokens,
             "seconds": round(self.seconds, 4),

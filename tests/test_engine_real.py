@@ -192,6 +192,15 @@ def test_stops_at_end_of_generation(smollm2_path):
     with built_engine(smollm2_path, drafter="ngram") as engine:
         result = engine.generate(_chat_tokens(engine, "Say only the word yes."), 64)
     assert result.stop_reason == "end_of_generation" and 0 < len(result.tokens) < 64
+    # the end token is not emitted, but its decode step is counted, as llama.cpp's tools count it
+    assert result.stats.is_ended_by_end_token and result.stats.num_decode_tokens == len(result.tokens)
+
+
+def test_a_generation_cut_at_max_tokens_decodes_all_but_the_prefills_token(smollm2_path):
+    with built_engine(smollm2_path, drafter="none") as engine:
+        result = engine.generate(_chat_tokens(engine, CODE_PROMPT), 8)
+    assert result.stop_reason == "max_tokens" and not result.stats.is_ended_by_end_token
+    assert result.stats.num_decode_tokens == 7 == result.stats.num_steps
 
 
 def test_memory_report_names_weights_and_the_buffers_llama_cpp_allocated(smollm2_path):

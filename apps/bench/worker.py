@@ -90,7 +90,7 @@ def run_pocketspec(job: dict) -> None:
                 engine.warm_up(prompt_tokens, job["num_warmup_tokens"])
             result = generate(prompt_tokens, job["max_tokens"])
             stats, reply = result.stats, tokenizer.decode(result.tokens)
-            emit(measured_row(prompt, tokens=result.tokens, num_decode_tokens=max(stats.num_tokens - 1, 0),
+            emit(measured_row(prompt, tokens=result.tokens, num_decode_tokens=stats.num_decode_tokens,
                               decode_seconds=stats.decode_seconds, ttft_seconds=stats.prefill_seconds,
                               peak_rss_bytes=stats.peak_rss_bytes, num_drafted=stats.num_drafted,
                               num_accepted=stats.num_accepted, num_steps=stats.num_steps,

@@ -78,6 +78,7 @@ class SequenceState:
         """The result; a sequence stopped before its end (or never admitted) counts as interrupted."""
         finished_at = time.perf_counter()
         self.stats.num_tokens = len(self.tokens)
+        self.stats.is_ended_by_end_token = self.stop_reason == "end_of_generation"
         self.stats.seconds = finished_at - self.started_at
         return BatchResult(self.index, list(self.tokens), self.stop_reason or "interrupted", self.stats,
                            finished_at - self.submitted_at)

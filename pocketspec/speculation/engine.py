@@ -218,6 +218,7 @@ class SpeculativeEngine:
         if self.ngram is not None:
             self.ngram.remember(emitted)
         stats.num_tokens = len(emitted)
+        stats.is_ended_by_end_token = stop_reason == "end_of_generation"
         stats.seconds = self.clock() - started
         stats.peak_rss_bytes = peak_rss_bytes()
         return GenerationResult(emitted, stop_reason, stats)

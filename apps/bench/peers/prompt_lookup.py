@@ -11,7 +11,7 @@ import time
 
 from apps.bench.worker import emit, measured_row
 from pocketspec.speculation.prefix import common_prefix_length
-from pocketspec.stats import peak_rss_bytes
+from pocketspec.stats import decode_token_count, peak_rss_bytes
 
 # LlamaPromptLookupDecoding runs with its defaults: max_ngram_size 2, num_pred_tokens 10
 
@@ -56,10 +56,10 @@ def run(job: dict) -> None:
             if index == 0 and job["num_warmup_tokens"]:
                 _generate(llm, prompt["prompt_tokens"], job["num_warmup_tokens"], job, is_end)
             proposals.clear()
-            tokens, ttft_seconds, decode_seconds = _generate(llm, prompt["prompt_tokens"], job["max_tokens"], job,
-                                                             is_end)
+            tokens, is_ended, ttft_seconds, decode_seconds = _generate(llm, prompt["prompt_tokens"], job["max_tokens"],
+                                                                       job, is_end)
             num_steps, num_drafted, num_accepted = count_acceptance(proposals, prompt["prompt_tokens"] + tokens)
-            emit(measured_row(prompt, tokens=tokens, num_decode_tokens=max(len(tokens) - 1, 0),
+            emit(measured_row(prompt, tokens=tokens, num_decode_tokens=decode_token_count(len(tokens), is_ended),
                               decode_seconds=decode_seconds, ttft_seconds=ttft_seconds, peak_rss_bytes=peak_rss_bytes(),
                               num_drafted=num_drafted, num_accepted=num_accepted, num_steps=num_steps,
                               text=tokenizer.decode(tokens)))
@@ -67,10 +67,13 @@ def run(job: dict) -> None:
         llm.close()
 
 
-def _generate(llm, prompt_tokens: list[int], max_tokens: int, job: dict, is_end) -> tuple[list[int], float, float]:
-    """Greedy (temperature 0) or sampled with PocketSpec's top-k/top-p; min-p and penalties off."""
+def _generate(llm, prompt_tokens: list[int], max_tokens: int, job: dict,
+              is_end) -> tuple[list[int], bool, float, float]:
+    """(tokens, whether it stopped at the end-of-generation token, TTFT, decode seconds): greedy (temperature 0)
+    or sampled with PocketSpec's top-k/top-p; min-p and penalties off."""
     llm.reset()  # no KV reuse from the previous prompt: every system starts each prompt cold
     tokens: list[int] = []
+    is_ended = False
     started = time.perf_counter()
     first_at = started
     for token in llm.generate(prompt_tokens, temp=job["temperature"], top_k=job["top_k"], top_p=job["top_p"],
@@ -78,9 +81,10 @@ def _generate(llm, prompt_tokens: list[int], max_tokens: int, job: dict, is_end)
         if not tokens:
             first_at = time.perf_counter()
         if is_end(token):
+            is_ended = True
             break
         tokens.append(int(token))
         if len(tokens) >= max_tokens:
             break
     finished = time.perf_counter()
-    return tokens, first_at - started, finished - first_at
+    return tokens, is_ended, first_at - started, finished - first_at

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from apps.bench.worker import emit, measured_row
 from pocketspec.errors import UserError
-from pocketspec.stats import peak_rss_bytes
+from pocketspec.stats import decode_token_count, peak_rss_bytes
 
 # assistant_model= with transformers' default draft schedule, on the GGUF pair dequantized
 
@@ -106,17 +106,18 @@ def run(job: dict) -> None:
         finished = time.perf_counter()
         tokens = [int(token) for token in output[0, len(prompt_tokens):]]
         ends = [index for index, token in enumerate(tokens) if token in eos_ids]
-        return tokens[: ends[0]] if ends else tokens, streamer, started, finished
+        return (tokens[: ends[0]] if ends else tokens), bool(ends), streamer, started, finished
 
     for index, prompt in enumerate(job["prompts"]):
         if index == 0 and job["num_warmup_tokens"]:
             generate(prompt["prompt_tokens"], job["num_warmup_tokens"])
         records.clear()
         torch.manual_seed(job["seed"])
-        tokens, streamer, started, finished = generate(prompt["prompt_tokens"], job["max_tokens"])
+        tokens, is_ended, streamer, started, finished = generate(prompt["prompt_tokens"], job["max_tokens"])
         num_steps, num_drafted, num_accepted = count_steps(records)
         first_at = streamer.first_at or finished
-        emit(measured_row(prompt, tokens=tokens, num_decode_tokens=max(len(tokens) - streamer.num_first_tokens, 0),
+        num_decode_tokens = decode_token_count(len(tokens), is_ended, streamer.num_first_tokens)
+        emit(measured_row(prompt, tokens=tokens, num_decode_tokens=num_decode_tokens,
                           decode_seconds=finished - first_at, ttft_seconds=first_at - started,
                           peak_rss_bytes=peak_rss_bytes(), num_drafted=num_drafted, num_accepted=num_accepted,
                           num_steps=num_steps))
