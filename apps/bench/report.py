@@ -236,7 +236,8 @@ def build_report(results: dict, plot_names: list[str] = ()) -> str:
             f"temperature {settings['temperature']}, {settings['max_tokens']} new tokens, "
             f"{settings['num_prompts']} prompts, {settings['num_threads']} threads, "
             f"context {settings['max_context']}.", "",
-            "tok/s is the decode rate (prompt processing excluded); TTFT is the prompt's processing time; "
+            "tok/s is the decode rate (the decode steps' tokens, an end-of-generation token included, over their "
+            "time; prompt processing excluded); TTFT is the prompt's processing time; "
             "peak is the resident memory of the process that ran the system (the most over its rounds); ratios "
             "compare summed tokens over summed seconds.", ""]
     body += [line for text in _rounds_lines(results) + _huge_pages_lines(results, peers) for line in (text, "")]
