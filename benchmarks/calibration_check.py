@@ -88,6 +88,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=NUM_ROUNDS, help="rounds of every system, one after another")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "calibration_check")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {args.rounds}")
     model = Path(args.model) if Path(args.model).exists() else model_path(args.model)
     settings = ModelSettings(num_threads=args.threads)
     stock, row_exact = default_tools_dir() / "llama-bench", row_exact_tools_dir() / "llama-bench"
@@ -102,12 +104,12 @@ def main(argv=None) -> None:
     systems["calibration, every row's logits"] = partial(calibration_round, model, settings, args.depth, all_rows=True)
     measured = interleaved_costs(systems, args.rounds)
     reference = list(benches)[-1]  # the kernels the calibration runs, where that llama-bench was built
+    like_for_like = "calibration, last row's logits"  # the logits llama-bench asks for
     columns = ["rows", *[f"{name} × one row" for name in measured], f"last row's logits / {reference}, × one row",
                f"last row's logits / {reference}, ms", *[f"{name} ms ± spread" for name in measured]]
     rows = []
     for width in WIDTHS:
         ratios = {name: values[width]["seconds"] / values[1]["seconds"] for name, values in measured.items()}
-        like_for_like = "calibration, last row's logits"
         rows.append([width, *[f"{ratio:.2f}" for ratio in ratios.values()],
                      f"{ratios[like_for_like] / ratios[reference]:.2f}",
                      f"{measured[like_for_like][width]['seconds'] / measured[reference][width]['seconds']:.2f}",
