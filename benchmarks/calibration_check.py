@@ -41,6 +41,7 @@ from pocketspec.models.catalog import model_path  # noqa: E402
 from pocketspec.settings import ModelSettings  # noqa: E402
 
 WIDTHS = (1, 2, 4, 8, 16, 32)
+LLAMA_BENCH_RUNS_PER_ROUND = 3  # llama-bench's -r in each round
 
 
 def row_exact_tools_dir() -> Path:
@@ -49,10 +50,10 @@ def row_exact_tools_dir() -> Path:
     return stock.parent.with_name(f"{stock.parent.name}-row-exact") / stock.name
 
 
-def llama_bench_round(binary: Path, model: Path, depth: int, num_threads: int, num_repetitions: int = 3) -> dict:
+def llama_bench_round(binary: Path, model: Path, depth: int, num_threads: int) -> dict:
     """One llama-bench invocation over all the widths: each width's fastest of its runs (seconds)."""
     argv = [str(binary), "-m", str(model), "-t", str(num_threads), "-p", ",".join(map(str, WIDTHS)), "-n", "0",
-            "-d", str(depth), "-r", str(num_repetitions), "-o", "json"]
+            "-d", str(depth), "-r", str(LLAMA_BENCH_RUNS_PER_ROUND), "-o", "json"]
     tests = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
     return {int(test["n_prompt"]): min(test["samples_ns"]) / 1e9 for test in tests}
 
@@ -116,9 +117,10 @@ def main(argv=None) -> None:
                      *[f"{1000 * values[width]['seconds']:.0f} ± {values[width]['spread']:.0%}"
                        for values in measured.values()]])
     notes = [f"model {model.name}, {args.threads} threads, {args.depth} cached tokens",
-             f"{args.rounds} rounds, each measuring every system once (llama-bench: one invocation, 3 runs of each "
-             f"width; calibration: one calibration, its own interleaved passes); a width's cost is its fastest round, "
-             f"its spread how much slower the second fastest round was (pocketspec/cost_samples.py)"]
+             f"{args.rounds} rounds, each measuring every system once (llama-bench: one invocation, "
+             f"{LLAMA_BENCH_RUNS_PER_ROUND} runs of each width; calibration: one calibration, its own interleaved "
+             f"passes); a width's cost is its fastest round, its spread how much slower the second fastest round was "
+             f"(pocketspec/cost_samples.py)"]
     write_results(args.out.parent, args.out.name, {"widths": list(WIDTHS), "measured": measured},
                   "Calibrated cost table against llama-bench", columns, rows, notes)
     print((args.out.parent / f"{args.out.name}.md").read_text())
