@@ -5,7 +5,7 @@ import random
 import pytest
 
 from memplanner.acceptance import expected_tokens_per_step
-from pocketspec.speculation.controller import AcceptanceEstimate, GammaController
+from pocketspec.speculation.controller import CATCH_UP_HORIZON_TOKENS, AcceptanceEstimate, GammaController
 from pocketspec.speculation.costs import EXPLORATION, EXPLORE_AFTER_PASSES, CostTable
 from pocketspec.settings import SpeculationSettings
 
@@ -59,10 +59,31 @@ def test_picks_model_draft_when_verification_is_cheap():
     assert choice.drafter == "model" and 3 <= choice.gamma <= 8
 
 
-def test_a_long_catch_up_makes_the_model_draft_lose():
+def test_a_catch_up_too_long_for_the_tokens_left_makes_the_model_draft_lose():
     controller = _controller(CHEAP_VERIFY, draft_seconds=0.004, alpha_ngram=0.2, alpha_model=0.8)
     controller.draft_costs.observe(200, 2.0)
     assert controller.choose(ngram_available=0, model_lag=199).drafter == "none"
+    assert controller.choose(ngram_available=0, model_lag=199, remaining_tokens=20).drafter == "none"
+
+
+def test_a_prompts_catch_up_is_paid_by_the_model_steps_after_it():
+    """The draft model's cache follows the context lazily, so the first step after a prompt must feed it the
+    whole prompt. Priced whole into that step, the catch-up lost to plain decoding; the next step's lag was one
+    token longer, and the draft model was never used. Spread over the tokens to come, it is paid where the
+    model pays, and only where enough tokens remain."""
+    controller = _controller(CHEAP_VERIFY, draft_seconds=0.004, alpha_ngram=0.2, alpha_model=0.8)
+    controller.draft_costs.observe(200, 0.1)  # a batched catch-up pass: 0.5 ms a token
+    plain_rate = 1 / CHEAP_VERIFY[1]
+    steady = max(choice.predicted_tokens_per_second for choice in controller.options(model_lag=0, max_gamma=8)
+                 if choice.drafter == "model")
+    assert steady > 1.5 * plain_rate
+    first = controller.choose(ngram_available=0, model_lag=199, remaining_tokens=160)
+    assert first.drafter == "model" and first.predicted_tokens_per_second < steady
+    assert controller.choose(ngram_available=0, model_lag=199, remaining_tokens=3).drafter == "none"
+    # what is left to generate past the horizon does not make a catch-up cheaper still
+    far = controller.choose(ngram_available=0, model_lag=199, remaining_tokens=100_000)
+    capped = controller.choose(ngram_available=0, model_lag=199, remaining_tokens=CATCH_UP_HORIZON_TOKENS)
+    assert far == capped
 
 
 def _drafter_and_gamma(choice) -> tuple[str, int]:

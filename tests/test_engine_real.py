@@ -71,6 +71,33 @@ def test_qwen_pair_model_draft_greedy_equals_plain(qwen_target_path, qwen_draft_
         assert_matches_plain(engine.target, prompt, result.tokens, expected)
 
 
+def test_a_draft_model_that_pays_drafts_from_the_first_step_after_a_long_prompt(smollm2_path):
+    """The draft model's cache follows the context lazily, so the first step after the prompt feeds it the whole
+    prompt. On these tables (a verify nearly as cheap as one token, as on a GPU; a draft pass a fortieth of the
+    target's, its catch-up paid token by token) the draft model pays, but not within one step: priced whole into
+    the first step, the catch-up lost to plain decoding at every step, as the lag grew, and drafter=model decoded
+    plainly throughout. The output stays plain decoding's."""
+    from memplanner.measured_costs import MeasuredCosts
+    from pocketspec.backends.torch_open import open_backend
+    from pocketspec.settings import ModelSettings, SpeculationSettings
+    from pocketspec.speculation.engine import SpeculativeEngine
+
+    prompt_text = _long_document_prompt()
+    expected = _plain_tokens(smollm2_path, prompt_text, 96, max_context=2048)
+    widths = range(1, 33)
+    verify = MeasuredCosts("nearly free verify", {0: {width: 0.02 * (1 + 0.02 * (width - 1)) for width in widths}})
+    draft = MeasuredCosts("cheap draft", {0: {width: 0.0005 * width for width in widths}})
+    settings = ModelSettings(num_threads=2, max_context=2048)
+    with open_backend(smollm2_path, settings) as target, open_backend(smollm2_path, settings) as draft_backend:
+        engine = SpeculativeEngine(target, draft_backend=draft_backend, target_costs=verify, draft_costs=draft,
+                                   speculation=SpeculationSettings(drafter="model"))
+        prompt = _chat_tokens(engine, prompt_text)
+        assert len(prompt) > 256
+        result = engine.generate(prompt, 96)
+    assert result.stats.steps_by_drafter.get("model", 0) > 0 and result.stats.num_accepted > 0
+    assert result.tokens == expected
+
+
 def _what_decisions_read(engine) -> tuple:
     """Everything the engine learns from a generation and later decisions read."""
     controller = engine.controller

@@ -24,6 +24,15 @@ from pocketspec.drafters.ngram import MatchEvidence
 
 # A proposed token reached with a smaller chance than this adds too little to be worth walking to
 MIN_PROPOSAL_SURVIVAL = 0.05
+# A draft model's cache follows the context lazily (pocketspec/drafters/draft_window.py): after a prompt,
+# or after steps another drafter took, it first catches up in one pass. That pass serves every model step
+# after it, so a step prices it spread over the tokens still to come, at most this many (a reply may end
+# sooner, and another drafter may take over again). Priced whole into one step, a prompt's catch-up made
+# the draft model lose every step, and each step's lag grew by the tokens it emitted: it was never used.
+CATCH_UP_HORIZON_TOKENS = 128
+# What a model step leaves the next one to feed: the pending token, after the last drafted one when every
+# drafted token was accepted
+STEADY_MODEL_LAG = 1
 
 
 def expected_tokens_by_gamma(probabilities: Sequence[float]) -> list[float]:
@@ -158,8 +167,17 @@ class GammaController:
     def _rate(self, tokens: float, seconds: float) -> float:
         return tokens / (seconds + self.step_overhead_seconds)
 
-    def _model_seconds(self, gamma: int, draft_lag: int) -> float:
-        return self.draft_costs.seconds(draft_lag + 1) + (gamma - 1) * self.draft_costs.seconds(1)
+    def _model_seconds(self, gamma: int, draft_lag: int, depth: int) -> float:
+        """γ draft passes after `depth` cached tokens (the draft's cache follows the target's context), the first
+        feeding the lag."""
+        seconds = self.draft_costs.seconds
+        return seconds(draft_lag + 1, depth) + (gamma - 1) * seconds(1, depth)
+
+    def _catch_up_seconds(self, draft_lag: int, depth: int) -> float:
+        """What feeding a lag of draft_lag tokens costs beyond a model step's own first draft pass."""
+        steady_lag = min(draft_lag, STEADY_MODEL_LAG)
+        seconds = self.draft_costs.seconds
+        return max(seconds(draft_lag + 1, depth) - seconds(steady_lag + 1, depth), 0.0)
 
     def _gammas(self, cap: int) -> range | list[int]:
         if self.fixed_gamma is not None:
@@ -200,18 +218,21 @@ class GammaController:
         return 0.0 if self.fixed_gamma is not None else MIN_PROPOSAL_SURVIVAL
 
     def options(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
-                model_lag: int | None, max_gamma: int, depth: int = 0) -> list[Choice]:
+                model_lag: int | None, max_gamma: int, depth: int = 0,
+                remaining_tokens: int | None = None) -> list[Choice]:
         """Every (drafter, γ) this step could run, with its predicted tokens per second (_priced)."""
-        return [Choice(*option) for option in self._priced(ngram_available, ngram_probs, model_lag, max_gamma, depth)]
+        return [Choice(*option) for option in self._priced(ngram_available, ngram_probs, model_lag, max_gamma, depth,
+                                                           remaining_tokens)]
 
     def _priced(self, ngram_available: int, ngram_probs: Sequence[float] | None, model_lag: int | None,
-                max_gamma: int, depth: int) -> list[tuple[str, int, float]]:
+                max_gamma: int, depth: int, remaining_tokens: int | None = None) -> list[tuple[str, int, float]]:
         """Every (drafter, γ, predicted tokens per second) this step could run, as plain tuples: choose() prices
         every γ each step and keeps one.
 
         ngram_probs: each proposed draftless token's acceptance probability (else ngram_available
         tokens at the n-gram drafter's single rate); model_lag: tokens the draft model must catch
-        up on first (None when there is no draft model). A verify of w rows is priced as optimistically
+        up on first (None when there is no draft model), a pass priced over the tokens to come
+        (remaining_tokens, at most CATCH_UP_HORIZON_TOKENS: None is that many). A verify of w rows is priced as optimistically
         as the width is little timed (pocketspec/speculation/costs.py: so a width the table makes look bad
         is still tried where it comes near the best).
         """
@@ -228,24 +249,30 @@ class GammaController:
                 choices.append(("ngram", gamma, self._rate(expected[gamma], verify(gamma + 1, depth))))
         if model_lag is not None:
             alpha_model = self.acceptance["model"].rate
+            steady_lag = min(model_lag, STEADY_MODEL_LAG)
+            catch_up = self._catch_up_seconds(model_lag, depth)
+            horizon = max(min(remaining_tokens or CATCH_UP_HORIZON_TOKENS, CATCH_UP_HORIZON_TOKENS), 1)
             for gamma in self._gammas(min(max_gamma, self.max_gamma)):
                 if gamma >= 1:
-                    seconds = self._model_seconds(gamma, model_lag) + verify(gamma + 1, depth)
                     tokens = expected_tokens_per_step(alpha_model, gamma)
+                    # the horizon's steps at this γ share the catch-up: each bears its tokens' part of it
+                    seconds = (self._model_seconds(gamma, steady_lag, depth) + verify(gamma + 1, depth)
+                               + catch_up * min(tokens / horizon, 1.0))
                     choices.append(("model", gamma, self._rate(tokens, seconds)))
         return choices
 
     def choose(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
-               model_lag: int | None, max_gamma: int | None = None, depth: int = 0) -> Choice:
+               model_lag: int | None, max_gamma: int | None = None, depth: int = 0,
+               remaining_tokens: int | None = None) -> Choice:
         limit = self.widest_gamma if max_gamma is None else min(max_gamma, self.widest_gamma)
         if self.fixed_gamma is not None:
             choices = self.options(ngram_available=ngram_available, ngram_probs=ngram_probs, model_lag=model_lag,
-                                   max_gamma=limit, depth=depth)
+                                   max_gamma=limit, depth=depth, remaining_tokens=remaining_tokens)
             drafted = [choice for choice in choices if choice.gamma > 0]
             # with a fixed γ, a model draft beats an n-gram one only when there is no n-gram match
             drafted.sort(key=lambda choice: choice.drafter != "ngram")
             return drafted[0] if drafted else choices[0]
-        priced = self._priced(ngram_available, ngram_probs, model_lag, limit, depth)
+        priced = self._priced(ngram_available, ngram_probs, model_lag, limit, depth, remaining_tokens)
         # ties go to the wider draft: on a flat step of the cost curve, more tokens for the same time
         best = Choice(*max(priced, key=itemgetter(2, 1)))  # (tokens per second, γ)
         model_choices = [Choice(*option) for option in priced if option[0] == "model"]

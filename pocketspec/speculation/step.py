@@ -113,7 +113,7 @@ def run_step(group: Sequence[StepSequence], caps: Sequence[int], *, controller: 
     proposals = _proposals(group, caps, controller, depth)
     model_lag = drafter.lag(group) if drafter is not None and drafter.fits(group, max_gamma) else None
     choice = controller.choose(ngram_probs=pooled_acceptance([proposal.probabilities for proposal in proposals]),
-                               model_lag=model_lag, max_gamma=max_gamma, depth=depth)
+                               model_lag=model_lag, max_gamma=max_gamma, depth=depth, remaining_tokens=max(caps) + 1)
     if choice.drafter != "ngram":
         for sequence, proposal in zip(group, proposals):
             sequence.unused.hold(len(sequence.context), proposal)
