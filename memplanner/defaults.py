@@ -29,9 +29,9 @@ ACCEPTANCE_PRIORS = {"model": 0.8, "ngram": 0.3, "none": 0.0}
 # than plain decoding at the prior. Tables measured minutes apart on a shared CPU predicted
 # 0.99x and 1.02x for the same pair, and noise should not decide whether 0.5 GiB is loaded; and
 # the prior is optimistic: on the 2-core EPYC the qwen-coder pair predicted 1.09x, yet auto with
-# its draft model decoded Spec-Bench's first turns at 0.92x of auto without it (11 prompts, one
-# per category, 2026-12-03: acceptance 0.6-0.75 outside math and code, a draft pass 0.6 of the
-# target's), so the margin also covers what exploring a draft model that cannot pay costs.
+# its draft model ran Spec-Bench (one prompt a category) at 1.17x plain against 1.26x without it
+# (acceptance 0.59-0.80 outside math and code, a draft pass 0.6 of the target's; docs/bench.md,
+# 2026-12-03), so the margin also covers what exploring a draft model that cannot pay costs.
 DRAFT_MODEL_MIN_SPEEDUP = 1.15
 # llama.cpp KV cache types. Quantized KV changes outputs slightly. bf16, as big as f16, rounds
 # attention alike at every batch width on llama.cpp's CPU backend, where one token with an f16

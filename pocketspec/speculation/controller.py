@@ -173,9 +173,8 @@ class GammaController:
         seconds = self.draft_costs.seconds
         return seconds(draft_lag + 1, depth) + (gamma - 1) * seconds(1, depth)
 
-    def _catch_up_seconds(self, draft_lag: int, depth: int) -> float:
-        """What feeding a lag of draft_lag tokens costs beyond a model step's own first draft pass."""
-        steady_lag = min(draft_lag, STEADY_MODEL_LAG)
+    def _catch_up_seconds(self, draft_lag: int, steady_lag: int, depth: int) -> float:
+        """What feeding a lag of draft_lag tokens costs beyond a steady model step's first draft pass."""
         seconds = self.draft_costs.seconds
         return max(seconds(draft_lag + 1, depth) - seconds(steady_lag + 1, depth), 0.0)
 
@@ -232,9 +231,9 @@ class GammaController:
         ngram_probs: each proposed draftless token's acceptance probability (else ngram_available
         tokens at the n-gram drafter's single rate); model_lag: tokens the draft model must catch
         up on first (None when there is no draft model), a pass priced over the tokens to come
-        (remaining_tokens, at most CATCH_UP_HORIZON_TOKENS: None is that many). A verify of w rows is priced as optimistically
-        as the width is little timed (pocketspec/speculation/costs.py: so a width the table makes look bad
-        is still tried where it comes near the best).
+        (remaining_tokens, at most CATCH_UP_HORIZON_TOKENS: None is that many). A verify of w rows is
+        priced as optimistically as the width is little timed (pocketspec/speculation/costs.py: so a width
+        the table makes look bad is still tried where it comes near the best).
         """
         if ngram_probs is None:
             alpha = self.acceptance["ngram"].rate
@@ -250,8 +249,9 @@ class GammaController:
         if model_lag is not None:
             alpha_model = self.acceptance["model"].rate
             steady_lag = min(model_lag, STEADY_MODEL_LAG)
-            catch_up = self._catch_up_seconds(model_lag, depth)
-            horizon = max(min(remaining_tokens or CATCH_UP_HORIZON_TOKENS, CATCH_UP_HORIZON_TOKENS), 1)
+            catch_up = self._catch_up_seconds(model_lag, steady_lag, depth)
+            horizon = CATCH_UP_HORIZON_TOKENS if remaining_tokens is None else \
+                max(min(remaining_tokens, CATCH_UP_HORIZON_TOKENS), 1)
             for gamma in self._gammas(min(max_gamma, self.max_gamma)):
                 if gamma >= 1:
                     tokens = expected_tokens_per_step(alpha_model, gamma)
