@@ -94,8 +94,8 @@ def test_a_draft_model_that_pays_drafts_from_the_first_step_after_a_long_prompt(
         prompt = _chat_tokens(engine, prompt_text)
         assert len(prompt) > 256
         result = engine.generate(prompt, 96)
-    assert result.stats.steps_by_drafter.get("model", 0) > 0 and result.stats.num_accepted > 0
-    assert result.tokens == expected
+        assert result.stats.steps_by_drafter.get("model", 0) > 0 and result.stats.num_accepted > 0
+        assert_matches_plain(target, prompt, result.tokens, expected)
 
 
 def _what_decisions_read(engine) -> tuple:
