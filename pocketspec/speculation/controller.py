@@ -167,17 +167,6 @@ class GammaController:
     def _rate(self, tokens: float, seconds: float) -> float:
         return tokens / (seconds + self.step_overhead_seconds)
 
-    def _model_seconds(self, gamma: int, draft_lag: int, depth: int) -> float:
-        """γ draft passes after `depth` cached tokens (the draft's cache follows the target's context), the first
-        feeding the lag."""
-        seconds = self.draft_costs.seconds
-        return seconds(draft_lag + 1, depth) + (gamma - 1) * seconds(1, depth)
-
-    def _catch_up_seconds(self, draft_lag: int, steady_lag: int, depth: int) -> float:
-        """What feeding a lag of draft_lag tokens costs beyond a steady model step's first draft pass."""
-        seconds = self.draft_costs.seconds
-        return max(seconds(draft_lag + 1, depth) - seconds(steady_lag + 1, depth), 0.0)
-
     def _gammas(self, cap: int) -> range | list[int]:
         if self.fixed_gamma is not None:
             return [min(self.fixed_gamma, cap)]
@@ -248,15 +237,19 @@ class GammaController:
                 choices.append(("ngram", gamma, self._rate(expected[gamma], verify(gamma + 1, depth))))
         if model_lag is not None:
             alpha_model = self.acceptance["model"].rate
-            steady_lag = min(model_lag, STEADY_MODEL_LAG)
-            catch_up = self._catch_up_seconds(model_lag, steady_lag, depth)
+            # γ draft passes at the target's depth (the draft's cache follows its context): a steady step's first
+            # feeds what the last step left, and a longer lag's catch-up beyond that is shared over the horizon
+            draft_seconds = self.draft_costs.seconds
+            first_pass = draft_seconds(min(model_lag, STEADY_MODEL_LAG) + 1, depth)
+            next_pass = draft_seconds(1, depth)
+            catch_up = max(draft_seconds(model_lag + 1, depth) - first_pass, 0.0)
             horizon = CATCH_UP_HORIZON_TOKENS if remaining_tokens is None else \
                 max(min(remaining_tokens, CATCH_UP_HORIZON_TOKENS), 1)
             for gamma in self._gammas(min(max_gamma, self.max_gamma)):
                 if gamma >= 1:
                     tokens = expected_tokens_per_step(alpha_model, gamma)
                     # the horizon's steps at this γ share the catch-up: each bears its tokens' part of it
-                    seconds = (self._model_seconds(gamma, steady_lag, depth) + verify(gamma + 1, depth)
+                    seconds = (first_pass + (gamma - 1) * next_pass + verify(gamma + 1, depth)
                                + catch_up * min(tokens / horizon, 1.0))
                     choices.append(("model", gamma, self._rate(tokens, seconds)))
         return choices
