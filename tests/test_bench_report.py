@@ -72,6 +72,26 @@ def test_report_states_targets_skipped_systems_notes_and_plots(results):
     assert "![speedup.png](speedup.png)" in report and "![frontier.png](frontier.png)" in report
 
 
+def test_report_states_where_each_system_falls_behind_the_fastest_peer(results):
+    report = build_report(results)
+    assert "- pocketspec-auto: at or above every peer in 2 of 2 categories\n" in report
+    assert ("- pocketspec-auto@1GiB: at or above every peer in 1 of 2 categories; below the fastest in 1 "
+            "(0 of them with a spread that reaches 1.00×): writing 0.95× the tok/s of llama.cpp-speculative") in report
+
+
+def test_a_deficit_the_repeats_cannot_tell_from_noise_is_counted_as_such(results):
+    for row in results["rows"]:  # writing's two prompts become two repeats of one prompt
+        if row["category"] == "writing":
+            seen = [other for other in results["rows"] if other["category"] == "writing"
+                    and other["system"] == row["system"]].index(row)
+            row["repeat"] = row["round"] = seen
+            if row["system"] == "pocketspec-auto@1GiB" and seen == 1:
+                row["decode_seconds"] = 5.9  # 16.1 tok/s in the second repeat against the peer's 16
+    report = build_report(results)
+    assert ("below the fastest in 1 (1 of them with a spread that reaches 1.00×): "
+            "writing 0.98× (0.95–1.01) the tok/s of llama.cpp-speculative") in report
+
+
 def test_no_peer_columns_without_peers(results):
     results["systems"] = [system for system in results["systems"] if system["kind"] != "peer"]
     results["rows"] = [row for row in results["rows"] if row["system"] != "llama.cpp-speculative"]

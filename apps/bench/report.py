@@ -160,7 +160,39 @@ def _target_lines(results: dict) -> list[str]:
         for peer in _peer_names(results):
             ratio = ratio_cell(overall[system["name"]], overall[peer]) if peer in overall else "–"
             lines.append(f"{system['name']}: {ratio} the tok/s of {peer} overall")
+        standing = _best_peer_line(system["name"], rows_by_category(results), _peer_names(results))
+        if standing:
+            lines.append(standing)
     return lines
+
+
+def _best_peer_line(name: str, grouped: dict[str, dict[str, list[dict]]], peers: list[str]) -> str | None:
+    """How often `name` is at or above every peer of a category (its tok/s over each peer's, over their shared
+    rounds), and where it is not, its ratio to the fastest peer there with the spread over repeats: a
+    spread that reaches 1.00× is a difference the repeats cannot tell from noise."""
+    behind, num_categories = [], 0
+    for category, by_system in grouped.items():
+        present = [peer for peer in peers if peer in by_system]
+        if category == OVERALL or name not in by_system or not present:
+            continue
+        ratios = {peer: rate_ratio(by_system[name], by_system[peer]) for peer in present}
+        ratios = {peer: ratio for peer, ratio in ratios.items() if ratio is not None}
+        if not ratios:
+            continue
+        num_categories += 1
+        fastest = min(ratios, key=ratios.get)
+        if ratios[fastest] < 1.0:
+            spread = ratio_spread(by_system[name], by_system[fastest])
+            behind.append((category, fastest, ratio_cell(by_system[name], by_system[fastest]),
+                           spread is not None and spread[1] >= 1.0))
+    if not num_categories:
+        return None
+    line = f"{name}: at or above every peer in {num_categories - len(behind)} of {num_categories} categories"
+    if behind:
+        within = sum(reaches_one for *_, reaches_one in behind)
+        line += (f"; below the fastest in {len(behind)} ({within} of them with a spread that reaches 1.00×): "
+                 + "; ".join(f"{category} {cell} the tok/s of {peer}" for category, peer, cell, _ in behind))
+    return line
 
 
 def _rounds_lines(results: dict) -> list[str]:
