@@ -225,6 +225,31 @@ def test_client_leaving_while_sending_its_body_is_counted_not_logged_as_a_failur
     assert "ClientDisconnect" not in server.stderr() and "Traceback" not in server.stderr()
 
 
+@pytest.mark.parametrize("head", [b"Content-Length: twelve\r\n", b"Content-Length: 5\r\nContent-Length: 6\r\n",
+                                  b"No colon in this header\r\n"])
+def test_request_that_is_not_http_gets_the_openai_error_shape(server, client, head):
+    """uvicorn parses these before the app sees them; its own answer was a plain-text 400."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + head +
+                           b"\r\n" + b'{"prompt": "1"}')
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    response = httpx.Response(int(answer.split(b" ", 2)[1]), headers=_headers_of(answer),
+                              content=answer.partition(b"\r\n\r\n")[2])
+    assert response.status_code == 400 and response.headers["content-type"] == "application/json"
+    error = error_of(response)
+    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_http"
+    assert _chat(client, max_tokens=2).choices[0].message.content is not None  # the server goes on
+    assert "Traceback" not in server.stderr()
+
+
+def _headers_of(answer: bytes) -> list[tuple[str, str]]:
+    lines = answer.partition(b"\r\n\r\n")[0].decode().split("\r\n")[1:]
+    return [tuple(part.strip() for part in line.split(":", 1)) for line in lines]
+
+
 def test_metrics_count_requests_and_tokens(server, client):
     with server.client() as http:
         before = http.get("/metrics").text

@@ -14,6 +14,7 @@ from typing import Callable
 import uvicorn
 
 from pocketspec.serve.app import build_app
+from pocketspec.serve.http_protocol import OpenAIErrorH11Protocol
 from pocketspec.serve.listen import url_of
 from pocketspec.serve.server_state import ServerState
 
@@ -39,6 +40,7 @@ def run_server(state: ServerState, sock: socket.socket, *, shutdown_seconds: flo
     sock.listen(128)
     on_listening(url_of(sock))
     config = uvicorn.Config(build_app(state), log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=shutdown_seconds, server_header=False)
+                            timeout_graceful_shutdown=shutdown_seconds, server_header=False,
+                            http=OpenAIErrorH11Protocol)
     _Server(config, state).run(sockets=[sock])
     state.shutting_down.set()
