@@ -6,7 +6,7 @@ import pytest
 
 from memplanner.acceptance import expected_tokens_per_step
 from pocketspec.speculation.controller import CATCH_UP_HORIZON_TOKENS, AcceptanceEstimate, GammaController
-from pocketspec.speculation.costs import EXPLORATION, EXPLORE_AFTER_PASSES, CostTable
+from pocketspec.speculation.costs import EXPLORATION, EXPLORE_AFTER_PASSES, MIN_WIDTH_OBSERVATIONS, CostTable
 from pocketspec.settings import SpeculationSettings
 
 
@@ -155,13 +155,19 @@ def test_no_width_looks_cheaper_than_predicted_before_enough_passes_were_timed()
     assert table.optimistic_seconds(12) == pytest.approx(table.seconds(12) * (1 - EXPLORATION))
 
 
-def test_a_width_never_timed_looks_cheaper_than_predicted_until_its_group_is_timed():
+def test_a_width_never_timed_looks_cheaper_than_predicted_until_its_group_is_learned():
+    """Only a pass of a width timed often enough to have its own shape fades its group's optimism: passes the
+    prediction learns nothing from leave a wrongly priced group as cheap-looking as before."""
     table = _table(first_inflated=9, factor=1.0)
     for _ in range(EXPLORE_AFTER_PASSES):
         table.observe(1, table.seconds(1))
     assert table.optimistic_seconds(12) == pytest.approx(table.seconds(12) * (1 - EXPLORATION))
     for width in (9, 10, 16):
         table.observe(width, table.seconds(width))
+    assert table.optimistic_seconds(12) == pytest.approx(table.seconds(12) * (1 - EXPLORATION))
+    for _ in range(MIN_WIDTH_OBSERVATIONS - 1):
+        for width in (9, 10, 16):
+            table.observe(width, table.seconds(width))
     assert table.optimistic_seconds(12) == pytest.approx(table.seconds(12) * (1 - EXPLORATION / 4))
     assert table.optimistic_seconds(4) == pytest.approx(table.seconds(4) * (1 - EXPLORATION))  # another group
 

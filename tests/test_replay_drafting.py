@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from clock_noise import ClockNoise  # noqa: E402
 from replay_bounds import copy_bound_seconds  # noqa: E402
 from replay_drafting import bench_rounds, by_category, replay  # noqa: E402
+from replay_tables import healed_ratio, inflated_from  # noqa: E402
 
 TRACES = ROOT / "benchmarks" / "results" / "traces"
 
@@ -212,52 +213,31 @@ def test_record_traces_writes_each_turn_of_a_conversation(smollm2_path, tmp_path
     assert len(second["prompt_tokens"]) > len(first["prompt_tokens"]) + len(first["output_tokens"])
 
 
-def _inflated_from(costs: MeasuredCosts, first_width: int, factor: float) -> MeasuredCosts:
-    """The table a calibration on a busy machine gave: every width from first_width on `factor` too dear."""
-    return MeasuredCosts("inflated", {depth: {width: seconds * (factor if width >= first_width else 1.0)
-                                              for width, seconds in row.items()}
-                                      for depth, row in costs.seconds.items()})
-
-
-@pytest.mark.parametrize("table", ["costs_qwen2.5-coder-1.5b_2threads.json", "costs_qwen2.5-coder-1.5b_2threads_xeon.json"])
+@pytest.mark.parametrize("table", ["costs_qwen2.5-coder-1.5b_2threads.json", "costs_qwen2.5-coder-1.5b_2threads_xeon.json",
+                                   "costs_qwen2.5-coder-1.5b_2threads_epyc_zen3.json",
+                                   "costs_qwen2.5-coder-1.5b_2threads_epyc_zen4.json",
+                                   "costs_qwen2.5-coder-1.5b_2threads_epyc_zen5.json"])
 def test_a_table_inflated_on_purpose_heals_within_200_steps_of_code_edits(table):
-    """The EPYC's and the Xeon's real tables are the machine; the controller is given them 1.5x too dear
-    from 5 rows on, as a calibration on a busy machine made them (issue 38). Replaying the recorded
-    code edits, it tries the condemned widths, and by 200 steps it predicts 16 rows within 15 %."""
-    from replay_drafting import open_replay, replay_trace
-
+    """Each CPU's real table (the EPYC of 2026-11-26, the Xeon, the Zen 3, 4 and 5 EPYCs) is the machine; the
+    controller is given it 1.5x too dear from 5 rows on, as a calibration on a busy machine made it (issue 38).
+    Replaying the recorded code edits, it tries the condemned widths, and by 200 steps it predicts 16 rows within
+    15 %. On the Zen 3's steep curve it did not while a width's first passes faded its group's optimism."""
     from memplanner.measured_costs import load_measured_costs
 
     truth = load_measured_costs(TRACES / table)
-    engine, target = open_replay(truth, SpeculationSettings(drafter="ngram"), vocab_size=151936,
-                                 calibrated=_inflated_from(truth, 5, 1.5))
-    learned = engine.controller.target_costs
-    assert learned.seconds(16, 512) == pytest.approx(1.5 * truth.forward_seconds(16, 512))
-    num_steps = 0
-    for trace in _recorded("code_edit_qwen.jsonl"):
-        num_steps += replay_trace(engine, target, trace).stats.num_steps
-        if num_steps >= 200:
-            break
-    assert learned.seconds(16, 512) == pytest.approx(truth.forward_seconds(16, 512), rel=0.15)
+    busy = inflated_from(truth, 5, 1.5)
+    assert healed_ratio(truth, busy, []) == pytest.approx(1.5)  # before any step: the busy table's price
+    assert healed_ratio(truth, busy, _recorded("code_edit_qwen.jsonl")) == pytest.approx(1.0, rel=0.15)
 
 
 def test_without_optimism_the_inflated_widths_would_never_heal(monkeypatch):
     """The same replay with the controller choosing on the table alone: 16 rows keep their wrong cost."""
-    from replay_drafting import open_replay, replay_trace
-
     import pocketspec.speculation.costs
     from memplanner.measured_costs import load_measured_costs
 
     monkeypatch.setattr(pocketspec.speculation.costs, "EXPLORATION", 0.0)
     truth = load_measured_costs(TRACES / "costs_qwen2.5-coder-1.5b_2threads.json")
-    engine, target = open_replay(truth, SpeculationSettings(drafter="ngram"), vocab_size=151936,
-                                 calibrated=_inflated_from(truth, 5, 1.5))
-    num_steps = 0
-    for trace in _recorded("code_edit_qwen.jsonl"):
-        num_steps += replay_trace(engine, target, trace).stats.num_steps
-        if num_steps >= 200:
-            break
-    assert engine.controller.target_costs.seconds(16, 512) > 1.15 * truth.forward_seconds(16, 512)
+    assert healed_ratio(truth, inflated_from(truth, 5, 1.5), _recorded("code_edit_qwen.jsonl")) > 1.15
 
 
 def test_the_instruction_counts_stand_in_takes_the_same_steps_as_the_replays():

@@ -22,10 +22,11 @@ seen are predicted from a prior cost shape (relative to one token) scaled by wha
 
 A table can condemn a width that is in truth cheap, and a controller that only trusts it would
 never time that width and never learn. So the controller chooses on optimistic_seconds: a width
-whose group of widths (EXPLORATION_GROUPS: neighbours share kernels and shapes) was timed n
-times looks EXPLORATION / (1 + n) cheaper than predicted (optimism under uncertainty), and is
-tried where it comes near the best choice; the optimism fades as the group is timed, so the curve
-is learned in a bounded number of steps. On the recorded code edits replayed against the EPYC's
+whose group of widths (EXPLORATION_GROUPS: neighbours share kernels and shapes) has n passes its
+prediction learned from looks EXPLORATION / (1 + n) cheaper than predicted (optimism under
+uncertainty), and is tried where it comes near the best choice; the optimism fades only as the
+group's cost is learned (a width's passes count from its MIN_WIDTH_OBSERVATIONS-th, when its shape
+is used), so the curve is learned in a bounded number of steps. On the recorded code edits replayed against the EPYC's
 table inflated 1.5x from 5 rows (benchmarks/replay_drafting.py), 16 rows were learned to within
 1 % in 200 steps; without the optimism they stayed 1.5x too dear. The optimism starts only after
 EXPLORE_AFTER_PASSES timed passes: a process's first answer may be a dozen tokens (Spec-Bench's
@@ -99,9 +100,6 @@ class CostTable:
             return
         self.num_observed[width] = self.num_observed.get(width, 0) + 1
         self._num_timed += 1
-        group = _exploration_group(width)
-        self._num_observed_by_group[group] = self._num_observed_by_group.get(group, 0) + 1
-        self._optimism[group] = 1.0 - EXPLORATION / (1 + self._num_observed_by_group[group])
         if self.measured is not None:
             predicted = self._calibrated(width, depth)
             if predicted > 0:
@@ -119,6 +117,7 @@ class CostTable:
                 self._speed = math.exp(self._log_speed)
                 self._width_shapes[width] = (count + 1, shape)
                 if count + 1 >= MIN_WIDTH_OBSERVATIONS:
+                    self._fade_optimism(width)
                     if width not in self._shape_factors:
                         bisect.insort(self._shape_widths, width)
                         self._forget(None)
@@ -126,6 +125,7 @@ class CostTable:
                         self._forget(self._moved_widths(width))
                     self._shape_factors[width] = math.exp(shape)
             return
+        self._fade_optimism(width)  # without a table a width's first pass is its prediction
         self._forget(None)
         previous = self._seconds_by_width.get(width)
         if previous is None:
@@ -135,10 +135,19 @@ class CostTable:
         self._scale_sum += seconds / interpolate(self.prior_ratio, width)
         self._scale_count += 1
 
+    def _fade_optimism(self, width: int) -> None:
+        """A pass that the prediction learned from: its group of widths looks a little less cheaper than predicted.
+        A width timed fewer than MIN_WIDTH_OBSERVATIONS times teaches its prediction nothing, so its passes fade
+        nothing: with them counted, a table 1.5x too dear from 5 rows never healed on the Zen 3 EPYC's curve (each
+        wide group timed twice, then priced 0.8x of the wrong cost and left)."""
+        group = _exploration_group(width)
+        self._num_observed_by_group[group] = self._num_observed_by_group.get(group, 0) + 1
+        self._optimism[group] = 1.0 - EXPLORATION / (1 + self._num_observed_by_group[group])
+
     def learned(self) -> dict | None:
         """What the passes timed so far taught about the calibrated table, for a later run to adopt()
         (pocketspec/learned_costs.py keeps it); None without a calibrated table or a timed pass."""
-        if self.measured is None or not self._num_observed_by_group:
+        if self.measured is None or not self._width_shapes:
             return None
         return {"log_speed": self._log_speed,
                 "shapes": {str(width): [min(count, MAX_ADOPTED_PASSES), shape]
