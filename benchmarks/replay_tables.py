@@ -55,7 +55,8 @@ def healed_ratio(truth: MeasuredCosts, calibrated: MeasuredCosts, traces: list[d
         num_steps += replay_trace(engine, target, trace).stats.num_steps
         if num_steps >= HEAL_STEPS:
             break
-    return engine.controller.target_costs.seconds(HEAL_WIDTH, HEAL_DEPTH) / truth.forward_seconds(HEAL_WIDTH, HEAL_DEPTH)
+    learned = engine.controller.target_costs.seconds(HEAL_WIDTH, HEAL_DEPTH)
+    return learned / truth.forward_seconds(HEAL_WIDTH, HEAL_DEPTH)
 
 
 def speedup(truth: MeasuredCosts, calibrated: MeasuredCosts, traces: list[dict], fresh_rounds: bool) -> float:

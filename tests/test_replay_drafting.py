@@ -213,10 +213,8 @@ def test_record_traces_writes_each_turn_of_a_conversation(smollm2_path, tmp_path
     assert len(second["prompt_tokens"]) > len(first["prompt_tokens"]) + len(first["output_tokens"])
 
 
-@pytest.mark.parametrize("table", ["costs_qwen2.5-coder-1.5b_2threads.json", "costs_qwen2.5-coder-1.5b_2threads_xeon.json",
-                                   "costs_qwen2.5-coder-1.5b_2threads_epyc_zen3.json",
-                                   "costs_qwen2.5-coder-1.5b_2threads_epyc_zen4.json",
-                                   "costs_qwen2.5-coder-1.5b_2threads_epyc_zen5.json"])
+@pytest.mark.parametrize("table", [f"costs_qwen2.5-coder-1.5b_2threads{machine}.json"
+                                   for machine in ("", "_xeon", "_epyc_zen3", "_epyc_zen4", "_epyc_zen5")])
 def test_a_table_inflated_on_purpose_heals_within_200_steps_of_code_edits(table):
     """Each CPU's real table (the EPYC of 2026-11-26, the Xeon, the Zen 3, 4 and 5 EPYCs) is the machine; the
     controller is given it 1.5x too dear from 5 rows on, as a calibration on a busy machine made it (issue 38).

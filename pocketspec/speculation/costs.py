@@ -26,9 +26,9 @@ whose group of widths (EXPLORATION_GROUPS: neighbours share kernels and shapes) 
 prediction learned from looks EXPLORATION / (1 + n) cheaper than predicted (optimism under
 uncertainty), and is tried where it comes near the best choice; the optimism fades only as the
 group's cost is learned (a width's passes count from its MIN_WIDTH_OBSERVATIONS-th, when its shape
-is used), so the curve is learned in a bounded number of steps. On the recorded code edits replayed against the EPYC's
-table inflated 1.5x from 5 rows (benchmarks/replay_drafting.py), 16 rows were learned to within
-1 % in 200 steps; without the optimism they stayed 1.5x too dear. The optimism starts only after
+is used), so the curve is learned in a bounded number of steps. On the recorded code edits
+replayed against each CPU's table inflated 1.5x from 5 rows (benchmarks/replay_tables.py), 16
+rows were learned to within 1 % in 200 steps; without the optimism they stayed 1.5x too dear. The optimism starts only after
 EXPLORE_AFTER_PASSES timed passes: a process's first answer may be a dozen tokens (Spec-Bench's
 extractions), and one exploring step in each group of widths then cost it 30 % of its speed.
 What one run learned, its speed, its shapes and how far it explored, a later run adopts (learned(),
