@@ -5,12 +5,12 @@ have left it: what a change to the controller gains or costs on each machine, fr
         [--inflate-from 5] [--inflate-by 1.5] [--out benchmarks/results/replay_tables]
 
 For each table (benchmarks/results/traces/costs_qwen2.5-coder-1.5b_2threads*.json: the EPYC of 2026-11-26, the
-Xeon, the Zen 3, 4 and 5 EPYCs) and each suite (the recorded code edits; Spec-Bench's two halves together), the
+Xeon with its bf16 variants, the Zen 3, 4 and 5 EPYCs) and each suite (the recorded code edits; Spec-Bench's two halves together), the
 n-gram engine's speedup over plain decoding on that table (benchmarks/replay_drafting.py), in one engine over the
 whole suite and in the bench's fresh rounds, with two calibrations: the table itself, and the table made
 --inflate-by too dear from --inflate-from rows on (issue 38's busy calibration). Beside them, the learned cost of
 16 rows at 512 cached tokens after 200 steps of the code edits, over the table's own: issue 38 asks for 1.00 within
-15 % from an inflated table. Results: OUT.json and OUT.md. It takes about 1.5 minutes on one core.
+15 % from an inflated table. Results: OUT.json and OUT.md. It takes about 2 minutes on one core (8 tables).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from apps.report import write_results  # noqa: E402
 from memplanner.measured_costs import MeasuredCosts, load_measured_costs  # noqa: E402
 from pocketspec.settings import SpeculationSettings  # noqa: E402
-from replay_drafting import open_replay, replay, replay_trace  # noqa: E402
+from replay_drafting import open_replay, replay, replay_trace, summarize  # noqa: E402
 
 TRACES = ROOT / "benchmarks" / "results" / "traces"
 SUITES = {"code edits": ("code_edit_qwen.jsonl",), "Spec-Bench": ("spec_bench_a_qwen.jsonl", "spec_bench_b_qwen.jsonl")}
@@ -60,9 +60,8 @@ def healed_ratio(truth: MeasuredCosts, calibrated: MeasuredCosts, traces: list[d
 
 
 def speedup(truth: MeasuredCosts, calibrated: MeasuredCosts, traces: list[dict], fresh_rounds: bool) -> float:
-    rows = replay(traces, truth, SpeculationSettings(drafter="ngram"), VOCAB_SIZE, calibrated=calibrated,
-                  fresh_rounds=fresh_rounds)
-    return sum(row["plain_seconds"] for row in rows) / sum(row["decode_seconds"] for row in rows)
+    return summarize(replay(traces, truth, SpeculationSettings(drafter="ngram"), VOCAB_SIZE, calibrated=calibrated,
+                            fresh_rounds=fresh_rounds))["speedup"]
 
 
 def main(argv=None) -> None:

@@ -19,13 +19,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from clock_noise import ClockNoise  # noqa: E402
 from replay_bounds import copy_bound_seconds  # noqa: E402
 from replay_drafting import bench_rounds, by_category, replay  # noqa: E402
-from replay_tables import healed_ratio, inflated_from  # noqa: E402
+from replay_tables import healed_ratio, inflated_from, recorded  # noqa: E402
 
 TRACES = ROOT / "benchmarks" / "results" / "traces"
-
-
-def _recorded(name: str) -> list[dict]:
-    return [json.loads(line) for line in (TRACES / name).read_text().splitlines() if line.strip()]
 
 
 def _costs(seconds_by_width) -> MeasuredCosts:
@@ -225,7 +221,7 @@ def test_a_table_inflated_on_purpose_heals_within_200_steps_of_code_edits(table)
     truth = load_measured_costs(TRACES / table)
     busy = inflated_from(truth, 5, 1.5)
     assert healed_ratio(truth, busy, []) == pytest.approx(1.5)  # before any step: the busy table's price
-    assert healed_ratio(truth, busy, _recorded("code_edit_qwen.jsonl")) == pytest.approx(1.0, rel=0.15)
+    assert healed_ratio(truth, busy, recorded("code_edit_qwen.jsonl")) == pytest.approx(1.0, rel=0.15)
 
 
 def test_without_optimism_the_inflated_widths_would_never_heal(monkeypatch):
@@ -235,7 +231,7 @@ def test_without_optimism_the_inflated_widths_would_never_heal(monkeypatch):
 
     monkeypatch.setattr(pocketspec.speculation.costs, "EXPLORATION", 0.0)
     truth = load_measured_costs(TRACES / "costs_qwen2.5-coder-1.5b_2threads.json")
-    assert healed_ratio(truth, inflated_from(truth, 5, 1.5), _recorded("code_edit_qwen.jsonl")) > 1.15
+    assert healed_ratio(truth, inflated_from(truth, 5, 1.5), recorded("code_edit_qwen.jsonl")) > 1.15
 
 
 def test_the_instruction_counts_stand_in_takes_the_same_steps_as_the_replays():
@@ -247,7 +243,7 @@ def test_the_instruction_counts_stand_in_takes_the_same_steps_as_the_replays():
 
     traces_path = TRACES / "code_edit_qwen.jsonl"
     costs_path = ROOT / "benchmarks" / "results" / "gpu_suite_costs_qwen2.5-1.5b_bf16.json"
-    rows = replay(_recorded(traces_path.name), load_measured_costs(costs_path), SpeculationSettings(drafter="ngram"),
+    rows = replay(recorded(traces_path.name), load_measured_costs(costs_path), SpeculationSettings(drafter="ngram"),
                   vocab_size=151936)
     steps = sum(row["num_steps"] for row in rows)
     assert host_instructions.replay_once(traces_path, costs_path, "replay") == steps
@@ -268,7 +264,7 @@ def test_a_verdict_on_the_device_replays_every_decision_a_verdict_from_host_logi
     and virtual time on real traces, with the same reports."""
     from memplanner.measured_costs import load_measured_costs
 
-    traces = _recorded("code_edit_qwen.jsonl")[:12]
+    traces = recorded("code_edit_qwen.jsonl")[:12]
     costs = load_measured_costs(ROOT / "benchmarks" / "results" / "gpu_suite_costs_qwen2.5-1.5b_bf16.json")
     on_host, on_device = (replay(traces, costs, SpeculationSettings(drafter="ngram"), vocab_size=151936,
                                  verdict_on_device=verdict_on_device) for verdict_on_device in (False, True))
