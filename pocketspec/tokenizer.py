@@ -40,6 +40,11 @@ class Tokenizer:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
     @property
+    def vocab_size(self) -> int:
+        """The number of token ids the tokenizer knows (a model's embedding may have more rows)."""
+        return llama_cpp.llama_vocab_n_tokens(self._vocab)
+
+    @property
     def adds_bos(self) -> bool:
         return bool(llama_cpp.llama_vocab_get_add_bos(self._vocab))
 

@@ -15,6 +15,9 @@ import pytest
 from serve_process import ServerProcess, error_of
 from test_cli_errors import run_cli
 
+from pocketspec.backends.gguf_tokenizer import load_tokenizer
+from pocketspec.serve.http_protocol import MAX_HEADER_BYTES
+
 pytestmark = pytest.mark.real_model
 
 MODEL = "smollm2-135m-instruct"
@@ -86,6 +89,28 @@ def test_completion(client):
     assert completion.usage.completion_tokens == 6 and completion.choices[0].text
     streamed = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, stream=True)
     assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == completion.choices[0].text
+
+
+@pytest.mark.parametrize("wrap", [lambda ids: ids, lambda ids: [ids]], ids=["token ids", "a list of one"])
+def test_a_prompt_of_token_ids_completes_as_its_text_does(client, smollm2_path, wrap):
+    vocab_model, tokenizer = load_tokenizer(smollm2_path)
+    try:
+        prompt = "The capital of France is"
+        token_ids = tokenizer.encode(prompt, add_bos=tokenizer.adds_bos)
+    finally:
+        vocab_model.close()
+    from_text = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+    from_ids = client.completions.create(model=MODEL, prompt=wrap(token_ids), max_tokens=8, temperature=0)
+    assert from_ids.choices[0].text == from_text.choices[0].text
+    assert from_ids.usage.prompt_tokens == from_text.usage.prompt_tokens == len(token_ids)
+
+
+@pytest.mark.parametrize("prompt, param", [([49152], "prompt"), ([5, -1], "prompt"), ([], "prompt"),
+                                           ([[1], [2]], "prompt")])
+def test_a_prompt_of_ids_outside_the_vocabulary_or_of_none_gets_400(client, prompt, param):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+    assert refused.value.param == param and refused.value.status_code == 400
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -243,6 +268,19 @@ def test_request_that_is_not_http_gets_the_openai_error_shape(server, client, he
     assert error["type"] == "invalid_request_error" and error["code"] == "invalid_http"
     assert _chat(client, max_tokens=2).choices[0].message.content is not None  # the server goes on
     assert "Traceback" not in server.stderr()
+
+
+def test_headers_past_the_servers_limit_get_431_in_the_openai_error_shape(server, client):
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * (MAX_HEADER_BYTES + 1))
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    response = httpx.Response(int(answer.split(b" ", 2)[1]), headers=_headers_of(answer),
+                              content=answer.partition(b"\r\n\r\n")[2])
+    assert response.status_code == 431 and error_of(response)["code"] == "headers_too_large"
+    assert _chat(client, max_tokens=2).choices[0].message.content is not None
 
 
 def _headers_of(answer: bytes) -> list[tuple[str, str]]:

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from pocketspec.serve.api_errors import APIError, from_validation, param_of
 from pocketspec.serve.api_requests import ChatCompletionRequest, CompletionRequest
-from pocketspec.serve.request_checks import (RequestDefaults, chat_messages, completion_prompt,
+from pocketspec.serve.request_checks import (RequestDefaults, chat_messages, checked_token_ids, completion_prompt,
                                              generation_options)
 from pocketspec.settings import SamplingSettings
 
@@ -85,9 +85,29 @@ def test_message_fields_are_checked_like_the_body():
     assert error.param == "messages[0].tool_calls"
 
 
-def test_completion_prompt_is_one_string():
-    assert completion_prompt(CompletionRequest.model_validate({"prompt": ["only"]})) == "only"
-    assert _refused(completion_prompt, CompletionRequest.model_validate({"prompt": ["a", "b"]})).param == "prompt"
+def test_completion_prompt_is_one_text_or_one_list_of_token_ids():
+    def prompt_of(prompt):
+        return completion_prompt(CompletionRequest.model_validate({"prompt": prompt}))
+
+    assert prompt_of(["only"]) == "only" and prompt_of("text") == "text"
+    assert prompt_of([3, 1, 2]) == [3, 1, 2] and prompt_of([[3, 1, 2]]) == [3, 1, 2] and prompt_of([]) == []
+    for two_prompts in (["a", "b"], [[1], [2]]):
+        assert _refused(prompt_of, two_prompts).param == "prompt"
+
+
+@pytest.mark.parametrize("prompt", ['[true]', '[1, "a"]', '[1.5]', '[[1], "a"]'])
+def test_a_prompt_that_is_neither_text_nor_token_ids_gets_422(prompt):
+    with pytest.raises(ValidationError) as invalid:
+        CompletionRequest.model_validate_json(f'{{"prompt": {prompt}}}')
+    error = from_validation(invalid.value)
+    assert (error.status, error.param) == (422, "prompt"), error.message
+
+
+def test_token_ids_must_be_in_the_vocabulary():
+    assert checked_token_ids([0, 9], vocab_size=10) == [0, 9]
+    for bad in ([10], [1, -1]):
+        error = _refused(checked_token_ids, bad, 10)
+        assert error.status == 400 and error.param == "prompt" and str(bad[-1]) in error.message
 
 
 @pytest.mark.parametrize("body, status, param", [

@@ -49,4 +49,5 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str]
+    # text, or token ids, alone or as a list of one (OpenAI's four forms; one prompt a request)
+    prompt: str | list[str] | list[int] | list[list[int]]

@@ -20,7 +20,8 @@ from pocketspec.serve.api_responses import (SSE_DONE, ChatShape, ResponseShape, 
 from pocketspec.serve.generation import GenerationRequest
 from pocketspec.serve.http_io import ClosingStream, read_body, watch_disconnect
 from pocketspec.serve.live_generation import LiveGeneration
-from pocketspec.serve.request_checks import GenerationOptions, chat_messages, completion_prompt, generation_options
+from pocketspec.serve.request_checks import (GenerationOptions, chat_messages, checked_token_ids, completion_prompt,
+                                             generation_options)
 from pocketspec.serve.server_state import ServerState
 
 log = logging.getLogger("pocketspec.serve")
@@ -83,8 +84,11 @@ async def completions(request: Request, state: ServerState):
     body = await _parsed(request, state, CompletionRequest)
     options = generation_options(body, state.defaults)
     slots = state.slots
-    prompt_tokens = await asyncio.to_thread(encode_prompt, slots.tokenizer, slots.template,
-                                            completion_prompt(body), chat=False)
+    prompt = completion_prompt(body)
+    if isinstance(prompt, str):
+        prompt_tokens = await asyncio.to_thread(encode_prompt, slots.tokenizer, slots.template, prompt, chat=False)
+    else:
+        prompt_tokens = checked_token_ids(prompt, slots.tokenizer.vocab_size)
     check_prompt(prompt_tokens, slots.max_context, "prompt")
     return await _respond(request, state, TextShape(state.model_id), options, prompt_tokens)
 

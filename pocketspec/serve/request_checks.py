@@ -132,11 +132,22 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
     return messages
 
 
-def completion_prompt(body: CompletionRequest) -> str:
-    """The prompt text: a string, or a list holding one."""
-    if isinstance(body.prompt, str):
-        return body.prompt
-    if len(body.prompt) != 1:
-        raise bad_request(f"prompt holds {len(body.prompt)} prompts; send one per request", param="prompt")
-    return body.prompt[0]
+def completion_prompt(body: CompletionRequest) -> str | list[int]:
+    """The prompt as text, or as token ids given by the client: a string, a list of token ids, or a
+    list holding one of either."""
+    prompt = body.prompt
+    if isinstance(prompt, str) or not prompt or isinstance(prompt[0], int):
+        return prompt  # an empty list: refused as an empty prompt
+    if len(prompt) != 1:
+        raise bad_request(f"prompt holds {len(prompt)} prompts; send one per request", param="prompt")
+    return prompt[0]
+
+
+def checked_token_ids(token_ids: list[int], vocab_size: int) -> list[int]:
+    """A prompt of token ids as the client gave them (no BOS added), each an id of this model's vocabulary."""
+    for index, token in enumerate(token_ids):
+        if not 0 <= token < vocab_size:
+            raise bad_request(f"prompt[{index}] = {token} is not a token id of this model (0 to {vocab_size - 1})",
+                              param="prompt", code="invalid_token_id")
+    return token_ids
 

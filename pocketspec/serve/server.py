@@ -14,7 +14,7 @@ from typing import Callable
 import uvicorn
 
 from pocketspec.serve.app import build_app
-from pocketspec.serve.http_protocol import OpenAIErrorH11Protocol
+from pocketspec.serve.http_protocol import MAX_HEADER_BYTES, OpenAIErrorH11Protocol
 from pocketspec.serve.listen import url_of
 from pocketspec.serve.server_state import ServerState
 
@@ -41,6 +41,6 @@ def run_server(state: ServerState, sock: socket.socket, *, shutdown_seconds: flo
     on_listening(url_of(sock))
     config = uvicorn.Config(build_app(state), log_level="warning", access_log=False, lifespan="off",
                             timeout_graceful_shutdown=shutdown_seconds, server_header=False,
-                            http=OpenAIErrorH11Protocol)
+                            http=OpenAIErrorH11Protocol, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
     _Server(config, state).run(sockets=[sock])
     state.shutting_down.set()
