@@ -149,10 +149,9 @@ def test_doctor_measures_what_plan_then_predicts_from(tiny_target, tmp_path, mon
     doctor = run_cli("doctor", "--calibrate", *batch)
     assert doctor.returncode == 0, doctor.stderr
     assert "target:" in doctor.stdout and "draft (self-sparse):" in doctor.stdout
-    if "varied by more than" in doctor.stderr:
-        pytest.skip("this machine was too busy to cache the batch's costs")
+    is_cached = "varied by more than" not in doctor.stderr  # a busy machine's table is used once, not cached
     measured = json.loads(run_cli("plan", *batch, "--memory-budget", "2GiB", "--json").stdout)
-    assert measured["costs_measured"] and measured["max_batch"] == 2
+    assert measured["costs_measured"] == is_cached and measured["max_batch"] == 2
     assert [item["context"] for item in measured["predictions"]] == [512]
 
 

@@ -27,11 +27,11 @@ def test_the_width_cache_key_tells_devices_and_splits_apart(smollm2_path, monkey
                   dict(devices=("cuda:0", "cuda:1"), layers_per_device=(14, 16)),
                   dict(devices=("cuda:0", "cuda:1"), layers_per_device=(16, 14)),
                   dict(devices=("cuda:0", "cuda:1"), split_mode="row")]
-    keys = [exact_width_cache_key(Loaded(smollm2_path, ModelSettings(**placement)), 8) for placement in placements]
+    keys = [exact_width_cache_key(Loaded(smollm2_path, ModelSettings(**placement))) for placement in placements]
     assert len(set(keys)) == len(keys)
-    assert exact_width_cache_key(Loaded(smollm2_path, ModelSettings(devices=("cuda:0",))), 8) == keys[1]
+    assert exact_width_cache_key(Loaded(smollm2_path, ModelSettings(devices=("cuda:0",)))) == keys[1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    assert exact_width_cache_key(Loaded(smollm2_path, ModelSettings(devices=("cuda:0",))), 8) != keys[1]
+    assert exact_width_cache_key(Loaded(smollm2_path, ModelSettings(devices=("cuda:0",)))) != keys[1]
 
 
 @pytest.mark.parametrize("settings, width, row_exact_rows, advised", [
@@ -93,3 +93,32 @@ def test_the_probe_finds_the_widest_batch_that_rounds_as_one_row_does(switch_wid
     backend = KernelsThatSwitch(switch_width, deep_switch_width)
     assert probe_exact_width(backend, 32) == expected
     assert backend.num_cached == 0
+
+
+class CountingKernels(KernelsThatSwitch):
+    def __init__(self, *args, max_context: int = 512):
+        super().__init__(*args)
+        self.max_context, self.num_forwards = max_context, 0
+
+    def forward(self, tokens, logits_rows):
+        self.num_forwards += 1
+        return super().forward(tokens, logits_rows)
+
+
+def test_one_probe_answers_every_narrower_width_and_a_shallow_one_not_a_deep_context(tmp_path, monkeypatch):
+    """The probe is cached without the widest width asked for: a later run that asks for fewer rows reads it,
+    one that asks for more rows, or reaches deeper than the probe did, probes again."""
+    from pocketspec.backends import exact_width as probe
+
+    monkeypatch.setenv("POCKETSPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(probe, "exact_width_cache_key", lambda backend: "one-model")
+
+    def width(max_width: int, max_context: int = 512) -> tuple[int, bool]:
+        backend = CountingKernels(40, 6, max_context=max_context)  # exact up to 5 rows deep in the context
+        return probe.exact_width(backend, max_width), backend.num_forwards > 0
+
+    assert width(4, max_context=300) == (4, True)  # too short a context to probe deep
+    assert width(3, max_context=300) == (3, False)
+    assert width(4) == (4, True)  # this context reaches past the probe's depth
+    assert width(32) == (5, True)
+    assert [width(9), width(5), width(2)] == [(5, False), (5, False), (2, False)]

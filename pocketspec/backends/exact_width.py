@@ -28,9 +28,10 @@ LONG_CONTEXT_PROBE = 320
 VISIBLE_DEVICES_VARIABLES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 
-def exact_width_cache_key(backend, max_width: int) -> str:
+def exact_width_cache_key(backend) -> str:
     """The model file, the build and every setting that changes which kernels run where: the devices,
-    the split over them and which physical GPUs those ordinals are."""
+    the split over them and which physical GPUs those ordinals are (not the widest width asked for: one probe
+    answers every narrower one)."""
     stat = os.stat(backend.model_path)
     import llama_cpp
 
@@ -41,7 +42,7 @@ def exact_width_cache_key(backend, max_width: int) -> str:
              llama_cpp.llama_print_system_info().decode(), f"row-exact={row_exact_max_rows()}",
              f"cpu-kernels={cpu_library_identity()}",
              repr(settings.repack_weights),
-             str(settings.gpu_layers), str(settings.kv_type), str(max_width), str(LONG_CONTEXT_PROBE),
+             str(settings.gpu_layers), str(settings.kv_type), str(LONG_CONTEXT_PROBE),
              ",".join(settings.devices), settings.split_mode, repr(settings.layers_per_device),
              *(f"{name}={os.environ.get(name, '')}" for name in VISIBLE_DEVICES_VARIABLES)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
@@ -70,31 +71,55 @@ def _exact_width_after(backend, num_cached: int, max_width: int) -> int:
     return exact_width
 
 
+def _probes_deep(backend, max_width: int) -> bool:
+    return backend.max_context > LONG_CONTEXT_PROBE + max_width
+
+
 def probe_exact_width(backend, max_width: int) -> int:
     """Widest batch that matches one-token logits both at the start and deep into the context."""
     exact_width = _exact_width_after(backend, 0, max_width)
-    if exact_width > 1 and backend.max_context > LONG_CONTEXT_PROBE + max_width:
+    if exact_width > 1 and _probes_deep(backend, max_width):
         exact_width = min(exact_width, _exact_width_after(backend, LONG_CONTEXT_PROBE, max_width))
     backend.rollback(0)
     return exact_width
 
 
+def probe_record(backend, max_width: int, exact_width: int) -> dict:
+    """What a probe found, as cached: the widest width it tried, and whether it holds deep into the context
+    (probed there, or already one row at the start)."""
+    return {"max_width": max_width, "exact_width": exact_width,
+            "holds_deep": exact_width == 1 or _probes_deep(backend, max_width)}
+
+
+def width_from_record(record, backend, max_width: int) -> int | None:
+    """The exact width up to max_width that a cached probe tells, or None where it tried less: narrower
+    widths, or not deep into a context this backend reaches. The probe stops at the first width that
+    rounds apart, so a wider probe answers every narrower max_width."""
+    if not isinstance(record, dict) or not isinstance(record.get("max_width"), int) or \
+            not isinstance(record.get("exact_width"), int) or not 1 <= record["exact_width"] <= record["max_width"]:
+        return None  # not a probe's record: probe again
+    if record["max_width"] < max_width or (_probes_deep(backend, max_width) and record.get("holds_deep") is not True):
+        return None
+    return min(record["exact_width"], max_width)
+
+
 def exact_width(backend, max_width: int, on_measure=None) -> int:
     """The cached probe result for this model, build and settings; probes on a miss (one process at a time),
     after telling on_measure(line)."""
-    cache_file = exact_widths_dir() / f"{exact_width_cache_key(backend, max_width)}.json"
-    cached = read_json(cache_file)
-    if isinstance(cached, int):
-        return cached
+    cache_file = exact_widths_dir() / f"{exact_width_cache_key(backend)}.json"
+    width = width_from_record(read_json(cache_file), backend, max_width)
+    if width is not None:
+        return width
     with measuring_alone():
-        cached = read_json(cache_file)  # another process may have probed it while this one waited
-        if isinstance(cached, int):
-            return cached
+        # another process may have probed it while this one waited
+        width = width_from_record(read_json(cache_file), backend, max_width)
+        if width is not None:
+            return width
         if on_measure is not None:
             on_measure(f"probing which verify widths (up to {max_width} rows) round like one-token decoding: once "
                        "per model and settings, seconds to a minute")
         width = probe_exact_width(backend, max_width)
-        write_json(cache_file, width)
+        write_json(cache_file, probe_record(backend, max_width, width))
     return width
 
 
