@@ -34,8 +34,11 @@ CPU_ACTIVATION_FACTOR = 1.5
 # What a budget keeps free beyond the predicted CPU peak: glibc's heap does not return the
 # same amount twice. Repeated runs of one SmolLM2 configuration peaked up to 25 MiB apart,
 # and the largest peak above its prediction was 10 MiB (int8 weights and KV, context 8192),
-# 2026-11-23. A GPU allocator's peak repeats exactly: no reserve.
-CPU_HEAP_RESERVE_BYTES = 32 * 1024 * 1024
+# 2026-11-23. With huge pages and the whole process counted (2026-12-06, Zen 4 EPYC,
+# benchmarks/memory_grid_torch.py): that configuration peaked 674-728 MiB over 12 runs (28 MiB
+# above its prediction at most), and fp32 self-sparse at 2048 tokens 38 MiB above its own while a
+# C++ build ran beside it. A GPU allocator's peak repeats exactly: no reserve.
+CPU_HEAP_RESERVE_BYTES = 48 * 1024 * 1024
 
 
 def heap_reserve_bytes(on_gpu: bool) -> int:
