@@ -254,15 +254,8 @@ def test_client_leaving_while_sending_its_body_is_counted_not_logged_as_a_failur
                                   b"No colon in this header\r\n"])
 def test_request_that_is_not_http_gets_the_openai_error_shape(server, client, head):
     """uvicorn parses these before the app sees them; its own answer was a plain-text 400."""
-    host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=30) as connection:
-        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + head +
-                           b"\r\n" + b'{"prompt": "1"}')
-        answer = b""
-        while chunk := connection.recv(65536):
-            answer += chunk
-    response = httpx.Response(int(answer.split(b" ", 2)[1]), headers=_headers_of(answer),
-                              content=answer.partition(b"\r\n\r\n")[2])
+    response = _raw_answer(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+                           head + b"\r\n" + b'{"prompt": "1"}')
     assert response.status_code == 400 and response.headers["content-type"] == "application/json"
     error = error_of(response)
     assert error["type"] == "invalid_request_error" and error["code"] == "invalid_http"
@@ -271,16 +264,22 @@ def test_request_that_is_not_http_gets_the_openai_error_shape(server, client, he
 
 
 def test_headers_past_the_servers_limit_get_431_in_the_openai_error_shape(server, client):
+    response = _raw_answer(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Padding: " +
+                           b"a" * (MAX_HEADER_BYTES + 1))
+    assert response.status_code == 431 and error_of(response)["code"] == "headers_too_large"
+    assert _chat(client, max_tokens=2).choices[0].message.content is not None
+
+
+def _raw_answer(server, request: bytes) -> httpx.Response:
+    """The server's answer to bytes sent as they are, read until it closes the connection."""
     host, port = server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=30) as connection:
-        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * (MAX_HEADER_BYTES + 1))
+        connection.sendall(request)
         answer = b""
         while chunk := connection.recv(65536):
             answer += chunk
-    response = httpx.Response(int(answer.split(b" ", 2)[1]), headers=_headers_of(answer),
-                              content=answer.partition(b"\r\n\r\n")[2])
-    assert response.status_code == 431 and error_of(response)["code"] == "headers_too_large"
-    assert _chat(client, max_tokens=2).choices[0].message.content is not None
+    return httpx.Response(int(answer.split(b" ", 2)[1]), headers=_headers_of(answer),
+                          content=answer.partition(b"\r\n\r\n")[2])
 
 
 def _headers_of(answer: bytes) -> list[tuple[str, str]]:

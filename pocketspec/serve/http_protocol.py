@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from http import HTTPStatus
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -19,31 +20,26 @@ from pocketspec.serve.api_errors import APIError, error_body
 MALFORMED_HTTP_MESSAGE = ("the request is not valid HTTP/1.1: its request line, a header or its Content-Length "
                           "could not be parsed")
 MAX_HEADER_BYTES = 16 * 1024  # the request line and headers h11 buffers (its default); run_server sets it
-HEADERS_TOO_LARGE = 431
 HEADERS_TOO_LARGE_MESSAGE = (f"the request's headers are larger than this server reads ({MAX_HEADER_BYTES // 1024} "
                              "KiB); send fewer or shorter headers")
-_REASONS = {400: b"Bad Request", HEADERS_TOO_LARGE: b"Request Header Fields Too Large"}
 
 
-def http_error(status: int) -> APIError:
-    if status == HEADERS_TOO_LARGE:
-        return APIError(status, HEADERS_TOO_LARGE_MESSAGE, code="headers_too_large")
-    return APIError(400, MALFORMED_HTTP_MESSAGE, code="invalid_http")
-
-
-def refused_status(error: BaseException | None) -> int:
-    """431 where h11 says the headers outgrew its buffer, else 400."""
-    return HEADERS_TOO_LARGE if getattr(error, "error_status_hint", 400) == HEADERS_TOO_LARGE else 400
+def http_error(error: BaseException | None) -> APIError:
+    """What a request h11 could not parse is told: 431 where h11 says its headers outgrew the buffer, else 400."""
+    if getattr(error, "error_status_hint", None) == HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE:
+        return APIError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, HEADERS_TOO_LARGE_MESSAGE, code="headers_too_large")
+    return APIError(HTTPStatus.BAD_REQUEST, MALFORMED_HTTP_MESSAGE, code="invalid_http")
 
 
 class OpenAIErrorH11Protocol(H11Protocol):
     def send_400_response(self, msg: str) -> None:
         # uvicorn 0.55 calls this inside `except h11.RemoteProtocolError`, whose status hint tells the two apart
-        status = refused_status(sys.exc_info()[1])
-        body = json.dumps(error_body(http_error(status))).encode()
+        error = http_error(sys.exc_info()[1])
+        body = json.dumps(error_body(error)).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    (b"connection", b"close")]
-        for event in (h11.Response(status_code=status, headers=headers, reason=_REASONS[status]),
+        for event in (h11.Response(status_code=error.status, headers=headers,
+                                   reason=HTTPStatus(error.status).phrase.encode()),
                       h11.Data(data=body), h11.EndOfMessage()):
             self.transport.write(self.conn.send(event))
         self.transport.close()
