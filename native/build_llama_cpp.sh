@@ -27,6 +27,13 @@ CMAKE_ARGS="$(llama_cmake_args "$ACCEL")" || exit 2
 # of 8 min 12 s (2026-12-02).
 CMAKE_ARGS="$CMAKE_ARGS -DLLAVA_BUILD=OFF -DLLAMA_BUILD_COMMON=OFF"
 PATCH_ID="$(row_exact_patch_id)"
+# What the wheel leaves out (scikit-build-core's wheel.exclude: gitignore patterns on the wheel's paths). A
+# wheel holds no symlinks, so each library came three times (.so, .so.0, .so.0.25.3), and llama.cpp's own
+# install rules added a second set and its headers at the top of site-packages (lib/, include/): 38 MB of
+# libraries in the CPU wheel for 6.4 MB of code, and six copies of a GPU backend. Kept: libllama.so and
+# libggml.so, which the bindings open by those names, and each library's soname file (libggml-cpu.so.0, ...),
+# by which the others link to it and ggml_ops opens it.
+WHEEL_EXCLUDE="/lib/;/include/;llama_cpp/lib/*.so.*.*;llama_cpp/lib/libllama.so.*;llama_cpp/lib/libggml-*.so"
 
 if [[ ! -x "$PIP" ]]; then
   echo "error: pip '$PIP' not found; pass the venv's pip as the first argument" >&2
@@ -64,7 +71,8 @@ PY
 
 INSTALLED="$(installed_version)"
 if [[ "$INSTALLED" == "$LLAMA_CPP_PYTHON_VERSION" && "${POCKETSPEC_FORCE_REBUILD:-0}" != "1" ]] && stamp_matches "$PYTHON" "$STAMP" \
-    "version=$LLAMA_CPP_PYTHON_VERSION" "accel=$ACCEL" "cmake_args=$CMAKE_ARGS" "patch=$PATCH_ID"; then
+    "version=$LLAMA_CPP_PYTHON_VERSION" "accel=$ACCEL" "cmake_args=$CMAKE_ARGS" "patch=$PATCH_ID" \
+    "wheel_exclude=$WHEEL_EXCLUDE"; then
   echo "llama-cpp-python $INSTALLED ($ACCEL) is already built in $VENV; nothing to do"
   exit 0
 fi
@@ -72,7 +80,7 @@ fi
 # pip's own cache keeps one wheel per version whatever CMAKE_ARGS built it, so a wheel built
 # for another CPU (or the CPU build, for a GPU) would come back. Built wheels are kept here
 # instead, one folder per version, CMake arguments and patch.
-ARGS_HASH="$(printf '%s' "$CMAKE_ARGS" | sha1sum | cut -c1-12)"
+ARGS_HASH="$(printf '%s|%s' "$CMAKE_ARGS" "$WHEEL_EXCLUDE" | sha1sum | cut -c1-12)"
 if [[ "$PATCH_ID" != none ]]; then ARGS_HASH="$ARGS_HASH-patch-$PATCH_ID"; fi
 WHEEL_DIR="${POCKETSPEC_HOME:-$HOME/.cache/pocketspec}/wheels/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION-$ACCEL-$ARGS_HASH"
 if [[ "${POCKETSPEC_FORCE_REBUILD:-0}" == "1" ]]; then
@@ -90,7 +98,8 @@ if ! compgen -G "$WHEEL_DIR/llama_cpp_python-*.whl" > /dev/null; then
     patch -p1 --forward --silent -d "$SOURCE" < "$ROW_EXACT_PATCH"
   fi
   mkdir -p "$WHEEL_DIR.partial"
-  CMAKE_ARGS="$CMAKE_ARGS" "$PIP" wheel --no-deps --no-cache-dir -w "$WHEEL_DIR.partial" "$SOURCE"
+  CMAKE_ARGS="$CMAKE_ARGS" "$PIP" wheel --no-deps --no-cache-dir --config-settings="wheel.exclude=$WHEEL_EXCLUDE" \
+    -w "$WHEEL_DIR.partial" "$SOURCE"
   rm -rf "$WHEEL_DIR"
   mv "$WHEEL_DIR.partial" "$WHEEL_DIR"
 fi
@@ -105,5 +114,5 @@ fi
   || { echo "error: llama.cpp does not start after the build (CMAKE_ARGS=$CMAKE_ARGS)" >&2; exit 1; }
 
 write_stamp "$PYTHON" "$STAMP" package=llama-cpp-python "version=$LLAMA_CPP_PYTHON_VERSION" "accel=$ACCEL" \
-  "cmake_args=$CMAKE_ARGS" "patch=$PATCH_ID"
+  "cmake_args=$CMAKE_ARGS" "patch=$PATCH_ID" "wheel_exclude=$WHEEL_EXCLUDE"
 echo "done: stamp written to $STAMP"

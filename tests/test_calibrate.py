@@ -78,8 +78,8 @@ def test_the_key_tells_one_build_of_the_kernels_from_another(smollm2_path, tmp_p
 
     from pocketspec.backends import ggml_ops
 
-    copy = tmp_path / "libggml-cpu.so"
-    shutil.copy2(ggml_ops.installed_lib_dir() / "libggml-cpu.so", copy)
+    copy = ggml_ops.cpu_library(tmp_path)
+    shutil.copy2(ggml_ops.cpu_library(), copy)
     monkeypatch.setattr(ggml_ops, "installed_lib_dir", lambda: tmp_path)
     first = cost_key(smollm2_path, ModelSettings(num_threads=2))
     assert cost_key(smollm2_path, ModelSettings(num_threads=2)) == first

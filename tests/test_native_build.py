@@ -33,3 +33,18 @@ def test_the_architecture_lists_can_be_overridden():
 def test_an_unknown_accelerator_is_one_line_and_status_2():
     found = _cmake_args("metal")
     assert found.returncode == 2 and found.stderr.count("\n") == 1 and "not one of" in found.stderr
+
+
+def test_the_installed_bindings_hold_each_library_once_and_nothing_outside_their_package():
+    """The wheel's excludes (native/build_llama_cpp.sh): no lib/ or include/ at the top of site-packages and
+    no library under its three names (.so, .so.0, .so.0.25.3); that the kept names link, every test that
+    loads a model shows."""
+    import importlib.metadata
+    import re
+
+    files = [str(path) for path in importlib.metadata.files("llama-cpp-python")]
+    assert not [name for name in files if not name.startswith(("llama_cpp/", "llama_cpp_python-"))]
+    libraries = [name.rsplit("/", 1)[1] for name in files if name.startswith("llama_cpp/lib/")]
+    assert libraries and not [name for name in libraries if re.search(r"\.so\.\d+\.", name)]
+    stems = [name.split(".so")[0] for name in libraries]
+    assert {stem for stem in stems if stems.count(stem) > 1} <= {"libggml"}  # the bindings open libggml.so by name

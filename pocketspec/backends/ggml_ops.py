@@ -31,8 +31,9 @@ def installed_lib_dir() -> Path:
 
 
 def cpu_library(lib_dir: Path | None = None) -> Path:
-    """ggml's CPU backend library, where the kernels (and the row-exact patch's) live."""
-    return (lib_dir or installed_lib_dir()) / "libggml-cpu.so"
+    """ggml's CPU backend library, where the kernels (and the row-exact patch's) live: by its soname,
+    the file llama.cpp's own libraries link to, so that the process holds one copy of it."""
+    return (lib_dir or installed_lib_dir()) / "libggml-cpu.so.0"
 
 
 def cpu_library_identity(lib_dir: Path | None = None) -> str:
@@ -74,8 +75,8 @@ class Ggml:
     def __init__(self, lib_dir: Path | None = None):
         lib_dir = lib_dir or installed_lib_dir()
         mode = ctypes.RTLD_GLOBAL
-        base = ctypes.CDLL(str(lib_dir / "libggml-base.so"), mode=mode)
-        ctypes.CDLL(str(lib_dir / "libggml.so"), mode=mode)
+        base = ctypes.CDLL(str(lib_dir / "libggml-base.so.0"), mode=mode)
+        ctypes.CDLL(str(lib_dir / "libggml.so.0"), mode=mode)
         cpu = ctypes.CDLL(str(cpu_library(lib_dir)), mode=mode)
         p, i64, i32, size = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
         self.init = _declare(base, "ggml_init", p, _InitParams)
