@@ -31,6 +31,9 @@ class PeopleFirstGroup(click.Group):
         except click.Abort:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except click.exceptions.NoArgsIsHelpError as error:  # `pocketspec`, `pocketspec models`: the help, as asked
+            error.show()
+            sys.exit(error.exit_code)
         except click.ClickException as error:
             click.echo(f"error: {error.format_message()}", err=True)
             sys.exit(2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from pocketspec.errors import UserError
 from pocketspec.setting_ranges import parse_setting, setting_range
@@ -25,6 +26,7 @@ MODEL = ModelSettings()
 GENERATION = GenerationSettings()
 BATCH = BatchSettings()
 BATCH_OPTIONS = ("batch", "output", "scheduler", "batch_invariant", "pool_rows")
+BATCH_ONLY_OPTIONS = ("scheduler", "batch_invariant", "pool_rows")
 
 
 class SettingValue(click.ParamType):
@@ -80,9 +82,9 @@ def model_choice_options(function):
 
 def sampling_options(function):
     function = setting_option("--seed", SamplingSettings, "seed", show_default=True, callback=_draw_seed,
-                              help="-1 draws a random seed and shows it. "
-                                   "Sampling seed. A fixed --gamma makes a seeded run repeatable; with --gamma auto "
-                                 "the draft lengths follow measured timings, and so do the random draws.")(function)
+                              help="Sampling seed; -1 draws a random one and shows it. A fixed --gamma makes a "
+                                   "seeded run repeatable; with --gamma auto the draft lengths follow measured "
+                                   "timings, and so do the random draws.")(function)
     function = setting_option("--top-k", SamplingSettings, "top_k", show_default=True, help="0 keeps all tokens.")(function)
     function = setting_option("--top-p", SamplingSettings, "top_p", show_default=True)(function)
     function = setting_option("--temperature", SamplingSettings, "temperature", show_default=True,
@@ -227,8 +229,17 @@ def batch_options(function):
 
 
 def take_batch_options(options: dict) -> dict:
-    """Remove the batch flags from a command's keyword arguments and return them."""
-    return {name: options.pop(name) for name in BATCH_OPTIONS}
+    """Remove the batch flags from a command's keyword arguments and return them; without --batch, a flag
+    that only --batch reads is refused rather than ignored."""
+    taken = {name: options.pop(name) for name in BATCH_OPTIONS}
+    if taken["batch"] is None:
+        context = click.get_current_context()
+        for name in BATCH_ONLY_OPTIONS:
+            if context.get_parameter_source(name) not in (None, ParameterSource.DEFAULT):
+                flag = "/".join(next(param.opts + param.secondary_opts for param in context.command.params
+                                     if param.name == name))
+                raise UserError(f"{flag} applies to --batch; add --batch N or leave it out")
+    return taken
 
 
 def session_settings(*, target, draft, pair, temperature, top_p, top_k, seed, gamma, memory_budget, max_context,

@@ -90,6 +90,9 @@ def test_prompt_longer_than_the_context(smollm2_path):
     (["--memory-budget", "100MiB"], "below the minimum"),
     (["--kv-type", "q3"], "--kv-type"),
     (["--backend", "torch", "--kv-type", "bf16"], "--torch-kv-type"),
+    (["--scheduler", "group"], "--scheduler applies to --batch"),  # read by --batch alone: refused, not ignored
+    (["--fast-batch"], "--batch-invariant/--fast-batch applies to --batch"),
+    (["--pool-rows", "4"], "--pool-rows applies to --batch"),
 ])
 def test_nonsense_flag_values(smollm2_path, flags, fragment):
     result = run_cli("generate", "--target", str(smollm2_path), "--draft", "ngram", "--prompt", "hi", *flags)
@@ -118,6 +121,12 @@ def test_empty_prompt(smollm2_path):
 def test_unknown_command_and_option():
     assert_one_line_error(run_cli("fly"), "fly")
     assert_one_line_error(run_cli("generate", "--wings"), "--wings")
+
+
+@pytest.mark.parametrize("args", [[], ["models"]])
+def test_a_group_named_alone_shows_its_help_not_an_error(args):
+    result = run_cli(*args)
+    assert result.stderr.startswith("Usage: ") and "Commands:" in result.stderr and "error" not in result.stderr
 
 
 def test_generate_json_has_the_documented_keys(smollm2_path):

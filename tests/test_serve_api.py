@@ -231,6 +231,24 @@ def test_client_leaving_mid_stream_frees_the_slot(server, client):
     assert _chat(client, max_tokens=2).choices[0].message.content is not None
 
 
+def test_a_whole_request_whose_client_leaves_counts_once_as_disconnected(server):
+    """Not also as `busy`: the 503 it was answered (to no one) had counted as a refusal."""
+    body = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 400}
+    with server.client() as http:
+        before = http.get("/metrics").text
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/completions", json=body, timeout=0.3)
+        _wait_for_free_slot(http)
+        deadline = time.monotonic() + 20
+        while _metric(after := http.get("/metrics").text, "pocketspec_requests_total", endpoint="completions",
+                      outcome="disconnected") == _metric(before, "pocketspec_requests_total", endpoint="completions",
+                                                         outcome="disconnected") and time.monotonic() < deadline:
+            time.sleep(0.05)
+    for outcome, more in (("disconnected", 1), ("busy", 0), ("length", 0)):
+        assert _metric(after, "pocketspec_requests_total", endpoint="completions", outcome=outcome) == \
+            _metric(before, "pocketspec_requests_total", endpoint="completions", outcome=outcome) + more, outcome
+
+
 def test_client_leaving_while_sending_its_body_is_counted_not_logged_as_a_failure(server):
     """Content-Length promises 1000 bytes, 20 arrive, the connection closes: no 500 and no traceback."""
     host, port = server.url.removeprefix("http://").split(":")

@@ -104,6 +104,20 @@ def test_whole_response_with_stop_and_usage():
     assert response["usage"]["drafted_tokens"] == 4 and response["usage"]["acceptance_rate"] == 0.75
 
 
+def test_a_reply_counts_its_tokens_up_to_the_one_that_completed_the_stop_string():
+    """However far the slots ran before they saw the stop (here at least to the end of its 3-token step)."""
+    response = _client("one two three four", step=3).post("/v1/completions", json={"prompt": "count",
+                                                                                    "stop": "three"}).json()
+    assert response["choices"][0]["text"] == "one two "
+    assert response["usage"]["completion_tokens"] == len(b"one two three")
+
+
+def test_a_streamed_reply_counts_its_tokens_to_the_stop_string_too():
+    _, chunks = _streamed(_client("one two three four", step=3), {"prompt": "count", "stop": ["two", "zz"],
+                                                                  "stream_options": {"include_usage": True}})
+    assert chunks[-1]["usage"]["completion_tokens"] == len(b"one two")
+
+
 def test_length_finish_when_max_tokens_cuts_the_reply():
     response = _client("abcdefgh").post("/v1/completions", json={"prompt": "x", "max_tokens": 3}).json()
     assert response["choices"][0] == {"index": 0, "text": "abc", "logprobs": None, "finish_reason": "length"}

@@ -88,6 +88,27 @@ def test_signal_during_a_request_exits_0_in_bounded_time(smollm2_path, sig):
         server.stop(signal.SIGKILL)
 
 
+def test_a_body_still_arriving_at_a_signal_is_answered_503_at_once(smollm2_path):
+    """uvicorn would wait out --shutdown-seconds for the rest of the body, then cancel the request: a 500 in
+    plain text and a traceback in the log."""
+    server = ServerProcess("--shutdown-seconds", "60")
+    try:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=20) as connection:
+            connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: 100\r\n\r\n" + b'{"pro')
+            time.sleep(0.5)
+            server.process.send_signal(signal.SIGINT)
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503") and b'"code":"shutting_down"' in answer, answer
+        assert server.process.wait(timeout=20) == 0
+        assert "Traceback" not in server.stderr()
+    finally:
+        server.stop(signal.SIGKILL)
+
+
 def _serve(*flags: str) -> subprocess.CompletedProcess:
     environment = {key: value for key, value in os.environ.items() if key != "POCKETSPEC_API_KEY"}
     return subprocess.run([sys.executable, "-m", "apps.cli", "serve", "--target", "smollm2-135m-instruct", *flags],

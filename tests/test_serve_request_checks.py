@@ -64,6 +64,14 @@ def test_neutral_values_and_user_are_accepted():
                              response_format={"type": "text"}, parallel_tool_calls=True, logit_bias=None), DEFAULTS)
 
 
+def test_what_multi_agent_and_dashboard_clients_send_is_accepted():
+    """A participant's name, tags for OpenAI's dashboard, the default tier, and tool_choice "auto" with no tool."""
+    generation_options(_chat(messages=[{"role": "user", "content": "x", "name": "alice"}], metadata={"run": "7"},
+                             service_tier="auto", tools=[], tool_choice="auto"), DEFAULTS)
+    assert _refused(generation_options, _chat(tools=[{"type": "function"}], tool_choice="auto"),
+                    DEFAULTS).param == "tools"
+
+
 def test_messages_are_flattened_for_the_template():
     body = ChatCompletionRequest.model_validate({"messages": [
         {"role": "developer", "content": "be brief"},
@@ -77,6 +85,21 @@ def test_messages_are_flattened_for_the_template():
 ])
 def test_messages_the_server_cannot_render_are_refused(message, param):
     assert _refused(chat_messages, ChatCompletionRequest.model_validate({"messages": [message]})).param == param
+
+
+def test_an_unsupported_role_is_named_before_the_fields_that_go_with_it():
+    error = _refused(generation_options, _chat(messages=[{"role": "tool", "content": "x", "tool_call_id": "c"}]),
+                     DEFAULTS)
+    assert error.param == "messages[0].role" and "'tool' is not supported" in error.message
+
+
+@pytest.mark.parametrize("content", [None, []])
+def test_a_user_message_without_content_is_refused(content):
+    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": content}]})
+    assert _refused(chat_messages, body).param == "messages[0].content"
+    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "x"},
+                                                              {"role": "assistant", "content": content}]})
+    assert chat_messages(body)[1] == {"role": "assistant", "content": ""}
 
 
 def test_message_fields_are_checked_like_the_body():

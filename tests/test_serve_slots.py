@@ -142,6 +142,29 @@ def test_llama_rows_run_requests_together_and_each_goes_where_its_prefix_is_cach
         slots.close()
 
 
+def test_a_request_cancelled_while_its_prompt_prefills_stops_at_the_next_chunk():
+    """A client that leaves while its long prompt prefills frees the slot at the next chunk, before the rest of
+    the prompt and its first token; meanwhile the slot shows as in use, not the request as queued."""
+    slots = open_slots(replace(_settings("llama.cpp"), max_context=2048), max_concurrency=1)
+    try:
+        story = " ".join(f"Day {day}: the keeper lit the lamp at dusk." for day in range(1, 120))
+        prompt = _prompt(slots, story)
+        assert len(prompt) > 1024  # more than one chunk of 512
+        seen: list[tuple[int, int]] = []
+
+        def is_cancelled() -> bool:  # true once the prompt holds the slot: at its first chunk's end
+            seen.append((slots.in_use(), slots.queued()))
+            return slots.in_use() > 0
+
+        outcome = slots.submit(GenerationRequest(prompt, 8, SamplingSettings()), lambda tokens: None,
+                               is_cancelled).result(timeout=300)
+        assert outcome.stop_reason == "cancelled" and outcome.tokens == []
+        assert seen[-1] == (1, 0) and slots.in_use() == 0 and slots.queued() == 0
+        assert _generate(slots, _prompt(slots, QUESTIONS[0]), max_new_tokens=4)[0].result(timeout=300).tokens
+    finally:
+        slots.close()
+
+
 def test_serving_on_llama_cpp_loads_no_torch(smollm2_path):
     """--memory-budget bounds the whole process: the pool that serves llama.cpp must not pull in torch
     (about 180 MiB resident on this CPU)."""

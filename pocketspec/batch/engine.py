@@ -144,7 +144,7 @@ class BatchEngine:
             if should_stop is not None and should_stop():
                 finished = pool.stop_all()
             else:
-                finished = pool.step(should_stop)
+                finished = pool.step(None if should_stop is None else lambda index: should_stop())
             for result in finished:
                 results.append(result)
                 if on_finished is not None:

@@ -5,6 +5,7 @@ scheduler picks who steps together, finished sequences leave and free their rows
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from typing import Callable
@@ -24,17 +25,24 @@ class BatchPool:
     def has_work(self) -> bool:
         return bool(self.waiting or self.active)
 
+    @property
+    def num_rows_in_use(self) -> int:
+        """Rows taken: the running sequences', and from the start of its prefill the one being admitted."""
+        return self.engine.target.num_rows - len(self.free_rows)
+
     def add(self, index: int, request: Request, submitted_at: float | None = None) -> None:
         self.waiting.append((index, request, time.perf_counter() if submitted_at is None else submitted_at))
 
-    def step(self, should_stop: Callable[[], bool] | None = None) -> list[BatchResult]:
-        """Admit what fits, run one draft + verify step for the scheduler's group; the results that ended."""
+    def step(self, should_stop: Callable[[int], bool] | None = None) -> list[BatchResult]:
+        """Admit what fits, run one draft + verify step for the scheduler's group; the results that ended.
+        should_stop(index), asked between the chunks of a prompt's prefill, ends that request there."""
         finished = []
         while self.waiting and self.free_rows:
             index, request, submitted_at = self.waiting.popleft()
             row = self.engine.best_row(request.prompt, self.free_rows)
             self.free_rows.remove(row)
-            sequence = self.engine.admit(index, request, row, submitted_at, should_stop)
+            stops_prefill = None if should_stop is None else functools.partial(should_stop, index)
+            sequence = self.engine.admit(index, request, row, submitted_at, stops_prefill)
             self.active[index] = sequence
             if sequence.is_finished:
                 finished.append(self._finish(sequence))

@@ -40,6 +40,10 @@ def bad_request(message: str, *, param: str | None = None, code: str | None = No
     return APIError(400, message, param=param, code=code)
 
 
+def shutting_down_error() -> APIError:
+    return APIError(503, "the server is shutting down", code="shutting_down")
+
+
 def error_body(error: APIError) -> dict:
     return {"error": {"message": error.message, "type": error.error_type, "param": error.param, "code": error.code}}
 

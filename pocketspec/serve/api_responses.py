@@ -27,14 +27,13 @@ def finish_reason(stop_reason: str, is_stopped_by_string: bool) -> str | None:
     return None
 
 
-def usage(outcome: GenerationOutcome) -> dict:
-    """OpenAI's counts (completion_tokens: every token generated, a stop string's included) and PocketSpec's:
-    draft tokens proposed and accepted, and the prompt tokens found already cached."""
-    num_generated = len(outcome.tokens)
+def usage(outcome: GenerationOutcome, num_completion_tokens: int) -> dict:
+    """OpenAI's counts (completion_tokens: the reply's tokens, up to the one that completed a stop string)
+    and PocketSpec's: draft tokens proposed and accepted, and the prompt tokens found already cached."""
     return {
         "prompt_tokens": outcome.num_prompt_tokens,
-        "completion_tokens": num_generated,
-        "total_tokens": outcome.num_prompt_tokens + num_generated,
+        "completion_tokens": num_completion_tokens,
+        "total_tokens": outcome.num_prompt_tokens + num_completion_tokens,
         "prompt_tokens_details": {"cached_tokens": outcome.num_reused_tokens},
         "drafted_tokens": outcome.num_drafted,
         "accepted_tokens": outcome.num_accepted,

@@ -53,14 +53,13 @@ class BatchSlots(Slots):
             if not self._pool.has_work:
                 continue
             try:
-                finished = self._pool.step(self._is_closing.is_set)  # a long prefill stops at shutdown
+                finished = self._pool.step(self._stops_prefill)
             except BaseException as error:  # fail what runs; the server goes on with new requests
                 self._fail_all(error)
                 continue
             self._stream_new_tokens()
             for result in finished:
                 self._complete(result)
-            self._count()
         for result in self._pool.stop_all("cancelled"):
             self._complete(result)
         self._take_incoming(block=False)
@@ -84,7 +83,10 @@ class BatchSlots(Slots):
                 pending = self._incoming.get_nowait()
             except queue.Empty:
                 break
-        self._count()
+
+    def _stops_prefill(self, index: int) -> bool:
+        """A long prompt's prefill ends at its next chunk when the server shuts down or its client leaves."""
+        return self._is_closing.is_set() or self._pending[index].is_cancelled()
 
     def _stop_cancelled(self) -> None:
         for index, pending in list(self._pending.items()):
@@ -92,7 +94,6 @@ class BatchSlots(Slots):
                 result = self._pool.stop(index, "cancelled")
                 if result is not None:
                     self._complete(result)
-                    self._count()  # the slot is free now, even if nothing else runs
 
     def _stream_new_tokens(self) -> None:
         for index, sequence in self._pool.active.items():
@@ -127,12 +128,14 @@ class BatchSlots(Slots):
             self._num_emitted.pop(result.index, None)
             if pending is not None and not pending.future.done():
                 pending.future.set_exception(error)
-        self._count()
 
-    def _count(self) -> None:
-        with self._lock:
-            self._num_in_use = len(self._pool.active)
-            self._num_queued = len(self._pool.waiting) + self._incoming.qsize()
+    def in_use(self) -> int:
+        """Read live from the pool (lengths of lists the slots' thread changes): a prompt being prefilled
+        holds its row, so a long prefill shows as a slot in use, not as a request still queued."""
+        return self._pool.num_rows_in_use
+
+    def queued(self) -> int:
+        return len(self._pool.waiting) + self._incoming.qsize()
 
     def close(self, timeout_seconds: float = 30.0) -> None:
         """Cancel what runs and what waits (within one step), then free the models."""

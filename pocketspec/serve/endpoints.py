@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from pocketspec.conversation.chat_template import encode_chat, encode_prompt
 from pocketspec.errors import UserError
-from pocketspec.serve.api_errors import APIError, bad_request, error_body, from_validation
+from pocketspec.serve.api_errors import (CLIENT_CLOSED_REQUEST, APIError, bad_request, error_body, from_validation,
+                                         shutting_down_error)
 from pocketspec.serve.api_requests import ChatCompletionRequest, CompletionRequest
 from pocketspec.serve.api_responses import (SSE_DONE, ChatShape, ResponseShape, TextShape, finish_reason, sse_event,
                                             usage)
@@ -27,10 +28,6 @@ from pocketspec.serve.server_state import ServerState
 log = logging.getLogger("pocketspec.serve")
 
 
-def shutting_down_error() -> APIError:
-    return APIError(503, "the server is shutting down", code="shutting_down")
-
-
 def check_model(model: str | None, model_id: str) -> None:
     if model is not None and model != model_id:
         raise APIError(404, f"model {model!r} is not served here; this server serves {model_id!r}",
@@ -41,8 +38,8 @@ def check_prompt(prompt_tokens: list[int], max_context: int, param: str) -> None
     if not prompt_tokens:
         raise bad_request("the prompt is empty", param=param)
     if len(prompt_tokens) >= max_context:
-        raise bad_request(f"the prompt has {len(prompt_tokens)} tokens but the context holds {max_context}; "
-                          "shorten it", param=param, code="context_length_exceeded")
+        raise bad_request(f"the prompt has {len(prompt_tokens)} tokens, which leaves no room for a reply in a "
+                          f"context of {max_context}: shorten it", param=param, code="context_length_exceeded")
 
 
 def generation_error(error: BaseException) -> APIError:
@@ -60,7 +57,8 @@ async def _parsed(request: Request, state: ServerState, body_class):
     if state.shutting_down.is_set():
         raise shutting_down_error()
     try:
-        body = body_class.model_validate_json(await read_body(request, state.max_body_bytes))
+        body = body_class.model_validate_json(await read_body(request, state.max_body_bytes,
+                                                              state.shutting_down.is_set))
     except ValidationError as error:
         raise from_validation(error) from None
     check_model(body.model, state.model_id)
@@ -136,9 +134,12 @@ async def _whole(request: Request, live: LiveGeneration, shape: ResponseShape) -
         watcher.cancel()
         live.leave()
     reason = finish_reason(outcome.stop_reason, live.is_stopped_by_string)
-    if reason is None:
-        raise shutting_down_error()
-    return JSONResponse(shape.full(text, reason, usage(outcome)))
+    if reason is None:  # cancelled, and counted by _record as the client's leaving or the shutdown
+        error = (APIError(CLIENT_CLOSED_REQUEST, "the client disconnected before it was answered",
+                          code="client_disconnected") if live.is_client_gone else shutting_down_error())
+        error.is_counted = True
+        raise error
+    return JSONResponse(shape.full(text, reason, usage(outcome, live.num_completion_tokens(outcome))))
 
 
 async def _events(live: LiveGeneration, shape: ResponseShape, include_usage: bool):
@@ -156,5 +157,5 @@ async def _events(live: LiveGeneration, shape: ResponseShape, include_usage: boo
     reason = finish_reason(outcome.stop_reason, live.is_stopped_by_string)
     yield sse_event(shape.chunk(None, reason) if reason is not None else error_body(shutting_down_error()))
     if include_usage:
-        yield sse_event(shape.usage_chunk(usage(outcome)))
+        yield sse_event(shape.usage_chunk(usage(outcome, live.num_completion_tokens(outcome))))
     yield SSE_DONE

@@ -1,17 +1,18 @@
-"""The HTTP edges of a request: its body read up to --max-body, noticing a client that leaves, and a
-streamed response that tells its generation when it ends, however it ends."""
+"""The HTTP edges of a request: its body read up to --max-body, noticing a client that leaves or a
+shutdown, and a streamed response that tells its generation when it ends, however it ends."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Callable
 
 from fastapi import Request
-from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 
-from pocketspec.serve.api_errors import CLIENT_CLOSED_REQUEST, APIError, bad_request
+from pocketspec.serve.api_errors import CLIENT_CLOSED_REQUEST, APIError, bad_request, shutting_down_error
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SHUTDOWN_POLL_SECONDS = 0.25  # how soon a body still arriving at a shutdown is answered 503
 
 
 def _too_large(max_bytes: int) -> APIError:
@@ -19,8 +20,10 @@ def _too_large(max_bytes: int) -> APIError:
                     code="request_too_large")
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The whole body; 413 as soon as it is known to pass max_bytes (from Content-Length, else while reading)."""
+async def read_body(request: Request, max_bytes: int, is_shutting_down: Callable[[], bool]) -> bytes:
+    """The whole body; 413 as soon as it is known to pass max_bytes (from Content-Length, else while reading).
+    A shutdown answers a body still arriving with 503 at once: uvicorn would wait out --shutdown-seconds for
+    it, then cancel the request and log the cancellation's traceback."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.strip().isdigit():
@@ -28,15 +31,27 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
         if int(declared) > max_bytes:
             raise _too_large(max_bytes)
     body = bytearray()
-    try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > max_bytes:
-                raise _too_large(max_bytes)
-    except ClientDisconnect:  # no one is left to read the answer: it is counted, not logged as a failure
-        raise APIError(CLIENT_CLOSED_REQUEST, "the client disconnected before its request body was read",
-                       code="client_disconnected") from None
-    return bytes(body)
+    while True:
+        message = await _next_message(request, is_shutting_down)
+        if message["type"] == "http.disconnect":  # no one is left to read the answer: counted, not logged
+            raise APIError(CLIENT_CLOSED_REQUEST, "the client disconnected before its request body was read",
+                           code="client_disconnected")
+        body += message.get("body", b"")
+        if len(body) > max_bytes:
+            raise _too_large(max_bytes)
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+async def _next_message(request: Request, is_shutting_down: Callable[[], bool]) -> dict:
+    """The next ASGI message of the request; 503 when the server starts shutting down first."""
+    receiving = asyncio.ensure_future(request.receive())
+    while not receiving.done():
+        await asyncio.wait({receiving}, timeout=SHUTDOWN_POLL_SECONDS)
+        if is_shutting_down() and not receiving.done():
+            receiving.cancel()  # uvicorn keeps what arrived until the next receive, so nothing is lost
+            raise shutting_down_error()
+    return receiving.result()
 
 
 async def watch_disconnect(request: Request, on_gone: Callable[[], None]) -> None:

@@ -5,7 +5,9 @@ The slots generate on their own thread. Their tokens cross to the loop through
 call_soon_threadsafe into an asyncio.Queue, and are decoded there with the tokenizer's streamer
 (a multi-byte character split over tokens is held until whole). is_cancelled, which the slots
 poll between steps, turns true when a stop string is seen, the client leaves or the server shuts
-down, so the slot frees within one step.
+down, so the slot frees within one step. The slots may have generated a few tokens more by then: the
+reply's token count is the tokens read up to the one that completed the stop string, the same in every
+run (the text is the same too).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class LiveGeneration:
         self._is_shutting_down = is_shutting_down
         self._on_done = on_done
         self._is_cancelled = False  # written on the loop, read on the slots' thread
+        self._num_tokens_read = 0
         self.is_client_gone = False
         self.is_done = False
         self.future = slots.submit(request, self._on_tokens, self._should_stop)
@@ -43,16 +46,30 @@ class LiveGeneration:
         if not self.is_done:
             self.is_client_gone = self._is_cancelled = True
 
+    def num_completion_tokens(self, outcome: GenerationOutcome) -> int:
+        """The reply's tokens: up to the one that completed a stop string, else all that were generated."""
+        return self._num_tokens_read if self.is_stopped_by_string else len(outcome.tokens)
+
     async def texts(self) -> AsyncIterator[str]:
         """The reply's text in pieces as they are decoded, up to the first stop string; once only."""
         while (tokens := await self._pieces.get()) is not _DONE:
-            text = self._stop_text.push(self._streamer.push(tokens))
+            text = self._read(tokens)
             self._is_cancelled = self._is_cancelled or self._stop_text.is_stopped
             if text:
                 yield text
         tail = self._stop_text.push(self._streamer.flush()) + self._stop_text.finish()
         if tail:
             yield tail
+
+    def _read(self, tokens: list[int]) -> str:
+        """What of `tokens` can be handed on, decoded one token at a time up to the end of a stop string."""
+        text = ""
+        for token in tokens:
+            if self._stop_text.is_stopped:
+                break
+            self._num_tokens_read += 1
+            text += self._stop_text.push(self._streamer.push([token]))
+        return text
 
     async def outcome(self) -> GenerationOutcome:
         return await asyncio.wrap_future(self.future)

@@ -2,8 +2,10 @@
 
 A field the server does not support is refused by name, never ignored, unless its value asks for
 nothing (`logprobs: false`, `n: 1`, `tools: []`, `frequency_penalty: 0`, any field set to null):
-clients that spell out OpenAI's defaults still work. `user` (an end-user id for abuse monitoring)
-is accepted and unused. Numeric ranges are SamplingSettings' and GenerationSettings' own.
+clients that spell out OpenAI's defaults still work. `user` (an end-user id for abuse monitoring),
+`metadata` (tags for OpenAI's dashboard) and a message's `name` (a participant's name, which no chat
+template here shows the model) are accepted and unused. Numeric ranges are SamplingSettings' and
+GenerationSettings' own.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from pocketspec.setting_ranges import setting_range
 from pocketspec.settings import GenerationSettings, SamplingSettings
 
 MAX_STOP_STRINGS = 4  # as OpenAI
-ACCEPTED_UNUSED = ("user",)
+ACCEPTED_UNUSED = ("user", "metadata")
+MESSAGE_ACCEPTED_UNUSED = ("name",)
 _PENALTIES = {"frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},)}
 CHAT_NEUTRAL = {**_PENALTIES, "logprobs": (False,), "top_logprobs": (0,), "tools": ([],), "functions": ([],),
-                "tool_choice": ("none",), "function_call": ("none",), "parallel_tool_calls": (True, False),
-                "response_format": ({"type": "text"},), "modalities": (["text"],), "store": (False,)}
+                # with no tools, "auto" chooses none of them (a tool given is refused as `tools`)
+                "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
+                "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},),
+                "modalities": (["text"],), "store": (False,), "service_tier": ("auto", "default")}
 COMPLETION_NEUTRAL = {**_PENALTIES, "echo": (False,), "best_of": (1,), "suffix": ("",)}
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -42,10 +47,11 @@ class GenerationOptions:
     include_usage: bool = False
 
 
-def refuse_extra(extra: dict | None, neutral: dict[str, tuple], prefix: str = "") -> None:
+def refuse_extra(extra: dict | None, neutral: dict[str, tuple], prefix: str = "",
+                 accepted_unused: tuple[str, ...] = ()) -> None:
     """400 naming the first field in `extra` that asks for something this server does not do."""
     for name, value in (extra or {}).items():
-        if value is None or name in ACCEPTED_UNUSED or value in neutral.get(name, ()):
+        if value is None or name in accepted_unused or value in neutral.get(name, ()):
             continue
         what = "is not supported by this server" if name in neutral else "is not a field this server knows"
         raise bad_request(f"`{prefix}{name}` {what}; leave it out", param=prefix + name, code="unsupported_parameter")
@@ -53,14 +59,15 @@ def refuse_extra(extra: dict | None, neutral: dict[str, tuple], prefix: str = ""
 
 def refuse_unsupported(body: SamplingFields) -> None:
     is_chat = isinstance(body, ChatCompletionRequest)
-    refuse_extra(body.model_extra, CHAT_NEUTRAL if is_chat else COMPLETION_NEUTRAL)
+    refuse_extra(body.model_extra, CHAT_NEUTRAL if is_chat else COMPLETION_NEUTRAL, accepted_unused=ACCEPTED_UNUSED)
     if body.stream_options is not None:
         refuse_extra(body.stream_options.model_extra, {}, "stream_options.")
     if body.n not in (None, 1):
         raise bad_request(f"n = {body.n} is not supported: this server returns one choice per request (n = 1)",
                           param="n", code="unsupported_parameter")
     for index, message in enumerate(body.messages if is_chat else []):
-        refuse_extra(message.model_extra, {}, f"messages[{index}].")
+        check_role(message.role, index)  # before its fields, which depend on the role (`tool_call_id`)
+        refuse_extra(message.model_extra, {}, f"messages[{index}].", MESSAGE_ACCEPTED_UNUSED)
 
 
 def _in_range(settings_class, field_name: str, param: str, value):
@@ -110,7 +117,15 @@ def generation_options(body: SamplingFields, defaults: RequestDefaults) -> Gener
     )
 
 
+def check_role(role: str, index: int) -> None:
+    if role not in CHAT_ROLES:
+        raise bad_request(f"messages[{index}].role {role!r} is not supported: use one of {', '.join(CHAT_ROLES)}",
+                          param=f"messages[{index}].role")
+
+
 def _message_text(message, index: int) -> str:
+    if message.role != "assistant" and message.content in (None, []):
+        raise bad_request(f"messages[{index}] (role {message.role!r}) has no content", param=f"messages[{index}].content")
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
     for part_index, part in enumerate(message.content):
@@ -125,9 +140,7 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
     """The conversation as the chat template takes it: role and text (a `developer` message is a system one)."""
     messages = []
     for index, message in enumerate(body.messages):
-        if message.role not in CHAT_ROLES:
-            raise bad_request(f"messages[{index}].role {message.role!r} is not supported: use one of "
-                              f"{', '.join(CHAT_ROLES)}", param=f"messages[{index}].role")
+        check_role(message.role, index)
         messages.append({"role": CHAT_ROLES[message.role], "content": _message_text(message, index)})
     return messages
 
