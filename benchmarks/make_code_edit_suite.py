@@ -6,7 +6,10 @@ them, and the instructions are mechanical, so the suite tunes nothing toward Poc
 Each row is one edit (category: rename, type_hints, docstring, api_change); rows of category
 `multi_turn` have a second turn that asks to modify the first reply.
 
-    python benchmarks/make_code_edit_suite.py [--per-category 8] [--seed 0]
+    python benchmarks/make_code_edit_suite.py [--per-category 8] [--seed 0] [--out FILE]
+
+Another seed draws other functions: a held-out suite for checking that a change helps edits nobody
+tuned it on (write it outside benchmarks/data with --out).
 """
 
 from __future__ import annotations
@@ -80,10 +83,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-category", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     rows = build(args.per_category, args.seed)
-    OUT.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    print(f"{len(rows)} prompts -> {OUT}")
+    args.out.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    print(f"{len(rows)} prompts -> {args.out}")
 
 
 if __name__ == "__main__":

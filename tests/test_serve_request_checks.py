@@ -64,6 +64,15 @@ def test_neutral_values_and_user_are_accepted():
                              response_format={"type": "text"}, parallel_tool_calls=True, logit_bias=None), DEFAULTS)
 
 
+@pytest.mark.parametrize("field, value", [("logprobs", 0), ("parallel_tool_calls", 1), ("frequency_penalty", False)])
+def test_a_number_is_not_taken_for_a_neutral_boolean_or_the_other_way(field, value):
+    assert _refused(generation_options, _chat(**{field: value}), DEFAULTS).param == field
+
+
+def test_a_neutral_number_may_be_written_as_a_float():
+    generation_options(_chat(frequency_penalty=0.0, presence_penalty=0.0), DEFAULTS)
+
+
 def test_what_multi_agent_and_dashboard_clients_send_is_accepted():
     """A participant's name, tags for OpenAI's dashboard, the default tier, and tool_choice "auto" with no tool."""
     generation_options(_chat(messages=[{"role": "user", "content": "x", "name": "alice"}], metadata={"run": "7"},

@@ -51,10 +51,16 @@ def refuse_extra(extra: dict | None, neutral: dict[str, tuple], prefix: str = ""
                  accepted_unused: tuple[str, ...] = ()) -> None:
     """400 naming the first field in `extra` that asks for something this server does not do."""
     for name, value in (extra or {}).items():
-        if value is None or name in accepted_unused or value in neutral.get(name, ()):
+        if value is None or name in accepted_unused or _asks_for_nothing(value, neutral.get(name, ())):
             continue
         what = "is not supported by this server" if name in neutral else "is not a field this server knows"
         raise bad_request(f"`{prefix}{name}` {what}; leave it out", param=prefix + name, code="unsupported_parameter")
+
+
+def _asks_for_nothing(value, neutral_values: tuple) -> bool:
+    """Equal to a neutral value, a boolean only to a boolean: `logprobs: 0` is not `false`, nor `best_of: true`
+    1 (while `frequency_penalty: 0.0` is 0)."""
+    return any(isinstance(value, bool) == isinstance(neutral, bool) and value == neutral for neutral in neutral_values)
 
 
 def refuse_unsupported(body: SamplingFields) -> None:
