@@ -31,7 +31,8 @@ class PeopleFirstGroup(click.Group):
         except click.Abort:
             click.echo("interrupted", err=True)
             sys.exit(130)
-        except click.exceptions.NoArgsIsHelpError as error:  # `pocketspec`, `pocketspec models`: the help, as asked
+        except click.exceptions.NoArgsIsHelpError as error:  # `pocketspec`, `pocketspec models`: the help, exit 2
+            # as click has it for a group named without a command
             error.show()
             sys.exit(error.exit_code)
         except click.ClickException as error:

@@ -25,8 +25,8 @@ SPECULATION = SpeculationSettings()
 MODEL = ModelSettings()
 GENERATION = GenerationSettings()
 BATCH = BatchSettings()
-BATCH_OPTIONS = ("batch", "output", "scheduler", "batch_invariant", "pool_rows")
-BATCH_ONLY_OPTIONS = ("scheduler", "batch_invariant", "pool_rows")
+BATCH_ONLY_OPTIONS = ("scheduler", "batch_invariant", "pool_rows")  # read by --batch alone
+BATCH_OPTIONS = ("batch", "output", *BATCH_ONLY_OPTIONS)
 
 
 class SettingValue(click.ParamType):

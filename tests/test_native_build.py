@@ -1,4 +1,5 @@
-"""native/llama_build.sh: the CMake arguments of each accelerator (the recipes are shell; nothing is built)."""
+"""native/llama_build.sh: the CMake arguments of each accelerator (the recipes are shell; nothing is built here),
+and what native/build_llama_cpp.sh installed in this venv (as `make setup` builds it)."""
 
 from __future__ import annotations
 

@@ -236,8 +236,8 @@ def test_a_whole_request_whose_client_leaves_counts_once_as_disconnected(server)
     body = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 400}
     with server.client() as http:
         before = http.get("/metrics").text
-        with pytest.raises(httpx.ReadTimeout):
-            http.post("/v1/completions", json=body, timeout=0.3)
+        with pytest.raises(httpx.ReadTimeout):  # 400 tokens in 0.15 s would be over 2,500 a second
+            http.post("/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.15))
         _wait_for_free_slot(http)
         deadline = time.monotonic() + 20
         while _metric(after := http.get("/metrics").text, "pocketspec_requests_total", endpoint="completions",

@@ -97,7 +97,7 @@ def test_a_body_still_arriving_at_a_signal_is_answered_503_at_once(smollm2_path)
         with socket.create_connection((host, int(port)), timeout=20) as connection:
             connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                                b"Content-Length: 100\r\n\r\n" + b'{"pro')
-            time.sleep(0.5)
+            time.sleep(1.5)  # the headers parsed, the app waiting for the rest of the body
             server.process.send_signal(signal.SIGINT)
             answer = b""
             while chunk := connection.recv(65536):

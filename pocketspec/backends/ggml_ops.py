@@ -33,7 +33,7 @@ def installed_lib_dir() -> Path:
 def cpu_library(lib_dir: Path | None = None) -> Path:
     """ggml's CPU backend library, where the kernels (and the row-exact patch's) live: by its soname,
     the file llama.cpp's own libraries link to, so that the process holds one copy of it."""
-    return (lib_dir or installed_lib_dir()) / "libggml-cpu.so.0"
+    return (lib_dir or installed_lib_dir()) / "libggml-cpu.so.0"  # SOVERSION 0 of the pinned llama.cpp
 
 
 def cpu_library_identity(lib_dir: Path | None = None) -> str:

@@ -42,7 +42,11 @@ class BatchPool:
             row = self.engine.best_row(request.prompt, self.free_rows)
             self.free_rows.remove(row)
             stops_prefill = None if should_stop is None else functools.partial(should_stop, index)
-            sequence = self.engine.admit(index, request, row, submitted_at, stops_prefill)
+            try:
+                sequence = self.engine.admit(index, request, row, submitted_at, stops_prefill)
+            except BaseException:  # a prefill that failed gives its row back: it would stay taken for good
+                self.free_rows.append(row)
+                raise
             self.active[index] = sequence
             if sequence.is_finished:
                 finished.append(self._finish(sequence))

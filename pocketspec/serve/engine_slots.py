@@ -25,6 +25,7 @@ class EngineSlots(Slots):
         self.template = session.template
         self.max_context = session.engine.max_context
         self.num_slots = 1
+        self._is_generating = False
         self._thread = threading.Thread(target=self._serve, name="pocketspec-engine", daemon=True)
         self._thread.start()
 
@@ -33,17 +34,14 @@ class EngineSlots(Slots):
             pending = self._incoming.get()
             if pending is _STOP:
                 return
-            with self._lock:
-                self._num_queued -= 1
-                self._num_in_use += 1
+            self._is_generating = True
             try:
                 if pending.future.set_running_or_notify_cancel():
                     pending.future.set_result(self._generate(pending))
             except BaseException as error:  # the request fails, the server goes on
                 pending.future.set_exception(error)
             finally:
-                with self._lock:
-                    self._num_in_use -= 1
+                self._is_generating = False
 
     def _generate(self, pending: PendingGeneration) -> GenerationOutcome:
         started = time.perf_counter()
@@ -64,6 +62,12 @@ class EngineSlots(Slots):
             result.tokens, "cancelled" if result.stop_reason == "interrupted" else result.stop_reason,
             len(request.prompt_tokens), stats.num_drafted, stats.num_accepted, stats.num_reused_tokens,
             time.perf_counter() - started, started - pending.submitted_at)
+
+    def in_use(self) -> int:
+        return int(self._is_generating)
+
+    def queued(self) -> int:
+        return self._incoming.qsize()
 
     def close(self, timeout_seconds: float = 30.0) -> None:
         """Cancel what runs and what waits (the running request stops within one step), then close the engine."""

@@ -67,9 +67,6 @@ class Slots:
     num_slots: int = 1
 
     def __init__(self):
-        self._lock = threading.Lock()
-        self._num_in_use = 0
-        self._num_queued = 0
         self._incoming: queue.Queue = queue.Queue()
         self._is_closing = threading.Event()
 
@@ -79,8 +76,6 @@ class Slots:
         if refusal is not None:
             pending.future.set_exception(refusal)
             return pending.future
-        with self._lock:
-            self._num_queued += 1
         self._incoming.put(pending)
         return pending.future
 
@@ -93,14 +88,12 @@ class Slots:
         cancel_waiting(self._incoming)
 
     def in_use(self) -> int:
-        """Requests generating now."""
-        with self._lock:
-            return self._num_in_use
+        """Requests generating now (a prompt being prefilled included)."""
+        raise NotImplementedError
 
     def queued(self) -> int:
         """Requests waiting for a slot."""
-        with self._lock:
-            return self._num_queued
+        raise NotImplementedError
 
     def close(self) -> None:
         raise NotImplementedError

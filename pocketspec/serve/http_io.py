@@ -33,6 +33,8 @@ async def read_body(request: Request, max_bytes: int, is_shutting_down: Callable
     body = bytearray()
     while True:
         message = await _next_message(request, is_shutting_down)
+        if is_shutting_down():  # a body that keeps arriving is cut off at a shutdown too
+            raise shutting_down_error()
         if message["type"] == "http.disconnect":  # no one is left to read the answer: counted, not logged
             raise APIError(CLIENT_CLOSED_REQUEST, "the client disconnected before its request body was read",
                            code="client_disconnected")
@@ -46,12 +48,14 @@ async def read_body(request: Request, max_bytes: int, is_shutting_down: Callable
 async def _next_message(request: Request, is_shutting_down: Callable[[], bool]) -> dict:
     """The next ASGI message of the request; 503 when the server starts shutting down first."""
     receiving = asyncio.ensure_future(request.receive())
-    while not receiving.done():
-        await asyncio.wait({receiving}, timeout=SHUTDOWN_POLL_SECONDS)
-        if is_shutting_down() and not receiving.done():
-            receiving.cancel()  # uvicorn keeps what arrived until the next receive, so nothing is lost
-            raise shutting_down_error()
-    return receiving.result()
+    try:
+        while not receiving.done():
+            await asyncio.wait({receiving}, timeout=SHUTDOWN_POLL_SECONDS)
+            if is_shutting_down() and not receiving.done():
+                raise shutting_down_error()
+        return receiving.result()
+    finally:
+        receiving.cancel()  # when the shutdown came first, or this request was cancelled while it waited
 
 
 async def watch_disconnect(request: Request, on_gone: Callable[[], None]) -> None:

@@ -53,7 +53,7 @@ class LiveGeneration:
     async def texts(self) -> AsyncIterator[str]:
         """The reply's text in pieces as they are decoded, up to the first stop string; once only."""
         while (tokens := await self._pieces.get()) is not _DONE:
-            text = self._read(tokens)
+            text = self._decode_to_stop(tokens)
             self._is_cancelled = self._is_cancelled or self._stop_text.is_stopped
             if text:
                 yield text
@@ -61,7 +61,7 @@ class LiveGeneration:
         if tail:
             yield tail
 
-    def _read(self, tokens: list[int]) -> str:
+    def _decode_to_stop(self, tokens: list[int]) -> str:
         """What of `tokens` can be handed on, decoded one token at a time up to the end of a stop string."""
         text = ""
         for token in tokens:

@@ -73,7 +73,7 @@ def refuse_unsupported(body: SamplingFields) -> None:
                           param="n", code="unsupported_parameter")
     for index, message in enumerate(body.messages if is_chat else []):
         check_role(message.role, index)  # before its fields, which depend on the role (`tool_call_id`)
-        refuse_extra(message.model_extra, {}, f"messages[{index}].", MESSAGE_ACCEPTED_UNUSED)
+        refuse_extra(message.model_extra, {}, f"messages[{index}].", accepted_unused=MESSAGE_ACCEPTED_UNUSED)
 
 
 def _in_range(settings_class, field_name: str, param: str, value):
