@@ -26,8 +26,10 @@ from pocketspec.backends.gguf_tokenizer import load_tokenizer
 from pocketspec.batch.batched_model import BatchedModel
 from pocketspec.batch.drafting import BatchModelDrafter
 from pocketspec.batch.engine import BatchEngine
+from pocketspec.batch.pool import BatchPool
 from pocketspec.batch.sequence import Request
 from pocketspec.drafters.suffix_index import ngram_key
+from pocketspec.errors import UserError
 from pocketspec.settings import BatchSettings, SamplingSettings, SpeculationSettings
 from pocketspec.torch_model.invariant import TileShape, make_batch_invariant
 from pocketspec.torch_model.load import load_model
@@ -279,6 +281,19 @@ def test_stopping_marks_what_is_unfinished(tiny):
     assert [result.stop_reason for result in results] == ["interrupted"] * 4
     assert [len(result.tokens) for result in results] == [6, 6, 0, 0]
     assert sorted(result.index for result in finished) == [0, 1, 2, 3]
+
+
+def test_a_request_that_fails_its_admission_gives_its_row_back(tiny):
+    """A server's pool goes on after a request fails: the row it was given is free again for the next."""
+    engine = tiny.engine("ngram", max_batch=1, num_rows=1)
+    pool = BatchPool(engine)
+    pool.add(0, Request([1] + [7, 8, 9] * 100, 4))  # 301 tokens: past the 256-token context, refused in admit
+    with pytest.raises(UserError):
+        pool.step()
+    assert pool.num_rows_in_use == 0
+    pool.add(1, Request([1, 5, 6], 8))
+    finished = [result for _ in range(20) if pool.has_work for result in pool.step()]
+    assert [tuple(result.tokens) for result in finished] == [tiny.alone((1, 5, 6), 8)[0]]
 
 
 # the first prompt holds many tokens, so that the n-gram drafter (from one token on) has proposals to make
