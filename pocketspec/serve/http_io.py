@@ -33,8 +33,6 @@ async def read_body(request: Request, max_bytes: int, is_shutting_down: Callable
     body = bytearray()
     while True:
         message = await _next_message(request, is_shutting_down)
-        if is_shutting_down():  # a body that keeps arriving is cut off at a shutdown too
-            raise shutting_down_error()
         if message["type"] == "http.disconnect":  # no one is left to read the answer: counted, not logged
             raise APIError(CLIENT_CLOSED_REQUEST, "the client disconnected before its request body was read",
                            code="client_disconnected")
@@ -46,14 +44,16 @@ async def read_body(request: Request, max_bytes: int, is_shutting_down: Callable
 
 
 async def _next_message(request: Request, is_shutting_down: Callable[[], bool]) -> dict:
-    """The next ASGI message of the request; 503 when the server starts shutting down first."""
+    """The next ASGI message of the request; 503 once the server is shutting down, whether the message came or
+    not (a body that keeps arriving is cut off too)."""
     receiving = asyncio.ensure_future(request.receive())
     try:
-        while not receiving.done():
-            await asyncio.wait({receiving}, timeout=SHUTDOWN_POLL_SECONDS)
-            if is_shutting_down() and not receiving.done():
+        while True:
+            done, _ = await asyncio.wait({receiving}, timeout=SHUTDOWN_POLL_SECONDS)
+            if is_shutting_down():
                 raise shutting_down_error()
-        return receiving.result()
+            if done:
+                return receiving.result()
     finally:
         receiving.cancel()  # when the shutdown came first, or this request was cancelled while it waited
 
