@@ -124,6 +124,17 @@ def test_a_streamed_reply_counts_its_tokens_to_the_stop_string_too():
     assert chunks[-1]["usage"]["completion_tokens"] == len(b"one two")
 
 
+def test_metrics_count_a_reply_that_met_its_stop_string_and_max_tokens_in_one_step_as_stopped():
+    """The client is told `stop` and 13 tokens: /metrics says the same, though the slots' last step emitted the
+    stop string's end and 3 tokens more all at once and ended the generation at max_tokens."""
+    client = _client("one two three four", step=20)
+    response = client.post("/v1/completions", json={"prompt": "count", "stop": "three", "max_tokens": 16}).json()
+    assert response["choices"][0]["finish_reason"] == "stop" and response["usage"]["completion_tokens"] == 13
+    metrics = client.get("/metrics").text
+    assert 'pocketspec_requests_total{endpoint="completions",outcome="stop"} 1.0' in metrics
+    assert 'pocketspec_tokens_total{kind="completion"} 13.0' in metrics
+
+
 def test_length_finish_when_max_tokens_cuts_the_reply():
     response = _client("abcdefgh").post("/v1/completions", json={"prompt": "x", "max_tokens": 3}).json()
     assert response["choices"][0] == {"index": 0, "text": "abc", "logprobs": None, "finish_reason": "length"}

@@ -97,12 +97,12 @@ def _record(state: ServerState, endpoint: str, live: LiveGeneration) -> None:
     future = live.future
     if future.cancelled() or future.exception() is not None:
         is_refused = not future.cancelled() and isinstance(future.exception(), UserError)
-        state.metrics.record_generation(endpoint, "rejected" if is_refused else "failed", None)
+        state.metrics.record_generation(endpoint, "rejected" if is_refused else "failed", None, 0)
         return
     outcome = future.result()
     reason = finish_reason(outcome.stop_reason, live.is_stopped_by_string)
     label = reason or ("disconnected" if live.is_client_gone else "shutdown")
-    state.metrics.record_generation(endpoint, label, outcome)
+    state.metrics.record_generation(endpoint, label, outcome, live.num_completion_tokens(outcome))
 
 
 async def _respond(request: Request, state: ServerState, shape: ResponseShape, options: GenerationOptions,

@@ -2,12 +2,14 @@
 string, then the outcome.
 
 The slots generate on their own thread. Their tokens cross to the loop through
-call_soon_threadsafe into an asyncio.Queue, and are decoded there with the tokenizer's streamer
-(a multi-byte character split over tokens is held until whole). is_cancelled, which the slots
-poll between steps, turns true when a stop string is seen, the client leaves or the server shuts
-down, so the slot frees within one step. The slots may have generated a few tokens more by then: the
-reply's token count is the tokens read up to the one that completed the stop string, the same in every
-run (the text is the same too).
+call_soon_threadsafe and are decoded there as they arrive, with the tokenizer's streamer (a
+multi-byte character split over tokens is held until whole), into an asyncio.Queue of text.
+is_cancelled, which the slots poll between steps, turns true when a stop string is seen, the client
+leaves or the server shuts down, so the slot frees within one step. The slots may have generated a
+few tokens more by then: the reply's token count is the tokens decoded up to the one that completed
+the stop string, the same in every run (the text is the same too). Every token is decoded before the
+generation's end is handled, so on_done sees whether a stop string ended the reply however far the
+client has read.
 """
 
 from __future__ import annotations
@@ -52,14 +54,8 @@ class LiveGeneration:
 
     async def texts(self) -> AsyncIterator[str]:
         """The reply's text in pieces as they are decoded, up to the first stop string; once only."""
-        while (tokens := await self._pieces.get()) is not _DONE:
-            text = self._decode_to_stop(tokens)
-            self._is_cancelled = self._is_cancelled or self._stop_text.is_stopped
-            if text:
-                yield text
-        tail = self._stop_text.push(self._streamer.flush()) + self._stop_text.finish()
-        if tail:
-            yield tail
+        while (text := await self._pieces.get()) is not _DONE:
+            yield text
 
     def _decode_to_stop(self, tokens: list[int]) -> str:
         """What of `tokens` can be handed on, decoded one token at a time up to the end of a stop string."""
@@ -75,7 +71,15 @@ class LiveGeneration:
         return await asyncio.wrap_future(self.future)
 
     def _on_tokens(self, tokens: list[int]) -> None:  # on the slots' thread
-        self._call_on_loop(self._pieces.put_nowait, list(tokens))
+        self._call_on_loop(self._take_tokens, list(tokens))
+
+    def _take_tokens(self, tokens: list[int]) -> None:
+        self._hand_on(self._decode_to_stop(tokens))
+        self._is_cancelled = self._is_cancelled or self._stop_text.is_stopped
+
+    def _hand_on(self, text: str) -> None:
+        if text:
+            self._pieces.put_nowait(text)
 
     def _should_stop(self) -> bool:  # on the slots' thread
         return self._is_cancelled or self._is_shutting_down()
@@ -86,7 +90,8 @@ class LiveGeneration:
         except RuntimeError:  # the loop has closed (a forced exit): no one is left to read
             self._is_cancelled = True
 
-    def _finish(self) -> None:
+    def _finish(self) -> None:  # after every _take_tokens: the slots sent their tokens before the future ended
         self.is_done = True
+        self._hand_on(self._stop_text.push(self._streamer.flush()) + self._stop_text.finish())
         self._pieces.put_nowait(_DONE)
         self._on_done(self)

@@ -42,11 +42,13 @@ class ServerMetrics:
     def _gauge(self, name: str, documentation: str) -> Gauge:
         return Gauge(name, documentation, registry=self.registry)
 
-    def record_generation(self, endpoint: str, outcome_label: str, outcome: GenerationOutcome | None) -> None:
+    def record_generation(self, endpoint: str, outcome_label: str, outcome: GenerationOutcome | None,
+                          num_completion_tokens: int) -> None:
+        """num_completion_tokens: the reply's tokens, as its usage counts them (up to a stop string)."""
         self.requests.labels(endpoint, outcome_label).inc()
         if outcome is None:
             return
-        counts = {"prompt": outcome.num_prompt_tokens, "completion": len(outcome.tokens),
+        counts = {"prompt": outcome.num_prompt_tokens, "completion": num_completion_tokens,
                   "drafted": outcome.num_drafted, "accepted": outcome.num_accepted,
                   "cached": outcome.num_reused_tokens}
         for kind, count in counts.items():
