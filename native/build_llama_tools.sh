@@ -60,10 +60,13 @@ if [[ "$PATCH_ID" != none ]]; then
 fi
 
 # Static libraries make each binary self-contained; the tests and HTTPS download
-# support are not needed for local GGUF files.
+# support are not needed for local GGUF files. llama-server is driven over its API alone: no
+# web UI, so the build does not try to download one (LLAMA_USE_PREBUILT_UI fetches it from
+# Hugging Face, which fails, after its timeouts, on a machine without that access).
 # shellcheck disable=SC2086  # CMAKE_ARGS is a list of words
 cmake -S "$SOURCE" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF $CMAKE_ARGS
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
+  -DLLAMA_USE_PREBUILT_UI=OFF $CMAKE_ARGS
 cmake --build "$WORK/build" --config Release -j "$(nproc)" --target "${TOOLS[@]}"
 
 mkdir -p "$DEST/bin"
