@@ -2,7 +2,7 @@
 `bench --suite` and the benchmark scripts. Errors name the flag, the file and the line.
 
 A line holds `prompt` (a string) or `turns` (a list of user turns, as in Spec-Bench and
-MT-Bench). Optional: `category`, an id (`question_id` or `id`), `seed` (an integer) and
+MT-Bench). Optional: `category`, an id (`question_id` or `id`), `seed` (as --seed's, without -1) and
 `max_tokens` (at least 1). Blank lines are skipped.
 """
 
@@ -15,6 +15,8 @@ from pathlib import Path
 
 from apps.text_input import as_text, read_text_file
 from pocketspec.errors import UserError
+from pocketspec.setting_ranges import setting_range
+from pocketspec.settings import SamplingSettings
 
 DEFAULT_CATEGORY = "uncategorized"
 BATCH_SHAPE = 'give {"prompt": "..."} or {"turns": ["..."]}, one object per line'
@@ -71,14 +73,21 @@ def _turns(row: dict, where: str, shape_hint: str) -> tuple[str, ...]:
     return tuple(as_text(turn, where) for turn in turns)
 
 
-def _whole_number(row: dict, key: str, where: str, minimum: int | None) -> int | None:
+def _whole_number(row: dict, key: str, where: str, minimum: int, maximum: int | None = None) -> int | None:
     value = row.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
-        bound = f" of at least {minimum}" if minimum is not None else ""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or \
+            (maximum is not None and value > maximum):
+        bound = f" of at least {minimum}" if maximum is None else f" from {minimum} to {maximum}"
         raise UserError(f"{where}: `{key}` must be a whole number{bound}, got {value!r}")
     return value
+
+
+def _seed(row: dict, where: str) -> int | None:
+    """A row's own seed: --seed's range, without -1 (a row's seed is there to fix its draws)."""
+    seed_range = setting_range(SamplingSettings, "seed")
+    return _whole_number(row, "seed", where, int(seed_range.low), int(seed_range.high))
 
 
 def read_prompt_rows(path: Path, flag: str, shape_hint: str = SUITE_SHAPE) -> list[PromptRow]:
@@ -87,7 +96,7 @@ def read_prompt_rows(path: Path, flag: str, shape_hint: str = SUITE_SHAPE) -> li
     for line_number, row, where in read_jsonl_objects(path, flag, shape_hint):
         rows.append(PromptRow(line_number, str(row.get("question_id", row.get("id", line_number))),
                               str(row.get("category") or DEFAULT_CATEGORY), _turns(row, where, shape_hint),
-                              _whole_number(row, "seed", where, None), _whole_number(row, "max_tokens", where, 1)))
+                              _seed(row, where), _whole_number(row, "max_tokens", where, 1)))
     if not rows:
         raise UserError(f"{flag} {path} holds no prompts: write one JSON object per line")
     return rows

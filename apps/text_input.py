@@ -1,12 +1,13 @@
 """Text a person hands the CLI (a prompt, a system prompt, piped stdin, a prompt file), made valid UTF-8.
 
 One rule everywhere: bytes that are not UTF-8 become U+FFFD, and a note says so once per
-source on stderr. Python hands such bytes over as lone surrogates (argv and a stdin read
+source on stderr; a leading byte-order mark is dropped. Python hands such bytes over as lone surrogates (argv and a stdin read
 with surrogateescape), which no tokenizer or file can encode; after `as_text` they are gone.
 """
 
 from __future__ import annotations
 
+import codecs
 import sys
 from pathlib import Path
 
@@ -25,7 +26,8 @@ def _note_replaced(source: str, num_replaced: int) -> None:
 
 
 def decode_bytes(data: bytes, source: str) -> str:
-    text = data.decode("utf-8", errors="replace")
+    """The UTF-8 text of `data`, without the byte-order mark an editor (Windows Notepad) may have put first."""
+    text = data.removeprefix(codecs.BOM_UTF8).decode("utf-8", errors="replace")
     _note_replaced(source, text.count(REPLACEMENT) - data.count(REPLACEMENT.encode()))
     return text
 

@@ -174,7 +174,10 @@ def calibrated_costs(backend, *, min_width: int = 1, on_measure=None, force: boo
                        "(once; cached in POCKETSPEC_HOME/costs)")
         costs = measure_costs(backend, max_width=max(min_width, MAX_CALIBRATED_WIDTH), clock=clock)
         if is_trusted(costs.spread):
-            write_json(cost_table_path(costs.key), costs.to_json())
+            path = cost_table_path(costs.key)
+            if not write_json(path, costs.to_json()) and on_measure is not None:
+                on_measure(f"could not save {Path(backend.model_path).name}'s forward costs to {path} (is "
+                           "POCKETSPEC_HOME writable?); this run uses them, the next one measures them again")
         elif on_measure is not None:
             on_measure(f"{Path(backend.model_path).name}'s forward costs varied by more than {MAX_SPREAD:.0%} "
                        f"between repeats at {disagreeing_share(costs.spread):.0%} of the widths (is the machine "

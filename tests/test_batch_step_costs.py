@@ -3,6 +3,7 @@ and the speedup and crossover that follow; measured on this machine, cached, and
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 
@@ -14,7 +15,7 @@ from memplanner.batch_step_costs import (CONTEXT_GRID, StepCosts, crossover_cont
 from memplanner.shapes import shape_from_gguf
 from memplanner.torch_sizes import torch_kv_bytes
 from pocketspec.batch.batched_model import BatchedModel
-from pocketspec.batch.step_calibration import measure_step_costs
+from pocketspec.batch.step_calibration import measure_and_store, measure_step_costs
 from pocketspec.batch.step_costs import BatchModel, BatchShape, batch_step_costs, cached_step_costs, step_costs_key
 from pocketspec.batch_session import open_batch_session
 from pocketspec.session_settings import SessionSettings
@@ -111,6 +112,25 @@ def test_a_batch_is_timed_by_how_much_it_holds_and_left_empty(tiny_target, one_t
     batched.prefill(0, [5, 6, 7])  # the rows are usable again
     with pytest.raises(ValueError, match="holds 0 to 256"):
         batched.hold_for_timing(0, 257)
+
+
+def test_a_batch_table_that_cannot_be_saved_is_used_and_said_so(tiny_target, one_torch_thread, tmp_path,
+                                                               monkeypatch):
+    """POCKETSPEC_HOME/costs is a file: the measurement is still returned, with a line that it is not cached. A
+    clock that ticks once a call times every forward alike, so the table's repeats agree."""
+    (tmp_path / "costs").write_text("not a folder")
+    monkeypatch.setenv("POCKETSPEC_HOME", str(tmp_path))
+    settings = replace(BatchSettings(), is_batch_invariant=True, key_block=32)
+    model = load_model(tiny_target, "fp32", torch.device("cpu"))
+    tiles = TileShape(settings.row_tile)
+    make_batch_invariant(model, tiles)
+    batched = BatchedModel(model, num_rows=2, max_context=128, kv_dtype="fp32", n_batch=64, settings=settings,
+                           tiles=tiles, max_logits_rows=4)
+    messages, ticks = [], itertools.count()
+    costs = measure_and_store(batched, "tiny", max_rows=2, on_measure=messages.append,
+                              clock=lambda: float(next(ticks)))
+    assert costs.is_measured and costs.token_seconds[1] == 1.0
+    assert len(messages) == 2 and "could not save" in messages[1] and "measures them again" in messages[1]
 
 
 def test_an_uncalibrated_shape_is_priced_by_its_roofline(tiny_target, tmp_path, monkeypatch):

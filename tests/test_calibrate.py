@@ -222,3 +222,14 @@ def test_a_cost_per_row_that_rises_is_measured_again_and_kept_when_its_repeats_a
     costs = calibrated_costs(backend, min_width=32, clock=backend.clock)
     assert backend.num_forwards[20] > backend.num_forwards[16]
     assert costs.seconds[0][20] == pytest.approx(2 * _curve(20)) and cached_costs(smollm2_path, backend.settings, 32)
+
+
+def test_a_table_that_cannot_be_saved_is_used_and_said_so(tmp_path, monkeypatch, smollm2_path):
+    """POCKETSPEC_HOME/costs is a file, not a folder: the run goes on with the table and says it is not cached."""
+    (tmp_path / "costs").write_text("not a folder")
+    monkeypatch.setenv("POCKETSPEC_HOME", str(tmp_path))
+    backend = StandInBackend(smollm2_path, lambda width, count: _curve(width))
+    messages = []
+    costs = calibrated_costs(backend, min_width=32, on_measure=messages.append, clock=backend.clock)
+    assert costs.seconds[0][16] == pytest.approx(_curve(16))
+    assert len(messages) == 2 and "could not save" in messages[1] and "measures them again" in messages[1]

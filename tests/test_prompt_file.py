@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+
 import pytest
 
 from apps.prompt_file import PromptRow, read_batch_prompts
@@ -30,6 +32,8 @@ def test_prompts_turns_seeds_and_blank_lines(tmp_path):
     ('{"turns": ["first", "second"]}\n', ["line 1 has 2 turns", "first turn only"]),
     ('{"turns": []}\n', ["line 1", "one string"]),
     ('{"prompt": "a", "seed": "x"}\n', ["line 1", "`seed`"]),
+    ('{"prompt": "a", "seed": -5}\n', ["line 1", "`seed`", "from 0 to"]),
+    ('{"prompt": "a", "seed": 9223372036854775808}\n', ["line 1", "`seed`", "from 0 to"]),
     ('{"prompt": "a", "max_tokens": 0}\n', ["line 1", "`max_tokens`", "at least 1"]),
     ("\n\n", ["holds no prompts"]),
 ])
@@ -43,3 +47,10 @@ def test_bad_lines_are_named(tmp_path, text, fragments):
 def test_a_missing_file(tmp_path):
     with pytest.raises(UserError, match="--prompt-file .* does not exist"):
         read_batch_prompts(tmp_path / "nope.jsonl")
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_prompt(tmp_path):
+    """Windows Notepad starts a UTF-8 file with one."""
+    path = tmp_path / "notepad.jsonl"
+    path.write_bytes(codecs.BOM_UTF8 + '{"prompt": "one"}\r\n{"prompt": "two"}\r\n'.encode())
+    assert [line.text for line in read_batch_prompts(path)] == ["one", "two"]

@@ -98,15 +98,18 @@ def measure_step_costs(model: BatchedModel, key: str, *, max_rows: int, num_roun
 
 
 def measure_and_store(model: BatchedModel, key: str, *, max_rows: int,
-                      on_measure: Callable[[str], None] | None = None) -> StepCosts:
+                      on_measure: Callable[[str], None] | None = None,
+                      clock: Callable[[], float] = time.perf_counter) -> StepCosts:
     """A new measurement under the home's measuring lock, cached when its repeats agree (else used once, and
     on_measure is told)."""
     with measuring_alone():
         if on_measure is not None:
             on_measure("measuring the batch's forward costs on this machine (cached in POCKETSPEC_HOME/costs)")
-        costs, spread = measure_step_costs(model, key, max_rows=max_rows)
+        costs, spread = measure_step_costs(model, key, max_rows=max_rows, clock=clock)
     if is_trusted({0: spread}):
-        store_step_costs(costs)
+        if not store_step_costs(costs) and on_measure is not None:
+            on_measure("could not save the batch's forward costs in POCKETSPEC_HOME/costs (is it writable?); this "
+                       "run uses them, the next one measures them again")
     elif on_measure is not None:
         on_measure(f"{disagreeing_share({0: spread}):.0%} of the batch's timed forwards varied by more than "
                    f"{MAX_SPREAD:.0%} between repeats (is the machine busy?); they are not cached: measure again "
