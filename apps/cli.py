@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 if __name__ == "__main__":  # `python -m apps.cli`: huge pages first, before the imports below
@@ -21,6 +22,7 @@ class PeopleFirstGroup(click.Group):
     def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False
         make_streams_safe()
+        previous_sigterm = signal.signal(signal.SIGTERM, _exit_terminated)
         try:
             return super().main(*args, **kwargs)
         except UserError as error:
@@ -40,6 +42,16 @@ class PeopleFirstGroup(click.Group):
             sys.exit(2)
         except KeyboardInterrupt:
             _exit_interrupted()
+        finally:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+def _exit_terminated(signum: int, frame) -> None:
+    """SIGTERM (`kill`, `timeout`, `docker stop`, systemd) ends the command as Python's exit does, not at
+    once: every `finally` runs, so an --output or a transcript being written is left whole or as it was, and
+    no hidden temporary file stays behind. `serve` has its own handler (pocketspec/serve/server.py)."""
+    click.echo("\nterminated", err=True)
+    raise SystemExit(128 + signum)
 
 
 def _exit_interrupted() -> None:

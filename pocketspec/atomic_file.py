@@ -42,15 +42,17 @@ def replaced_on_success(path: Path, *, what: str) -> Iterator[IO[str]]:
 
     `what` names the file in errors ("--output", "the chat transcript").
 
-    On an exception (Ctrl-C included) the temporary file is removed and `path` is left as it was.
+    On an exception (Ctrl-C included) the temporary file is removed and `path` is left as it was. A
+    symbolic link is followed, as the shell's `>` follows it: the file it names is replaced, not the link.
     """
     path = Path(path).expanduser()
     if _is_device_or_pipe(path):
         with _written_through(path, what) as file:
             yield file
         return
+    final = Path(os.path.realpath(path))
     try:
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent)
     except OSError as error:
         raise _cannot_write(what, path, error) from None
     is_done = False
@@ -60,8 +62,8 @@ def replaced_on_success(path: Path, *, what: str) -> Iterator[IO[str]]:
             try:
                 file.flush()
                 os.fsync(file.fileno())
-                _keep_mode(path, temporary)
-                os.replace(temporary, path)
+                _keep_mode(final, temporary)
+                os.replace(temporary, final)
             except OSError as error:
                 raise _cannot_write(what, path, error) from None
         is_done = True

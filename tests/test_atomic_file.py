@@ -69,6 +69,21 @@ def test_a_finished_write_replaces_the_file_and_keeps_its_mode(tmp_path):
     assert sorted(tmp_path.iterdir()) == [path]
 
 
+def test_a_symbolic_link_is_followed_as_the_shells_redirection_follows_it(tmp_path):
+    """Even one that names a file not there yet, or a link to a link."""
+    real, later = tmp_path / "real.jsonl", tmp_path / "later.jsonl"
+    real.write_text("old\n")
+    (tmp_path / "link.jsonl").symlink_to(real)
+    (tmp_path / "chain.jsonl").symlink_to(tmp_path / "link.jsonl")
+    (tmp_path / "dangling.jsonl").symlink_to(later)
+    for name, text in (("chain.jsonl", "new\n"), ("dangling.jsonl", "fresh\n")):
+        with replaced_on_success(tmp_path / name, what="--output") as file:
+            file.write(text)
+    assert real.read_text() == "new\n" and later.read_text() == "fresh\n"
+    assert all((tmp_path / name).is_symlink() for name in ("link.jsonl", "chain.jsonl", "dangling.jsonl"))
+    assert len(list(tmp_path.iterdir())) == 5
+
+
 def test_a_new_file_gets_the_usual_mode(tmp_path):
     path = tmp_path / "new.jsonl"
     umask = os.umask(0o022)

@@ -131,37 +131,47 @@ def test_an_output_onto_the_model_is_refused(tiny_target, prompt_file):
     assert Path(tiny_target).stat().st_mtime_ns == before.st_mtime_ns
 
 
-def test_a_killed_run_leaves_the_old_output_whole(tiny_target, tmp_path):
-    """SIGKILL mid-decode: the file under --output is still the previous one, never a half-written one."""
+def _batch_writing_its_output(tiny_target, tmp_path, output: Path) -> subprocess.Popen:
+    """A --batch run with --output, once its first line is in the temporary file: decoding is under way."""
     path = tmp_path / "long.jsonl"
     path.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in PROMPTS * 3))
-    output = tmp_path / "out.jsonl"
-    output.write_text("the previous run's outputs\n")
-    process = subprocess.Popen([sys.executable, "-m", "apps.cli", "generate", "--target", tiny_target, "--backend",
-                                "torch", "--prompt-file", str(path), "--batch", "2", "--threads", "1",
-                                "--max-tokens", "400", "--max-context", "512", "--draft", "none",
-                                "--output", str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not any(partial.stat().st_size for partial in tmp_path.glob(".out.jsonl.*.partial")):
-        assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
-        time.sleep(0.05)
-    process.kill()
-    process.communicate(timeout=60)
-    assert output.read_text() == "the previous run's outputs\n"
-
-
-def test_ctrl_c_with_output_writes_the_whole_file(tiny_target, tmp_path):
-    path = tmp_path / "long.jsonl"
-    path.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in PROMPTS * 3))
-    output = tmp_path / "out.jsonl"
     process = subprocess.Popen([sys.executable, "-m", "apps.cli", "generate", "--target", tiny_target, "--backend",
                                 "torch", "--prompt-file", str(path), "--batch", "2", "--threads", "1",
                                 "--max-tokens", "400", "--max-context", "512", "--draft", "none",
                                 "--output", str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not any(partial.stat().st_size for partial in tmp_path.glob(".out.jsonl.*.partial")):
+    while not any(partial.stat().st_size for partial in tmp_path.glob(f".{output.name}.*.partial")):
         assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
         time.sleep(0.05)
+    return process
+
+
+def test_a_killed_run_leaves_the_old_output_whole(tiny_target, tmp_path):
+    """SIGKILL mid-decode: the file under --output is still the previous one, never a half-written one."""
+    output = tmp_path / "out.jsonl"
+    output.write_text("the previous run's outputs\n")
+    process = _batch_writing_its_output(tiny_target, tmp_path, output)
+    process.kill()
+    process.communicate(timeout=60)
+    assert output.read_text() == "the previous run's outputs\n"
+
+
+def test_sigterm_leaves_the_old_output_and_no_temporary_file(tiny_target, tmp_path):
+    """`kill`, `timeout` or `docker stop` mid-decode: exit 143 with one line, the previous output as it was, and
+    no hidden .partial file left beside it."""
+    output = tmp_path / "out.jsonl"
+    output.write_text("the previous run's outputs\n")
+    process = _batch_writing_its_output(tiny_target, tmp_path, output)
+    process.terminate()
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143 and stderr.strip().splitlines()[-1] == "terminated", stderr
+    assert "Traceback" not in stderr and output.read_text() == "the previous run's outputs\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl", "out.jsonl"]
+
+
+def test_ctrl_c_with_output_writes_the_whole_file(tiny_target, tmp_path):
+    output = tmp_path / "out.jsonl"
+    process = _batch_writing_its_output(tiny_target, tmp_path, output)
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
