@@ -73,7 +73,10 @@ def _print_human(report: dict) -> None:
     click.echo(f"POCKETSPEC_HOME   {report['pocketspec_home']}"
                + (f" (cannot hold downloads: {problem})" if problem else ""))
     for name, model in report["models"].items():
-        click.echo(f"  {name:32} {'present' if model['downloaded'] else 'not downloaded'}")
+        state = "present" if model["downloaded"] else "not downloaded"
+        if model["incomplete"]:
+            state = f"incomplete (not the catalog's size): pocketspec models pull {name}"
+        click.echo(f"  {name:32} {state}")
 
 
 def _calibrate(session_settings) -> None:

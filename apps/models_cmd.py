@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pocketspec.models.catalog import get_model, load_catalog, model_path
+from pocketspec.models.catalog import download_state, get_model, load_catalog, model_path
 from pocketspec.models.model_files import resolve_model
 from pocketspec.models.pull import pull
 
@@ -28,7 +28,7 @@ def list_models() -> None:
     rows = [("NAME", "SIZE", "DOWNLOADED", "PATH")]
     for entry in catalog.models.values():
         path = model_path(entry.name)
-        rows.append((entry.name, _human_bytes(entry.size_bytes), "yes" if path.exists() else "no", str(path)))
+        rows.append((entry.name, _human_bytes(entry.size_bytes), download_state(entry), str(path)))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])

@@ -19,7 +19,8 @@ from pathlib import Path
 import psutil
 
 from pocketspec import huge_pages
-from pocketspec.models.catalog import folder_problem, load_catalog, model_path, models_dir, pocketspec_home
+from pocketspec.models.catalog import (download_state, folder_problem, load_catalog, model_path, models_dir,
+                                       pocketspec_home)
 
 CPU_FLAGS_OF_INTEREST = ("avx", "avx2", "avx512f", "avx512_vnni", "amx_tile", "f16c", "fma")
 BUILD_STAMP_NAME = "pocketspec-llama-build.json"
@@ -133,8 +134,9 @@ def _onnx_report() -> dict | None:
 
 def _models_report() -> dict:
     catalog = load_catalog()
-    return {name: {"downloaded": model_path(name).exists(), "path": str(model_path(name))}
-            for name in catalog.models}
+    states = {name: download_state(entry) for name, entry in catalog.models.items()}
+    return {name: {"downloaded": state == "yes", "incomplete": state == "incomplete", "path": str(model_path(name))}
+            for name, state in states.items()}
 
 
 def collect_report() -> dict:

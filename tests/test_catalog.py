@@ -122,6 +122,18 @@ def test_cli_models_path_fails_in_one_line(tmp_path, name):
     assert result.stderr.startswith("error: ")
 
 
+def test_a_cut_short_model_is_listed_as_incomplete_not_as_downloaded(tmp_path):
+    source = _require_smollm2()
+    (tmp_path / "models").mkdir()
+    with open(source, "rb") as src:
+        (tmp_path / "models" / source.name).write_bytes(src.read(2**20))
+    listed = _cli("models", "list", home=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[3] for line in listed.stdout.splitlines() if line.startswith("smollm2")] == ["incomplete"]
+    report = json.loads(_cli("doctor", "--json", home=tmp_path).stdout)["models"]["smollm2-135m-instruct"]
+    assert report["downloaded"] is False and report["incomplete"] is True
+
+
 def test_cli_models_path_prints_a_downloaded_model():
     _require_smollm2()
     result = _cli("models", "path", "smollm2-135m-instruct", home=REAL_HOME)

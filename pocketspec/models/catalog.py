@@ -128,6 +128,16 @@ def model_path(name: str) -> Path:
     return models_dir() / f"{name}.gguf"
 
 
+def download_state(entry: ModelEntry) -> str:
+    """'yes', 'no', or 'incomplete' where the file is not the catalog's size (a copy cut short: pull it
+    again). Sizes only: the hash is checked when the model is used."""
+    try:
+        file_bytes = model_path(entry.name).stat().st_size
+    except OSError:
+        return "no"
+    return "yes" if file_bytes == entry.size_bytes else "incomplete"
+
+
 def get_model(name: str, catalog: Catalog | None = None) -> ModelEntry:
     catalog = catalog or load_catalog()
     if name not in catalog.models:
