@@ -207,14 +207,20 @@ def backend_options(function=None, *, flags: tuple[str, ...] | None = None):
     return decorate if function is None else decorate(function)
 
 
+def _dash_is_stdout(ctx, param, path: Path | None) -> Path | None:
+    """--output -: stdout, as --prompt-file - is stdin (a file named "-" is ./-)."""
+    return None if path is not None and str(path) == "-" else path
+
+
 def batch_options(function):
     options = [
         setting_option("--batch", BatchSettings, "max_batch", default=None,
                        help="Decode the prompts of a JSONL --prompt-file (one {\"prompt\": ...} per line) N at a "
                             "time with continuous batching (torch or llama.cpp); writes one JSON line per prompt."),
-        click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+        click.option("--output", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True), default=None,
+                     callback=_dash_is_stdout,
                      help="Write the output here instead of stdout (the JSONL lines with --batch); "
-                          "the file appears once it is complete."),
+                          "the file appears once it is complete ('-': stdout)."),
         click.option("--scheduler", type=click.Choice(SCHEDULERS), default=BATCH.scheduler, show_default=True,
                      help="--batch: step the longest-waiting rows together (pad) or equal-length rows (group)."),
         click.option("--batch-invariant/--fast-batch", "batch_invariant", default=BATCH.is_batch_invariant,

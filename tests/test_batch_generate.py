@@ -181,6 +181,16 @@ def test_ctrl_c_with_output_writes_the_whole_file(tiny_target, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl", "out.jsonl"]
 
 
+def test_output_dash_is_stdout_as_prompt_file_dash_is_stdin(tiny_target, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ("generate", "--target", tiny_target, "--backend", "torch", "--prompt", "the cat is", "--threads", "1",
+            "--max-context", "256", "--max-tokens", "8", "--draft", "none", "--json")
+    alone, dashed = run_cli(*args), run_cli(*args, "--output", "-")
+    assert dashed.returncode == 0, dashed.stderr
+    assert json.loads(dashed.stdout)["tokens"] == json.loads(alone.stdout)["tokens"]
+    assert list(tmp_path.iterdir()) == []  # no file named "-"
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_output_without_batch_holds_the_text(tiny_target, tmp_path, as_json):
     output = tmp_path / "out.txt"

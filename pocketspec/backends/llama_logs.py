@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import llama_cpp
 
-_GGML_LOG_LEVEL_ERROR = 3
+_GGML_LOG_LEVEL_ERROR = 4  # ggml.h's enum ggml_log_level: NONE, DEBUG, INFO, WARN (3), ERROR (4), CONT
 _BUFFER_LINE = re.compile(r"(\w[\w ]*?) buffer size\s*=\s*([\d.]+) MiB")
 
 _captured_lines: list[str] = []
