@@ -20,7 +20,8 @@ from pocketspec.errors import UserError
 from pocketspec.session import open_session
 from pocketspec.settings import GenerationSettings
 from pocketspec.speculation.verify_mode import verify_label
-from pocketspec.conversation.transcript import TranscriptWriter, find_transcript, load_transcript, new_transcript_path
+from pocketspec.conversation.transcript import (TranscriptWriter, check_not_in_use, find_transcript, load_transcript,
+                                               new_transcript_path)
 
 NUM_MESSAGES_SHOWN_ON_RESUME = 6
 
@@ -90,9 +91,11 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
     is_interactive = sys.stdin.isatty()
     if resume is not None:
         resume = find_transcript(resume)
+        check_not_in_use(resume)
     replayed = load_transcript(resume) if resume is not None else None
-    if replayed is not None and replayed.header and not (target or draft or pair):
-        target, draft = replayed.header.get("target"), replayed.header.get("draft")
+    if replayed is not None and replayed.header and target is None and pair is None:
+        # the transcript's target, and its draft unless --draft names another (the draft was the target's)
+        target, draft = replayed.header.get("target"), draft or replayed.header.get("draft")
     message = None
     if not is_interactive:
         message = read_piped_stdin().strip()

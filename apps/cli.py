@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import signal
 import sys
 
@@ -21,9 +24,13 @@ class PeopleFirstGroup(click.Group):
 
     def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False
+        if sys.stderr is None:  # `2>&-`: notes and errors have nowhere to go, and the output still does
+            sys.stderr = open(os.devnull, "w", encoding="utf-8")
         make_streams_safe()
         previous_sigterm = signal.signal(signal.SIGTERM, _exit_terminated)
         try:
+            if sys.stdout is None:  # `pocketspec ... >&-`
+                raise UserError("stdout is closed: give the output somewhere to go (> FILE, or /dev/null)")
             return super().main(*args, **kwargs)
         except UserError as error:
             click.echo(f"error: {error}", err=True)
@@ -42,8 +49,25 @@ class PeopleFirstGroup(click.Group):
             sys.exit(2)
         except KeyboardInterrupt:
             _exit_interrupted()
+        except OSError as error:
+            if error.errno not in FULL_OUTPUT_ERRORS:
+                raise
+            _exit_output_failed(error)
         finally:
             signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+# Writing stdout (a reply, a --json object) onto a full disk, /dev/full, or a device that failed: the machine's
+# problem, not the program's. A broken pipe (`| head`) ends quietly, as click ends it.
+FULL_OUTPUT_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
+
+
+def _exit_output_failed(error: OSError) -> None:
+    """One line, exit 2; stdout points at /dev/null first, so that Python's flush at exit has nowhere to fail."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    click.echo(f"error: cannot write the output: {error.strerror or error}", err=True)
+    sys.exit(UserError.exit_code)
 
 
 def _exit_terminated(signum: int, frame) -> None:

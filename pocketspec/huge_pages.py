@@ -111,8 +111,9 @@ def restart_with_huge_pages() -> None:
     the environment (plus the tunable) and the open stdin, stdout and stderr."""
     if not sys.executable or not should_restart(os.environ, thp_mode(), glibc_has_tunable()):
         return
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None: closed (`>&-`); the CLI says so after the restart
+            stream.flush()
     try:
         os.execve(sys.executable, sys.orig_argv, environment_with_huge_pages(os.environ))
     except OSError:

@@ -202,6 +202,17 @@ def test_bad_input_is_one_line_and_exit_2(chat_home, tmp_path, case):
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
 
 
+def test_resume_with_only_draft_keeps_the_transcripts_target(chat_home, tmp_path):
+    """The header's target is used unless --target or --pair names another; --draft alone does not (it loaded the
+    default pair's target). Its target here is a name no catalog has, so the run must say so."""
+    path = tmp_path / "header.jsonl"
+    path.write_text('{"type": "header", "version": 1, "target": "no-such-model", "draft": "ngram"}\n')
+    result = subprocess.run([str(POCKETSPEC), "chat", "--draft", "none", "--threads", "1", "--max-tokens", "2",
+                             "--resume", str(path)], input="hi", capture_output=True, text=True,
+                            env=_env(chat_home), timeout=TIMEOUT_SECONDS)
+    assert result.returncode == 2 and "no-such-model" in result.stderr, result.stderr
+
+
 def _quit(child) -> str:
     child.sendline("/exit")
     child.expect(pexpect.EOF)

@@ -183,3 +183,31 @@ def test_a_piped_chat_refused_before_its_first_turn_leaves_no_transcript(smollm2
     answered = subprocess.run(chat, input="hi", capture_output=True, text=True, timeout=300, env=env)
     assert answered.returncode == 0, answered.stderr
     assert len(list((home / "chats").glob("*.jsonl"))) == 1
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("command", ["generate", "generate --json", "chat"])
+def test_a_full_disk_under_stdout_is_one_line(smollm2_path, tmp_path, command):
+    """/dev/full fails every write as a full disk does: one line and exit 2, not an OSError's traceback."""
+    from conftest import home_with_measurements
+
+    name, *flags = command.split()
+    args = [name, "--target", str(smollm2_path), "--draft", "ngram", "--threads", "1", "--max-tokens", "4", *flags]
+    if name == "generate":
+        args += ["--prompt", "The sky is"]
+    env = {**os.environ, "POCKETSPEC_HOME": str(home_with_measurements(tmp_path / "home"))}
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "apps.cli", *args], stdout=full, stderr=subprocess.PIPE,
+                                input="hi" if name == "chat" else None, text=True, env=env, timeout=300)
+    assert_one_line_error(result, "cannot write the output", "No space left on device")
+
+
+def test_a_closed_stdout_is_one_line_and_a_closed_stderr_leaves_the_output(smollm2_path):
+    args = [sys.executable, "-m", "apps.cli", "generate", "--target", str(smollm2_path), "--draft", "ngram",
+            "--threads", "1", "--max-tokens", "4", "--prompt", "The sky is"]
+    closed_stdout = subprocess.run(args, stderr=subprocess.PIPE, text=True, timeout=300,
+                                   preexec_fn=lambda: os.close(1))
+    assert_one_line_error(closed_stdout, "stdout is closed")
+    closed_stderr = subprocess.run(args, stdout=subprocess.PIPE, text=True, timeout=300,
+                                   preexec_fn=lambda: os.close(2))
+    assert closed_stderr.returncode == 0 and closed_stderr.stdout.strip()

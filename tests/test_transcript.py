@@ -10,7 +10,7 @@ from pocketspec.conversation.conversation import (Conversation, assistant_record
                                                   user_record)
 from pocketspec.errors import UserError
 from pocketspec.conversation.transcript import (
-    TranscriptWriter, chats_dir, find_transcript, load_transcript, new_transcript_path, read_records,
+    TranscriptWriter, chats_dir, check_not_in_use, find_transcript, load_transcript, new_transcript_path, read_records,
     save_conversation)
 
 
@@ -154,6 +154,9 @@ def test_save_writes_a_resumable_file(tmp_path):
     ('[1, 2]\n', "line 1 is not a JSON object"),
     ('{"type": "assistant", "content": "orphan"}\n', "record 1: a reply with no user message"),
     (b"\xff\xfe\n", "cannot read"),
+    ('{"type": "header", "version": 1, "target": 123, "draft": "ngram"}\n', "the header's 'target' must name"),
+    ('{"type": "header", "version": 1, "target": "t", "draft": ["a"]}\n', "the header's 'draft' must name"),
+    ('{"type": "header", "version": 1, "target": " ", "draft": "ngram"}\n', "the header's 'target' must name"),
 ])
 def test_bad_transcripts_are_one_clear_user_error(tmp_path, content, complaint):
     path = tmp_path / "chat.jsonl"
@@ -171,3 +174,39 @@ def test_an_unwritable_transcript_is_a_user_error(tmp_path):
     blocker.write_text("")
     with pytest.raises(UserError, match="cannot write the chat transcript"):
         TranscriptWriter(blocker / "chat.jsonl")
+
+
+def test_a_lone_surrogate_in_a_record_becomes_a_replacement_character(tmp_path):
+    """JSON may escape one ("\\ud800"); no tokenizer can encode it, so it is read as U+FFFD."""
+    path = tmp_path / "chat.jsonl"
+    path.write_text('{"type": "user", "content": "a\\ud800b"}\n')
+    assert load_transcript(path).conversation.turns[0].content == "a\ufffdb"
+
+
+def test_a_transcript_open_in_one_chat_cannot_be_resumed_by_another(tmp_path):
+    """Two chats appending to one file took each other's replies for dead ones and left it unresumable."""
+    path = tmp_path / "chat.jsonl"
+    with TranscriptWriter(path, is_new=True) as writer:
+        writer.append(header_record(target="t", draft="ngram"))
+        with pytest.raises(UserError, match="open in another chat"):
+            check_not_in_use(path)
+        with pytest.raises(UserError, match="open in another chat"):
+            TranscriptWriter(path)
+        writer.append(user_record("hi"))
+    check_not_in_use(path)  # free again once the first chat ends
+    with TranscriptWriter(path) as writer:
+        writer.append(assistant_record("hello"))
+    assert [message.content for message in load_transcript(path).conversation.turns] == ["hi", "hello"]
+
+
+@pytest.mark.parametrize("records, is_kept", [
+    ([header_record(target="t", draft="ngram")], False),
+    ([header_record(target="t", draft="ngram"), {"type": "system", "content": "be brief"}], False),
+    ([header_record(target="t", draft="ngram"), user_record("hi")], True),
+])
+def test_a_new_chat_without_a_message_leaves_no_file(tmp_path, records, is_kept):
+    path = tmp_path / "chat.jsonl"
+    with TranscriptWriter(path, is_new=True) as writer:
+        for record in records:
+            writer.append(record)
+    assert path.exists() == is_kept

@@ -173,6 +173,10 @@ def replay(records: list[dict]) -> Replayed:
             if record.get("version") != TRANSCRIPT_VERSION:
                 raise TranscriptError(f"{where}: transcript version {record.get('version')!r}, "
                                       f"this pocketspec reads version {TRANSCRIPT_VERSION}")
+            for key in ("target", "draft"):
+                value = record.get(key)
+                if value is not None and (not isinstance(value, str) or not value.strip()):
+                    raise TranscriptError(f"{where}: the header's {key!r} must name a model, got {value!r}")
             header = record
         elif kind == "system":
             conversation.system = _text_field(record, "content", where) or None

@@ -12,8 +12,10 @@ the next record starts a line of its own and the file resumes again.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -112,19 +114,28 @@ def find_transcript(name: str | Path) -> Path:
 class TranscriptWriter:
     """Appends records to a transcript; `set_aside` is the copy kept when a torn last line was cut off.
 
-    is_new: a new chat's file, removed when it is closed holding its header alone (a chat refused or stopped
-    before its first message leaves nothing behind in the chats folder)."""
+    is_new: a new chat's file, removed when it is closed without a user message (a chat refused or stopped
+    before its first message leaves nothing behind in the chats folder, a --system prompt or not). The file
+    is locked while it is open: a second chat cannot resume it meanwhile (check_not_in_use)."""
 
     def __init__(self, path: Path, *, is_new: bool = False):
         self.path = Path(path)
         self._is_new = is_new
-        self._num_records = 0
+        self._has_message = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.set_aside = set_aside_torn_tail(self.path)
             self._file = open(self.path, "a", encoding="utf-8")
         except OSError as error:
             raise UserError(f"cannot write the chat transcript {self.path}: {error.strerror or error}") from None
+        try:
+            _lock(self._file.fileno(), self.path)
+            self.set_aside = set_aside_torn_tail(self.path)
+        except OSError as error:
+            self._file.close()
+            raise UserError(f"cannot write the chat transcript {self.path}: {error.strerror or error}") from None
+        except UserError:
+            self._file.close()
+            raise
 
     def append(self, record: dict, *, sync: bool = True) -> None:
         """Add one record; `sync` also fsyncs (the end of a turn), else it is only flushed.
@@ -135,14 +146,14 @@ class TranscriptWriter:
             record = {**record, "at": round(time.time(), 3)}
         self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._file.flush()
-        self._num_records += 1
+        self._has_message = self._has_message or record.get("type") == "user"
         if sync:
             os.fsync(self._file.fileno())
 
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()
-            if self._is_new and self._num_records <= 1:
+            if self._is_new and not self._has_message:
                 with contextlib.suppress(OSError):
                     self.path.unlink()
 
@@ -180,10 +191,42 @@ def read_records(path: Path) -> list[dict]:
             raise UserError(f"transcript {path} is corrupt: line {number} is not JSON") from None
         if not isinstance(record, dict):
             raise UserError(f"transcript {path} is corrupt: line {number} is not a JSON object")
-        records.append(record)
+        records.append(_without_lone_surrogates(record))
     if not records:
         raise UserError(f"transcript {path} is empty")
     return records
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_lone_surrogates(record: dict) -> dict:
+    """A record whose JSON escapes a lone surrogate ("\\ud800", which no tokenizer or file can encode) with
+    U+FFFD in its place, as text_input replaces a stray byte."""
+    text = json.dumps(record, ensure_ascii=False)  # a pair is one character by now: a surrogate left is alone
+    return json.loads(_LONE_SURROGATE.sub("\ufffd", text)) if _LONE_SURROGATE.search(text) else record
+
+
+def check_not_in_use(path: Path) -> None:
+    """UserError when another chat holds the transcript (TranscriptWriter locks it): two chats appending to
+    one file would each take the other's reply for a dead one, and leave a file that no longer resumes."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # missing or unreadable: load_transcript says so
+    try:
+        _lock(descriptor, path)
+    finally:
+        os.close(descriptor)  # the lock goes with it
+
+
+def _lock(descriptor: int, path: Path) -> None:
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise UserError(f"transcript {path} is open in another chat; resume it once that chat ends") from None
+    except OSError:
+        pass  # a filesystem without locks: chat as before
 
 
 def load_transcript(path: Path) -> Replayed:
