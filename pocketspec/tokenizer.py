@@ -19,7 +19,8 @@ class Tokenizer:
         return self._model.tokenize(text.encode("utf-8"), add_bos, parse_special)
 
     def decode(self, tokens: Sequence[int]) -> str:
-        return b"".join(self.piece(token) for token in tokens).decode("utf-8", errors="replace")
+        """The tokens' text, as a streamer shows it (a character they end in the middle of is left out)."""
+        return self.streamer().push(tokens)
 
     def piece(self, token: int, special: bool = False) -> bytes:
         return self._piece(token, special)
@@ -64,7 +65,12 @@ class Tokenizer:
 
 
 class TextStreamer:
-    """Turns tokens into text as they arrive, holding back an unfinished UTF-8 sequence."""
+    """Turns tokens into text as they arrive, holding back an unfinished UTF-8 sequence.
+
+    Bytes that can never be UTF-8 become U+FFFD as they come. What is still held at the end is a character the
+    reply stopped in the middle of (max_tokens, a stop, a Ctrl-C): flush() leaves it out, rather than showing
+    and saving a U+FFFD the model never meant.
+    """
 
     def __init__(self, tokenizer: Tokenizer):
         self._tokenizer = tokenizer
@@ -74,4 +80,6 @@ class TextStreamer:
         return self._decoder.decode(b"".join(self._tokenizer.piece(token) for token in tokens))
 
     def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)
+        """'': the end of the text. An unfinished character held back is dropped (see the class)."""
+        self._decoder.reset()
+        return ""

@@ -101,6 +101,18 @@ def test_multibyte_characters_split_over_tokens_arrive_whole():
     assert text == reply and all("\ufffd" not in chunk["choices"][0]["text"] for chunk in chunks)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_cut_in_the_middle_of_a_character_leaves_that_character_out(stream):
+    """max_tokens ends "ab🐉" two bytes into its four-byte dragon: no U+FFFD the model never meant."""
+    client = _client("ab🐉")
+    body = {"prompt": "x", "max_tokens": 4}
+    if stream:
+        text, _ = _streamed(client, body)
+    else:
+        text = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    assert text == "ab"
+
+
 def test_whole_response_with_stop_and_usage():
     response = _client("one two three", step=3).post(
         "/v1/chat/completions", json={"model": "fake", "messages": [{"role": "user", "content": "count"}],
