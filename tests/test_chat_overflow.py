@@ -87,3 +87,22 @@ def test_overflow_drops_oldest_turns_keeps_system_and_matches_plain(smollm2_path
     assert len(notes) == num_trimmed_turns and all("dropped" in note for note in notes)
     if drafter == "model":
         assert num_model_steps > 0
+
+
+def test_a_message_that_cannot_fit_names_every_way_to_make_it_fit(smollm2_path):
+    """A system prompt that fills most of the context is named with its tokens, and --max-tokens is offered too:
+    the reply's reserve is what the prompt cannot use."""
+    from pocketspec.errors import UserError
+
+    with _engine(smollm2_path, max_context=128) as engine:
+        chat = Chat(engine, Conversation(" ".join(QUESTIONS)), max_new_tokens=40)
+        with pytest.raises(UserError) as raised:
+            chat.reply("Hi")
+        message = str(raised.value)
+        assert "40 of them kept for the reply" in message and "shorten the system prompt (" in message
+        assert "lower --max-tokens" in message and "raise --max-context" in message
+        chat = Chat(engine, Conversation(), max_new_tokens=40)
+        with pytest.raises(UserError) as raised:
+            chat.reply(" ".join(QUESTIONS * 2))
+        assert "shorten the message, lower --max-tokens or raise --max-context" in str(raised.value)
+        assert chat.conversation.turns == []

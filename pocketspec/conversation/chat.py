@@ -76,7 +76,7 @@ class Chat:
             num_dropped = self.conversation.trim_to_fit(self.count_tokens, self.max_prompt_tokens)
         except PromptTooLong as error:
             self.conversation.drop_pending()
-            raise UserError(f"{error} (context {self.max_context} tokens): shorten the message or raise --max-context") from None
+            raise UserError(self._too_long_message(error)) from None
         if num_dropped and on_note is not None:
             on_note(f"[context full: dropped the {num_dropped} oldest messages to make room; the system prompt is kept]")
         self.record(user_record(text))
@@ -104,6 +104,19 @@ class Chat:
         turn = Turn("".join(pieces), result.tokens, prompt, result.stop_reason, result.stats, num_dropped)
         self._close_reply(turn.text, is_cut=turn.is_cut, stop_reason=turn.stop_reason, stats=self.stats_for(result.stats))
         return turn
+
+    def _too_long_message(self, error: PromptTooLong) -> str:
+        """What does not fit, and each way to make it fit: the system prompt's share is named when it is large."""
+        reserved = self.max_context - self.max_prompt_tokens
+        fixes = ["shorten the message"]
+        system = self.conversation.system
+        if system:
+            system_tokens = self.count_tokens([{"role": "system", "content": system}])
+            if 2 * system_tokens > error.max_tokens:
+                fixes = [f"shorten the system prompt ({system_tokens} of those tokens) or the message"]
+        fixes += ["lower --max-tokens", "raise --max-context"]
+        return (f"{error} (context {self.max_context} tokens, {reserved} of them kept for the reply): "
+                f"{', '.join(fixes[:-1])} or {fixes[-1]}")
 
     def _close_reply(self, text: str, *, is_cut: bool, stop_reason: str, stats: dict | None = None) -> None:
         self.conversation.add_assistant(text, is_cut=is_cut)
