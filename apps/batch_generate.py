@@ -21,7 +21,7 @@ import click
 from apps.flags import BATCH
 from apps.prompt_file import read_batch_prompts
 from apps.terminal import note
-from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
+from pocketspec.atomic_file import check_output_folder, refuse_output_onto_inputs, replaced_on_success
 from pocketspec.batch.sequence import BatchResult, Request
 from pocketspec.batch_session import open_batch_session
 from pocketspec.conversation.chat_template import FALLBACK_NOTE
@@ -69,6 +69,7 @@ def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, bat
     output = batch_args["output"]
     if output is not None:
         refuse_output_onto_inputs(output, [("--prompt-file", prompt_file)], flag="--output")
+        check_output_folder(output, what="--output")
     batch = replace(BATCH, max_batch=batch_args["batch"], num_rows=batch_args["pool_rows"],
                     scheduler=batch_args["scheduler"], is_batch_invariant=batch_args["batch_invariant"])
     with open_batch_session(settings, batch, on_note=note) as session:
@@ -116,7 +117,7 @@ def _decode(engine, requests: list[Request], writer: OrderedWriter) -> bool:
     num_tokens = sum(len(result.tokens) for result in results)
     num_drafted = sum(result.stats.num_drafted for result in results)
     num_accepted = sum(result.stats.num_accepted for result in results)
-    click.echo(f"[{len(results)} prompts, {num_tokens} tokens, {num_tokens / seconds:.2f} tok/s in all, "
+    click.echo(f"[{len(results)} prompt{'s' if len(results) != 1 else ''}, {num_tokens} tokens, {num_tokens / seconds:.2f} tok/s in all, "
                f"{drafting_text(num_drafted, num_accepted)}, "
                f"{engine.alignment_seconds / seconds:.1%} of the time aligning rows]", err=True)
     return bool(interrupted)

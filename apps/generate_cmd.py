@@ -14,7 +14,7 @@ from apps.flags import (backend_options, batch_options, model_choice_options, ru
                         session_settings, setting_option, take_batch_options)
 from apps.terminal import note, progress_line
 from apps.text_input import as_text, read_text_file
-from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
+from pocketspec.atomic_file import check_output_folder, refuse_output_onto_inputs, replaced_on_success
 from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.errors import UserError
 from pocketspec.session import open_session
@@ -57,6 +57,7 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
     output = batch_args["output"]
     if output is not None:
         refuse_output_onto_inputs(output, [("--prompt-file", prompt_file)], flag="--output")
+        check_output_folder(output, what="--output")
     # notes go to stderr; --json keeps stdout to one object
     with open_session(settings, on_note=note, on_progress=progress_line()) as session, \
             contextlib.ExitStack() as outputs:

@@ -169,16 +169,17 @@ def plan_command(target, draft, pair, memory_budget, devices, max_context, max_t
     preview = preview_plan(settings)
     if as_json:
         click.echo(json.dumps(preview.result.to_dict(), sort_keys=True))
-    elif preview.is_split:
+        return
+    if preview.is_split:  # devices that need not be here: priced by the reference tables
         _print_split(preview.result, preview.title)
     else:
         for note in preview.notes:
             click.echo(note)
         _print_plan(preview.result, preview.title)
-        click.echo("speed predicted from: " + ("this machine's measured forward costs (POCKETSPEC_HOME/costs)"
-                                               if preview.uses_measured_costs else
-                                               "reference tables (`pocketspec doctor --calibrate` measures this "
-                                               "machine)"))
+    click.echo("speed predicted from: " + ("this machine's measured forward costs (POCKETSPEC_HOME/costs)"
+                                           if preview.uses_measured_costs else
+                                           "reference tables (`pocketspec doctor --calibrate` measures this "
+                                           "machine)"))
 
 
 COMMANDS = [plan_command]

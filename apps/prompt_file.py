@@ -55,6 +55,13 @@ def read_jsonl_objects(path: Path, flag: str, shape_hint: str) -> Iterator[tuple
         yield line_number, row, where
 
 
+def _json_kind(value) -> str:
+    """What a JSON value is, in JSON's words: null, true, a number, a list, an object."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return {int: "a number", float: "a number", list: "a list", dict: "an object"}.get(type(value), "a string")
+
+
 def _turns(row: dict, where: str, shape_hint: str) -> tuple[str, ...]:
     if "turns" in row:
         turns = row["turns"]
@@ -64,7 +71,7 @@ def _turns(row: dict, where: str, shape_hint: str) -> tuple[str, ...]:
     elif "prompt" in row:
         text = row["prompt"]
         if not isinstance(text, str):
-            raise UserError(f"{where}: the prompt must be a string, got {type(text).__name__}")
+            raise UserError(f"{where}: the prompt must be a string, got {_json_kind(text)}")
         key, turns = "prompt", [text]
     else:
         raise UserError(f"{where} has neither `turns` (a list) nor `prompt` (a string); {shape_hint}")

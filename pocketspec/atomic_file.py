@@ -36,6 +36,17 @@ def refuse_output_onto_inputs(output: Path, inputs: Iterable[tuple[str, Path | N
                             "choose another output path")
 
 
+def check_output_folder(path: Path, *, what: str) -> None:
+    """UserError when `path` could never be written because its folder is missing (or is a file): said before a
+    model loads for a minute, not after."""
+    path = Path(path).expanduser()
+    if _is_device_or_pipe(path):
+        return
+    folder = Path(os.path.realpath(path)).parent
+    if not folder.is_dir():
+        raise UserError(f"cannot write {what} {path}: the folder {folder} does not exist")
+
+
 @contextlib.contextmanager
 def replaced_on_success(path: Path, *, what: str) -> Iterator[IO[str]]:
     """Yields a text file that becomes `path` when the block ends without an exception.

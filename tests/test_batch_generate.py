@@ -181,6 +181,14 @@ def test_ctrl_c_with_output_writes_the_whole_file(tiny_target, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl", "out.jsonl"]
 
 
+@pytest.mark.parametrize("batch", [[], ["--batch", "2"]])
+def test_an_output_in_a_missing_folder_is_refused_before_the_model_loads(tiny_target, prompt_file, tmp_path, batch):
+    missing = tmp_path / "missing" / "out.jsonl"
+    source = ["--prompt-file", prompt_file] if batch else ["--prompt", "the cat is"]
+    result = run_cli("generate", "--target", "no-such-model", *source, *batch, "--output", str(missing))
+    assert_one_line_error(result, "--output", f"the folder {missing.parent} does not exist")
+
+
 def test_output_dash_is_stdout_as_prompt_file_dash_is_stdin(tiny_target, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ("generate", "--target", tiny_target, "--backend", "torch", "--prompt", "the cat is", "--threads", "1",
