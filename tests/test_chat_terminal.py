@@ -294,7 +294,9 @@ def test_resume_by_name_and_a_torn_last_line(chat_home, tmp_path):
     assert _users(path) == ["What is 2+2?", "Thank you!"]
 
 
-def test_ctrl_c_on_a_piped_reply_is_recorded_as_interrupted(chat_home):
+@pytest.mark.parametrize("signum, exit_code, stop_reason", [(signal.SIGINT, 130, "interrupted"),
+                                                             (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_on_a_piped_reply_is_recorded(chat_home, signum, exit_code, stop_reason):
     process = subprocess.Popen(
         [str(POCKETSPEC), "chat", *SMOLLM2, "--max-tokens", "1500"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, env=_env(chat_home), text=True,
@@ -302,12 +304,12 @@ def test_ctrl_c_on_a_piped_reply_is_recorded_as_interrupted(chat_home):
     process.stdin.write(LONG_REQUEST + "\n")
     process.stdin.close()
     process.stdout.read(40)  # the reply is streaming
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     process.stdout.read()
     stderr = process.stderr.read()
-    assert process.wait(timeout=TIMEOUT_SECONDS) == 130 and "Traceback" not in stderr, stderr
+    assert process.wait(timeout=TIMEOUT_SECONDS) == exit_code and "Traceback" not in stderr, stderr
     replies = [record for record in read_records(_only_transcript(chat_home)) if record["type"] == "assistant"]
-    assert [(reply["cut"], reply["stop_reason"]) for reply in replies] == [(True, "interrupted")]
+    assert [(reply["cut"], reply["stop_reason"]) for reply in replies] == [(True, stop_reason)]
 
 
 def test_the_banner_names_the_drafter_and_the_verify_mode_that_run(tmp_path, qwen_target_path, qwen_draft_path):

@@ -97,6 +97,9 @@ class Chat:
         except KeyboardInterrupt:  # a Ctrl-C that no handler turned into a clean stop (piped stdin)
             self._close_reply("".join(pieces), is_cut=True, stop_reason="interrupted")
             raise
+        except SystemExit:  # SIGTERM (apps/cli.py)
+            self._close_reply("".join(pieces), is_cut=True, stop_reason="terminated")
+            raise
         except BaseException:
             self._close_reply("".join(pieces), is_cut=True, stop_reason="error")
             raise
