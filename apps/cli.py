@@ -17,6 +17,7 @@ import click
 
 from apps.text_input import make_streams_safe
 from pocketspec.errors import UserError
+from pocketspec.signals import Terminated, raise_terminated
 
 
 class PeopleFirstGroup(click.Group):
@@ -27,7 +28,7 @@ class PeopleFirstGroup(click.Group):
         if sys.stderr is None:  # `2>&-`: notes and errors have nowhere to go, and the output still does
             sys.stderr = open(os.devnull, "w", encoding="utf-8")
         make_streams_safe()
-        previous_sigterm = signal.signal(signal.SIGTERM, _exit_terminated)
+        previous_sigterm = signal.signal(signal.SIGTERM, raise_terminated)
         try:
             if sys.stdout is None:  # `pocketspec ... >&-`
                 raise UserError("stdout is closed: give the output somewhere to go (> FILE, or /dev/null)")
@@ -49,6 +50,9 @@ class PeopleFirstGroup(click.Group):
             sys.exit(2)
         except KeyboardInterrupt:
             _exit_interrupted()
+        except Terminated:
+            click.echo("\nterminated", err=True)  # last, after what the command said while it stopped
+            raise
         except OSError as error:
             if error.errno not in FULL_OUTPUT_ERRORS:
                 raise
@@ -68,14 +72,6 @@ def _exit_output_failed(error: OSError) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     click.echo(f"error: cannot write the output: {error.strerror or error}", err=True)
     sys.exit(UserError.exit_code)
-
-
-def _exit_terminated(signum: int, frame) -> None:
-    """SIGTERM (`kill`, `timeout`, `docker stop`, systemd) ends the command as Python's exit does, not at
-    once: every `finally` runs, so an --output or a transcript being written is left whole or as it was, and
-    no hidden temporary file stays behind. `serve` has its own handler (pocketspec/serve/server.py)."""
-    click.echo("\nterminated", err=True)
-    raise SystemExit(128 + signum)
 
 
 def _exit_interrupted() -> None:

@@ -25,6 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--peers", "vllm"], ["--peers 'vllm'"]),
     (["--drafters", "medusa"], ["--drafters 'medusa'"]),
     (["--memory-budget", "2GiB,lots"], ["--memory-budget 'lots'"]),
+    (["--drafters", ""], ["--drafters ''"]),
+    (["--categories", ""], ["--categories is empty"]),
+    (["--peers", "llama.cpp"], ["--peers llama.cpp cannot run", "needs a draft model"]),  # SmolLM2 has none
+    (["--peers", "llama.cpp-ngram-simple", "--llama-tools", "/tmp"], ["--peers llama.cpp-ngram-simple cannot run",
+                                                                     "/tmp"]),
 ])
 def test_bad_flags(smollm2_path, args, fragments):
     assert_one_line_error(run_cli("bench", "--target", str(smollm2_path), *args), *fragments)
@@ -49,7 +54,7 @@ def two_category_suite(tmp_path):
 def test_smallest_run_writes_results_report_and_plots(smollm2_path, two_category_suite, tmp_path):
     out = tmp_path / "out"
     result = run_cli("bench", "--target", str(smollm2_path), "--suite", str(two_category_suite),
-                     "--max-tokens", "8", "--drafters", "auto,ngram,self-sparse", "--peers", "prompt-lookup,llama.cpp", "--threads", "1",
+                     "--max-tokens", "8", "--drafters", "auto,ngram,self-sparse", "--peers", "prompt-lookup", "--threads", "1",
                      "--exact-verify", "--out", str(out))
     assert result.returncode == 0, result.stderr
     results = json.loads((out / "results.json").read_text())
@@ -58,7 +63,6 @@ def test_smallest_run_writes_results_report_and_plots(smollm2_path, two_category
     assert status["pocketspec-auto"] == ("ok", None)  # no draft model: auto drafts n-grams, as generate does
     assert status["prompt-lookup"] == ("ok", None)
     assert status["pocketspec-self-sparse"] == ("skipped", "self-drafts run on --backend torch")
-    assert status["llama.cpp-speculative"][0] == "skipped"  # SmolLM2 has no draft model
     assert {(row["system"], row["category"]) for row in results["rows"]} == {
         (system, category) for system in ("plain", "pocketspec-auto", "pocketspec-ngram", "prompt-lookup")
         for category in ("code", "chat", "chat (turn 2)")}  # a second turn follows plain decoding's first reply
@@ -120,28 +124,66 @@ def test_pocketspec_workers_sample_with_the_jobs_top_k_and_top_p(smollm2_path):
     assert _worker_tokens(smollm2_path, temperature=2.0, top_k=0, top_p=1e-6) == greedy
 
 
-@pytest.mark.real_model
-def test_ctrl_c_writes_the_completed_rounds_marked_partial(smollm2_path, two_category_suite, tmp_path):
-    out = tmp_path / "out"
+def _stopped_bench(smollm2_path, suite, out, signum: int, when: str, *extra: str) -> tuple[int, list[str]]:
+    """A bench sent `signum` (to its process group, as a terminal's Ctrl-C is) once its progress shows `when`:
+    (its exit code, its stderr lines)."""
     bench = subprocess.Popen([sys.executable, "-m", "apps.cli", "bench", "--target", str(smollm2_path), "--suite",
-                              str(two_category_suite), "--max-tokens", "8", "--drafters", "ngram", "--peers", "none",
-                              "--threads", "1", "--out", str(out)],
+                              str(suite), "--max-tokens", "8", "--drafters", "ngram", "--peers", "none",
+                              "--threads", "1", "--out", str(out), *extra],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines = []
     for line in bench.stderr:  # off a terminal the progress bar prints each new label on a line
         lines.append(line)
-        if "chat (2/2): plain" in line:
-            os.killpg(bench.pid, signal.SIGINT)  # as Ctrl-C does: the bench and its worker
+        if when in line:
+            os.killpg(bench.pid, signum)
             break
     lines += bench.stderr.readlines()
-    assert bench.wait(timeout=120) == 130, "".join(lines)
-    assert lines[-1].strip() == "interrupted" and not any("Traceback" in line for line in lines)
+    return bench.wait(timeout=120), lines
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("signum, exit_code, last_line", [(signal.SIGINT, 130, "interrupted"),
+                                                          (signal.SIGTERM, 143, "terminated")])
+def test_ctrl_c_or_sigterm_writes_the_completed_rounds_marked_partial(smollm2_path, two_category_suite, tmp_path,
+                                                                      signum, exit_code, last_line):
+    out = tmp_path / "out"
+    returncode, lines = _stopped_bench(smollm2_path, two_category_suite, out, signum, "chat (2/2): plain")
+    assert returncode == exit_code, "".join(lines)
+    assert lines[-1].strip() == last_line and not any("Traceback" in line for line in lines)
     results = json.loads((out / "results.json").read_text())
     assert results["rounds"]["num_completed"] == 1 and results["rounds"]["is_partial"]
     assert {(row["system"], row["category"], row["round"]) for row in results["rows"]} == {
         ("plain", "code", 0), ("pocketspec-ngram", "code", 0)}
     report = (out / "report.md").read_text()
     assert "(partial)" in report and "stopped after 1 of 2 rounds" in report and "## code" in report
+
+
+@pytest.mark.real_model
+def test_a_forced_run_stopped_before_any_round_leaves_the_earlier_results(smollm2_path, two_category_suite,
+                                                                          tmp_path):
+    """--force replaces an earlier run's files with this run's, not with "nothing was measured" beside old plots."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("results.json", "report.md", "speedup.png"):
+        (out / name).write_text(f"earlier {name}")
+    returncode, lines = _stopped_bench(smollm2_path, two_category_suite, out, signal.SIGINT, "code (1/2): plain",
+                                       "--force")
+    assert returncode == 130 and any("no round completed" in line for line in lines), "".join(lines)
+    assert {path.name: path.read_text() for path in out.iterdir()} == {
+        name: f"earlier {name}" for name in ("results.json", "report.md", "speedup.png")}
+
+
+@pytest.mark.real_model
+def test_a_run_where_nothing_but_plain_decoding_ran_exits_2(smollm2_path, two_category_suite, tmp_path):
+    """A budget no PocketSpec system fits: each fails in its worker, the report says why, and the exit code says
+    that nothing was compared (it was 0, a script would take the run for a result)."""
+    out = tmp_path / "out"
+    result = run_cli("bench", "--target", str(smollm2_path), "--suite", str(two_category_suite), "--max-tokens", "8",
+                     "--drafters", "ngram", "--peers", "none", "--memory-budget", "1KiB", "--threads", "1",
+                     "--out", str(out))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("error: nothing was compared with plain decoding")
+    assert "below the minimum" in (out / "report.md").read_text()
 
 
 @pytest.mark.real_model
@@ -168,13 +210,15 @@ def test_a_system_failing_in_a_later_round_loses_its_rows_and_the_others_go_on(s
     assert f"- llama.cpp-speculative: {failed['reason']}" in (out / "report.md").read_text()
 
 
-def test_an_earlier_runs_results_are_kept_unless_forced(smollm2_path, tmp_path):
+@pytest.mark.parametrize("name", ["results.json", "report.md", "speedup.png"])
+def test_an_earlier_runs_files_are_kept_unless_forced(smollm2_path, tmp_path, name):
+    """Any file the bench would write, not only results.json: a user's own notes in report.md too."""
     out = tmp_path / "out"
     out.mkdir()
-    (out / "results.json").write_text('{"earlier": true}')
+    (out / name).write_text("earlier")
     assert_one_line_error(run_cli("bench", "--target", str(smollm2_path), "--out", str(out)),
-                          f"--out {out} already holds", "--force")
-    assert (out / "results.json").read_text() == '{"earlier": true}'
+                          f"--out {out} already holds {name}", "--force")
+    assert (out / name).read_text() == "earlier"
 
 
 def test_an_out_folder_that_cannot_be_made_is_refused_before_any_round(smollm2_path, tmp_path):

@@ -188,3 +188,18 @@ def test_is_authorized(header, key, expected):
                                             ("::", False)])
 def test_is_loopback(host, expected):
     assert is_loopback(host) is expected
+
+
+@pytest.mark.parametrize("host, api_key, refusal", [
+    ("0.0.0.0", None, "not a loopback address"), ("0.0.0.0", "", "not a loopback address"),
+    ("0.0.0.0", " ", "no client could send it"), ("127.0.0.1", "key ", "no client could send it"),
+    ("0.0.0.0", "key", None), ("127.0.0.1", "", None), ("127.0.0.1", None, None),
+])
+def test_an_exposed_server_needs_a_key_that_a_client_can_send(host, api_key, refusal):
+    from pocketspec.serve.listen import check_exposure
+
+    if refusal is None:
+        check_exposure(host, api_key)
+    else:
+        with pytest.raises(UserError, match=refusal):
+            check_exposure(host, api_key)

@@ -5,12 +5,14 @@ on the same machine, models and prompts, written to --out as results.json, repor
 
 The systems (plain, each PocketSpec drafter at each --memory-budget, each peer) run in
 rounds, one category at a time, each system in its own process so that its peak memory is
-its own (apps/bench/rounds.py). Ctrl-C writes the rounds completed so far, marked partial. An
-earlier run's results in --out are kept unless --force; --out is made before the first round.
+its own (apps/bench/rounds.py). Ctrl-C or SIGTERM writes the rounds completed so far, marked partial (none
+completed: --out is left as it was). An earlier run's files in --out are kept unless --force; --out is made
+before the first round.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import click
 
+from apps.bench.plots import PLOTS
 from apps.bench.report import build_report
 from apps.bench.rounds import BenchProgress, plan_rounds, run_rounds
 from apps.bench.run import BenchJob, System, add_closing_notes
@@ -33,6 +36,7 @@ from memplanner.memory_budget import parse_memory_budget
 from pocketspec.backends.device_check import check_devices
 from pocketspec.models.catalog import resolve_pair
 from pocketspec.atomic_file import replaced_on_success
+from pocketspec.signals import Terminated, stop_signals_held
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models
 from pocketspec.session_settings import apply_backend_options
@@ -43,6 +47,7 @@ DEFAULT_SUITE = REPO / "benchmarks" / "data" / "spec_bench.jsonl"
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "bench"
 BENCH = BenchSettings()
 DRAFTERS = ("auto", "ngram", *SELF_DRAFTS)  # auto: the draft model (--pair/--draft), if any, with n-grams
+BENCH_FILES = ("results.json", "report.md", *PLOTS)  # what a run writes into --out
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
@@ -57,7 +62,7 @@ def _parse_drafters(text: str, backend: str, draft_path, draft_from_pair: bool =
     `generate --pair` does (no --draft: the loader may leave a draft that cannot pay unloaded)."""
     names = _split((text,))
     unknown = [name for name in names if name not in DRAFTERS]
-    if unknown:
+    if unknown or not names:
         raise UserError(f"--drafters {text!r}: use a comma-separated list of {', '.join(DRAFTERS)}")
     drafters = []
     for name in dict.fromkeys(names):
@@ -80,15 +85,22 @@ def _parse_budgets(text: str | None) -> list[tuple[str | None, int | None]]:
         raise UserError(str(error)) from None
 
 
-def _peer_system(peer: str, job: BenchJob) -> System:
+def _peer_system(peer: str, job: BenchJob, *, is_named: bool) -> System:
+    """The peer as a system to run, or skipped with its reason; a peer the user named (not `auto` or `all`) that
+    cannot run is a UserError before anything runs."""
     name, runner, spec_type = PEERS[peer]
     system = System(name, "peer", runner, name, spec_type=spec_type)
     needs_draft = runner == "transformers" or spec_type == "draft-simple"
+    reason = None
     if needs_draft and job.draft_path is None:
-        system.skip("needs a draft model: pass --pair or --draft NAME")
-    elif runner == "llama-speculative" and (reason := missing_binary(job.llama_tools_dir)):
-        system.skip(reason)
-    elif runner == "transformers" and (reason := transformers_missing()):
+        reason = "needs a draft model: pass --pair or --draft NAME"
+    elif runner == "llama-speculative":
+        reason = missing_binary(job.llama_tools_dir)
+    elif runner == "transformers":
+        reason = transformers_missing()
+    if reason and is_named:
+        raise UserError(f"--peers {peer} cannot run: {reason}")
+    if reason:
         system.skip(reason)
     return system
 
@@ -139,6 +151,8 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
           memory_budget, drafters, peers_text, peer_draft_max, llama_tools, threads, max_context, repack,
           kv_type, exact_verify, out_dir, force, **backend_args):
     """Benchmark plain decoding, PocketSpec's drafters and the peers on a prompt suite."""
+    if categories and not _split(categories):
+        raise UserError("--categories is empty: name one or more of the suite's categories, or leave it out")
     prompts = with_later_turns(select_prompts(read_suite(suite), tuple(_split(categories)), per_category), turns)
     settings, _ = apply_backend_options(MODEL, SPECULATION, backend_args)  # refuse what every worker would refuse
     if memory_budget is None or "=" not in memory_budget:  # a budget naming devices is checked as a split
@@ -164,7 +178,7 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
                                   budget_bytes))
             if reason:
                 systems[-1].skip(reason)
-    systems += [_peer_system(peer, job) for peer in peers]
+    systems += [_peer_system(peer, job, is_named=peers_text not in ("auto", "all")) for peer in peers]
     _prepare_out_dir(out_dir, force)
     progress = BenchProgress(plan_rounds(prompts, BENCH.max_prompts_per_round, repeats))
     click.echo(f"{len(prompts)} prompts × {sum(s.status == 'ok' for s in systems)} systems in "
@@ -176,19 +190,25 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
     try:
         run_rounds(systems, job, progress)
         add_closing_notes(systems, job, progress.rows)
-    except (KeyboardInterrupt, UserError) as stop:
-        if isinstance(stop, KeyboardInterrupt) or progress.num_rounds_completed:
+    except (KeyboardInterrupt, Terminated, UserError):  # Ctrl-C, SIGTERM, a failed plain run
+        if progress.num_rounds_completed:
             _write_outputs(out_dir, systems, progress, job, suite)
+        else:
+            click.echo(f"no round completed: --out {out_dir} is left as it was", err=True)
         raise
     _write_outputs(out_dir, systems, progress, job, suite)
+    if not any(system.kind != "plain" and system.status == "ok" for system in systems):
+        raise UserError("nothing was compared with plain decoding: every other system was skipped or failed "
+                        f"(the reasons are in {out_dir / 'report.md'})")
 
 
 def _prepare_out_dir(out_dir: Path, force: bool) -> None:
     """--out made ready before the first round, so that an hour's run cannot fail at its end for want of a
     folder; an earlier run's results are kept unless --force."""
-    if (out_dir / "results.json").exists() and not force:
-        raise UserError(f"--out {out_dir} already holds a bench's results.json; choose another --out, or add --force "
-                        "to replace it")
+    existing = [name for name in BENCH_FILES if (out_dir / name).exists()]
+    if existing and not force:
+        raise UserError(f"--out {out_dir} already holds {', '.join(existing)}; choose another --out, or add --force "
+                        "to replace them")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -217,12 +237,16 @@ def _write_outputs(out_dir: Path, systems: list[System], progress: BenchProgress
         "rounds": progress.describe(),
         "rows": progress.rows,
     }
-    with replaced_on_success(out_dir / "results.json", what="the bench's results") as file:
-        file.write(json.dumps(results, indent=1))
-    plots = [path.name for path in write_plots(results, out_dir)] if progress.rows else []
-    report = build_report(results, plots)
-    with replaced_on_success(out_dir / "report.md", what="the bench's report") as file:
-        file.write(report)
+    with stop_signals_held():  # a second Ctrl-C (or a SIGTERM) waits for the files: a set of them, all of one run
+        with replaced_on_success(out_dir / "results.json", what="the bench's results") as file:
+            file.write(json.dumps(results, indent=1))
+        plots = [path.name for path in write_plots(results, out_dir)] if progress.rows else []
+        for stale in set(PLOTS) - set(plots):  # an earlier run's plot (--force) would pass for this run's
+            with contextlib.suppress(FileNotFoundError):
+                (out_dir / stale).unlink()
+        report = build_report(results, plots)
+        with replaced_on_success(out_dir / "report.md", what="the bench's report") as file:
+            file.write(report)
     click.echo(report)
     partial = (f" (partial: {progress.num_rounds_completed} of {len(progress.rounds)} rounds completed)"
                if progress.is_partial else "")

@@ -9,6 +9,7 @@ from apps.bench.report import OVERALL, speedups, summaries_by_category
 
 SPEEDUP_PLOT = "speedup.png"
 FRONTIER_PLOT = "frontier.png"
+PLOTS = (SPEEDUP_PLOT, FRONTIER_PLOT)
 
 
 def _pyplot():
@@ -25,7 +26,8 @@ def _save(figure, axes, path: Path, title: str, x_label: str | None, y_label: st
         axes.set_xlabel(x_label)
     axes.set_ylabel(y_label)
     axes.set_title(title)
-    axes.legend(fontsize="small")
+    if axes.get_legend_handles_labels()[1]:  # nothing drawn (every system but plain failed): no empty legend
+        axes.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     _pyplot().close(figure)

@@ -86,6 +86,10 @@ def run_pocketspec(job: dict) -> None:
             messages = conversations.get(conversation, []) + [{"role": "user", "content": prompt["text"]}]
             # plain decoding's prompt when the bench has it: a later turn then follows the same replies
             prompt_tokens = prompt.get("prompt_tokens") or session.encode_messages(messages)
+            if len(prompt_tokens) >= engine.max_context:
+                raise UserError(f"prompt {prompt['prompt_id']} has {len(prompt_tokens)} tokens "
+                                f"in the chat template: no room for a reply in --max-context {engine.max_context}; "
+                                "raise it, or leave that prompt out")
             if index == 0:
                 engine.warm_up(prompt_tokens, job["num_warmup_tokens"])
             result = generate(prompt_tokens, job["max_tokens"])

@@ -12,8 +12,8 @@ def load_tokenizer(path: Path):
     import llama_cpp
     from llama_cpp._internals import LlamaModel
 
-    from pocketspec.backends import llama_logs
     from pocketspec.backends.llama_context import init_llama
+    from pocketspec.signals import stop_signals_held
     from pocketspec.tokenizer import Tokenizer
 
     if path.is_dir():
@@ -23,7 +23,7 @@ def load_tokenizer(path: Path):
     params = llama_cpp.llama_model_default_params()
     params.vocab_only = True
     try:
-        with llama_logs.ctrl_c_held():
+        with stop_signals_held():
             vocab_model = LlamaModel(path_model=str(path), params=params, verbose=False)
     except ValueError as error:
         raise UserError(f"llama.cpp could not read the vocabulary of {path}: {error}") from None

@@ -25,6 +25,7 @@ from memplanner.defaults import LLAMA_KV_TYPES
 from memplanner.shapes import shape_from_gguf
 from memplanner.terms import loads_without_mmap
 from pocketspec.backends import llama_logs
+from pocketspec.signals import stop_signals_held
 from pocketspec.backends.llama_split import apply_llama_split, is_cpu_planned, llama_split
 from pocketspec.errors import ContextFullError, UserError
 from pocketspec.settings import ModelSettings
@@ -100,7 +101,7 @@ class LlamaModelContext:
             split = llama_split(settings, shape.num_layers, llama_cpp.LLAMA_MAX_DEVICES)
             self._tensor_split = apply_llama_split(model_params, split)
         try:
-            with llama_logs.ctrl_c_held():
+            with stop_signals_held():
                 self._model = LlamaModel(path_model=str(model_path), params=model_params, verbose=False)
         except ValueError as error:
             raise UserError(f"llama.cpp could not load {model_path}: {error}; check the file or re-pull it") from None
@@ -120,7 +121,7 @@ class LlamaModelContext:
         context_params.no_perf = True
         context_params.op_offload = not is_cpu_planned(settings)
         try:
-            with llama_logs.ctrl_c_held():
+            with stop_signals_held():
                 self._context = LlamaContext(model=self._model, params=context_params, verbose=False)
         except ValueError:
             self._model.close()

@@ -3,18 +3,15 @@
 llama.cpp reports the KV, compute and output buffers it allocates only in its
 log, so the memory report reads them from here. A call that logs through it (a model's
 load, a context's creation) runs Python inside a ctypes callback, where a Ctrl-C's
-KeyboardInterrupt would be printed and dropped: such calls run under ctrl_c_held().
+KeyboardInterrupt would be printed and dropped: such calls run under
+pocketspec/signals.py's stop_signals_held().
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import re
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 
 import llama_cpp
 
@@ -31,29 +28,6 @@ def _on_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
         _captured_lines.append(line.strip())
     if level == _GGML_LOG_LEVEL_ERROR:
         print(line, end="", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def ctrl_c_held() -> Iterator[None]:
-    """A Ctrl-C during the block is noted, and delivered (to the handler that was set) once the block ends.
-
-    Without it, a Ctrl-C while llama.cpp loads a model raised KeyboardInterrupt inside _on_log, where ctypes
-    printed "Exception ignored" and dropped it: the load, and the whole run, went on. Off the main thread,
-    where no handler can be set, the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pressed: list[bool] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(True))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pressed:
-        if callable(previous):
-            previous(signal.SIGINT, None)  # Python's own handler raises KeyboardInterrupt; chat's notes it
-        elif previous == signal.SIG_DFL:
-            signal.raise_signal(signal.SIGINT)
 
 
 def install() -> None:

@@ -15,6 +15,7 @@ from pocketspec.conversation.chat_template import encode_chat, template_for
 from pocketspec.conversation.conversation import (
     Conversation, PromptTooLong, assistant_record, chunk_record, reset_record, system_record, user_record)
 from pocketspec.errors import UserError
+from pocketspec.signals import Terminated
 from pocketspec.conversation.transcript import TranscriptWriter
 
 CUT_STOP_REASONS = ("interrupted", "context_full")
@@ -97,7 +98,7 @@ class Chat:
         except KeyboardInterrupt:  # a Ctrl-C that no handler turned into a clean stop (piped stdin)
             self._close_reply("".join(pieces), is_cut=True, stop_reason="interrupted")
             raise
-        except SystemExit:  # SIGTERM (apps/cli.py)
+        except Terminated:  # SIGTERM (pocketspec/signals.py)
             self._close_reply("".join(pieces), is_cut=True, stop_reason="terminated")
             raise
         except BaseException:

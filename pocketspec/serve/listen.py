@@ -35,7 +35,11 @@ def is_loopback(host: str) -> bool:
 
 
 def check_exposure(host: str, api_key: str | None) -> None:
-    """Without an API key, only this machine may reach the server."""
+    """Without an API key, only this machine may reach the server. A key with spaces around it (or of spaces
+    alone) is refused: HTTP strips them from the header, so no client could send it ("" means no key)."""
+    if api_key and api_key.strip() != api_key:
+        raise UserError(f"--api-key (or {API_KEY_VARIABLE}) has spaces around it or is blank: no client could send "
+                        "it, since HTTP strips them from the Authorization header; give the key alone")
     if not api_key and not is_loopback(host):
         raise UserError(f"--host {host} is not a loopback address: without an API key pocketspec serve binds to "
                         f"loopback only; set --api-key (or {API_KEY_VARIABLE}) or use --host {LOOPBACK_HOST}")
