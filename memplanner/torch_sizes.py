@@ -58,6 +58,17 @@ def resolve_weights_format(weights: str, on_gpu: bool) -> str:
     return compute_format(weights, on_gpu) if weights == AUTO else weights
 
 
+def lighter_torch_settings(weights_format: str, kv_dtype: str) -> str:
+    """What a torch plan that does not fit could try, leaving out what it already has:
+    'try --weights int8 or int4, a smaller --max-context, or --torch-kv-type int8'."""
+    lighter = {"int8": "int4", "int4": None}.get(weights_format, "int8 or int4")
+    options = [f"--weights {lighter}"] if lighter else []
+    options.append("a smaller --max-context")
+    if kv_dtype != "int8":
+        options.append("--torch-kv-type int8")
+    return "try " + (f"{', '.join(options[:-1])}, or {options[-1]}" if len(options) > 2 else " or ".join(options))
+
+
 def compute_dtype_bytes(weights_format: str, on_gpu: bool = False) -> int:
     return FLOAT_FORMAT_BYTES[compute_format(weights_format, on_gpu)]
 

@@ -23,8 +23,8 @@ from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes
 from memplanner.split import DeviceBudget, DeviceShare, assign_layers, even_layer_counts
 from memplanner.torch_peak import activation_bytes
-from memplanner.torch_sizes import (compute_dtype_bytes, torch_block_bytes, torch_block_tensor_sizes,
-                                    torch_embedding_bytes, torch_head_bytes, torch_kv_bytes)
+from memplanner.torch_sizes import (compute_dtype_bytes, lighter_torch_settings, torch_block_bytes,
+                                    torch_block_tensor_sizes, torch_embedding_bytes, torch_head_bytes, torch_kv_bytes)
 
 # The terms that are tensors the backend keeps (what memory_by_device reports); the rest are transient or
 # outside torch's tensors.
@@ -111,11 +111,12 @@ def _fixed_terms(shape: ModelShape, layout: TorchLayout, index: int, devices: li
     return fixed
 
 
-def _refusal(shape: ModelShape, devices: list[DeviceBudget], needed: int, mode: str) -> TorchSplitPlan:
+def _refusal(shape: ModelShape, layout: TorchLayout, devices: list[DeviceBudget], needed: int,
+             mode: str) -> TorchSplitPlan:
     listed = ", ".join(f"{device.name} {format_bytes(device.budget_bytes)}" for device in devices)
     return TorchSplitPlan(False, f"{shape.name} does not fit across {listed} with a {mode} split of the torch "
                                  f"backend's tensors ({format_bytes(needed)} in all); raise a budget, add a device, "
-                                 "or try --weights int8 or int4, a smaller --max-context, or --torch-kv-type int8")
+                                 f"or {lighter_torch_settings(layout.weights_format, layout.kv_dtype)}")
 
 
 def plan_layer_split(devices: list[DeviceBudget], shape: ModelShape, layout: TorchLayout,
@@ -127,7 +128,7 @@ def plan_layer_split(devices: list[DeviceBudget], shape: ModelShape, layout: Tor
     counts = list(layers_per_device) or assign_layers([sum(terms.values()) for terms in blocks], room)
     needed = sum(sum(terms.values()) for terms in blocks + fixed)
     if counts is None:
-        return _refusal(shape, devices, needed, "layer")
+        return _refusal(shape, layout, devices, needed, "layer")
     shares, first = [], 0
     compute_bytes = compute_dtype_bytes(layout.weights_format, layout.on_gpu)
     block_tensors = torch_block_tensor_sizes(shape, layout.weights_format, has_qkv_bias=layout.has_qkv_bias,
@@ -146,7 +147,7 @@ def plan_layer_split(devices: list[DeviceBudget], shape: ModelShape, layout: Tor
         shares.append(DeviceShare(device.name, device.budget_bytes, first, count, False, terms))
         first += count
     is_feasible = all(share.peak_bytes <= share.budget_bytes for share in shares)
-    return TorchSplitPlan(is_feasible, "" if is_feasible else _refusal(shape, devices, needed, "layer").reason, shares)
+    return TorchSplitPlan(is_feasible, "" if is_feasible else _refusal(shape, layout, devices, needed, "layer").reason, shares)
 
 
 def _shard(num_units: int, world_size: int, rank: int) -> int:
@@ -182,4 +183,4 @@ def plan_row_split(devices: list[DeviceBudget], shape: ModelShape, layout: Torch
         shares.append(DeviceShare(device.name, device.budget_bytes, 0, shape.num_layers, False, terms))
     if all(share.peak_bytes <= share.budget_bytes for share in shares):
         return TorchSplitPlan(True, "", shares)
-    return TorchSplitPlan(False, _refusal(shape, devices, sum(share.peak_bytes for share in shares), "row").reason, shares)
+    return TorchSplitPlan(False, _refusal(shape, layout, devices, sum(share.peak_bytes for share in shares), "row").reason, shares)

@@ -132,3 +132,15 @@ def test_cli_plans_devices_this_machine_does_not_have(smollm2_path):
     refused = runner.invoke(main, ["plan", "--target", str(smollm2_path), "--devices", "cuda:0,cuda:1",
                                    "--memory-budget", "100MiB"])
     assert refused.exit_code == 2 and "does not fit across" in refused.output
+
+
+@pytest.mark.parametrize("weights, kv_dtype, advice", [
+    ("fp32", "fp32", "try --weights int8 or int4, a smaller --max-context, or --torch-kv-type int8"),
+    ("int8", "int8", "try --weights int4 or a smaller --max-context"),
+    ("int4", "bf16", "try a smaller --max-context or --torch-kv-type int8"),
+    ("int4", "int8", "try a smaller --max-context"),
+])
+def test_a_refusal_offers_only_what_the_settings_do_not_already_have(weights, kv_dtype, advice):
+    from memplanner.torch_sizes import lighter_torch_settings
+
+    assert lighter_torch_settings(weights, kv_dtype) == advice

@@ -171,6 +171,16 @@ def test_a_corrupt_export_is_found_and_exported_again(tiny_pair, tmp_path, monke
     assert not [path for path in tmp_path.joinpath("onnx").iterdir() if path.name.startswith(".")]  # no leftovers
 
 
+def test_a_killed_exports_hidden_folder_is_removed_by_the_next_export(tiny_pair, tmp_path, monkeypatch):
+    """SIGKILL or an out-of-memory kill mid-export leaves .NAME.XXXX.partial/ behind: no finally ran."""
+    monkeypatch.setenv("POCKETSPEC_HOME", str(tmp_path))
+    leftover = tmp_path / "onnx" / ".0123456789abcdef-fp32-g3-killed.x1y2.partial"
+    leftover.mkdir(parents=True)
+    (leftover / "model.onnx.data").write_bytes(b"half of the weights")
+    assert exported_model(tiny_pair[0], "fp32").model_file.exists()
+    assert not [path for path in tmp_path.joinpath("onnx").iterdir() if path.name.startswith(".")]
+
+
 def test_an_export_by_an_older_exporter_is_replaced(tiny_pair, tmp_path, monkeypatch):
     monkeypatch.setenv("POCKETSPEC_HOME", str(tmp_path))
     current = exported_model(tiny_pair[0], "fp32")
@@ -208,7 +218,7 @@ def test_a_gguf_without_a_pull_stamp_is_hashed_once_while_it_is_unchanged(tmp_pa
 
 
 @pytest.mark.parametrize("flags, fragments", [
-    (["--backend", "onnx", "--ep", "coreml"], ["--ep coreml", "CoreMLExecutionProvider"]),
+    (["--backend", "onnx", "--ep", "coreml"], ["--ep coreml", "CoreMLExecutionProvider", "macOS"]),
     (["--ep", "cuda"], ["--ep applies to --backend onnx"]),
     (["--backend", "onnx", "--weights", "int8"], ["--weights fp32, fp16, int4 or auto, not int8"]),
     (["--backend", "onnx", "--device", "cuda"], ["--device applies to --backend torch"]),

@@ -27,6 +27,11 @@ from pocketspec.settings import EXECUTION_PROVIDERS, ModelSettings
 
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "rocm": "ROCMExecutionProvider",
                  "dml": "DmlExecutionProvider", "coreml": "CoreMLExecutionProvider"}
+# The onnxruntime build that has each provider (CoreML comes with the standard one, on macOS)
+ORT_BUILDS = {"cuda": "install onnxruntime-gpu (POCKETSPEC_ACCEL=cuda make setup)",
+              "rocm": "install AMD's onnxruntime-rocm in place of onnxruntime",
+              "dml": "install onnxruntime-directml in place of onnxruntime (Windows)",
+              "coreml": "run on macOS, whose onnxruntime has it"}
 # Where each provider's cache buffers live, as OrtValue names a device; the others keep them on the host.
 ORT_DEVICES = {"cuda": "cuda", "rocm": "cuda"}
 
@@ -50,8 +55,7 @@ def check_provider(provider: str) -> None:
                         "(or 'pocketspec[onnx-gpu]' for CUDA)") from None
     if provider not in present:
         raise UserError(f"--ep {provider}: this onnxruntime build has no {ORT_PROVIDERS[provider]} "
-                        f"(it has {', '.join(present)}); for CUDA install onnxruntime-gpu "
-                        "(POCKETSPEC_ACCEL=cuda make setup)")
+                        f"(it has {', '.join(present)}); {ORT_BUILDS[provider]}")
 
 
 def _inference_session(exported: ExportedModel, settings: ModelSettings):

@@ -69,5 +69,6 @@ def apply_onnx_plan(choice: ModelChoice, budget_bytes: int, target_settings: Mod
                              "smaller activations, slower prompt processing")
             return MemoryPlan(choice, sized, speculation, budget_bytes, lines, predicted_peak_bytes=total)
     raise UserError(f"--memory-budget {format_bytes(budget_bytes)} is below the ONNX backend's predicted peak "
-                    f"{format_bytes(total)} + {format_bytes(reserve)} kept free ({sizes_text(terms)}); try --weights "
-                    "int4 or a smaller --max-context")
+                    f"{format_bytes(total)} + {format_bytes(reserve)} kept free ({sizes_text(terms)}); try "
+                    + ("a smaller --max-context" if target_settings.weights == "int4" else
+                       "--weights int4 or a smaller --max-context"))

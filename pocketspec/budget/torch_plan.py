@@ -17,7 +17,8 @@ from memplanner.shapes import ModelShape, shape_from_gguf
 from memplanner.sizes import format_bytes
 from pocketspec.budget.memory_plan import MemoryPlan, peak_line, sizes_text
 from memplanner.torch_peak import heap_reserve_bytes, torch_peak_terms
-from memplanner.torch_sizes import gguf_layout, resolve_weights_format, torch_memory_terms, torch_tensor_sizes
+from memplanner.torch_sizes import (gguf_layout, lighter_torch_settings, resolve_weights_format, torch_memory_terms,
+                                    torch_tensor_sizes)
 from memplanner.torch_split import TorchLayout
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
@@ -98,5 +99,6 @@ def apply_torch_plan(choice: ModelChoice, budget_bytes: int, target_settings: Mo
             return MemoryPlan(choice, sized, speculation, budget_bytes, lines, predicted_peak_bytes=total)
     kept_free = f" + {format_bytes(reserve)} kept free" if reserve else ""
     raise UserError(f"--memory-budget {format_bytes(budget_bytes)} is below the torch backend's predicted peak "
-                    f"{format_bytes(total)}{kept_free} ({sizes_text(peak_terms)}); try --weights int8 or int4, a "
-                    "smaller --max-context, or --torch-kv-type int8")
+                    f"{format_bytes(total)}{kept_free} ({sizes_text(peak_terms)}); "
+                    + lighter_torch_settings(resolve_weights_format(target_settings.weights, target_settings.is_on_gpu),
+                                             target_settings.torch_kv_type))

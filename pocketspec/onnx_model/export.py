@@ -136,6 +136,10 @@ def _export(folder: Path, gguf_path: Path, weights_format: str, notify: Notify |
     say = notify or (lambda line: None)
     if folder.exists():
         say(f"the ONNX export in {folder} is incomplete or corrupt; exporting again")
+    # Under the home's measuring lock no other export runs: a hidden folder left here is a killed one's
+    # (SIGKILL, out of memory, a power cut), up to the size of a model.
+    for leftover in folder.parent.glob(".*.partial"):
+        shutil.rmtree(leftover, ignore_errors=True)
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
