@@ -52,6 +52,9 @@ def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
     if len(target_settings.devices) > 1:
         raise UserError(f"--devices {','.join(target_settings.devices)}: the batching pool runs on one device; "
                         "give one --device, or decode one prompt at a time on the split")
+    if target_settings.compile:  # asked for (unset: None), and the pool would silently not
+        raise UserError(f"--compile applies to one sequence at a time: the {'server' if min_rows else '--batch'} "
+                        "pool runs its forwards eagerly; leave it out")
     from pocketspec.batch.open import open_batch_engine
     from pocketspec.budget.batch_plan import apply_batch_plan
 

@@ -68,9 +68,16 @@ def test_outputs_come_in_input_order_and_equal_each_prompt_alone(tiny_target, pr
     (["--batch", "2", "--no-repack"], ["--no-repack", "torch"]),
     (["--batch", "2", "--kv-type", "q8_0"], ["--kv-type q8_0", "--torch-kv-type"]),
     (["--batch", "2", "--devices", "cpu:0,cpu:1"], ["--devices cpu:0,cpu:1", "one device"]),
+    (["--batch", "2", "--compile"], ["--compile", "--batch pool runs its forwards eagerly"]),
 ])
 def test_bad_batch_flags_are_one_line_errors(tiny_target, prompt_file, args, fragments):
     assert_one_line_error(_batch(tiny_target, prompt_file, *args), *fragments)
+
+
+def test_a_static_step_on_a_split_is_refused_not_dropped(tiny_target):
+    result = run_cli("generate", "--target", tiny_target, "--backend", "torch", "--prompt", "hi", "--devices",
+                     "cpu:0,cpu:1", "--decode-step", "static")
+    assert_one_line_error(result, "--decode-step static", "dynamic step")
 
 
 @pytest.mark.parametrize("text, fragments", [

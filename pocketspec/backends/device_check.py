@@ -26,6 +26,9 @@ def check_devices(settings: ModelSettings) -> None:
     if settings.split_mode == "row" and len(settings.devices) < 2:
         raise UserError("--split-mode row splits every matrix over two or more --devices, e.g. cuda:0,cuda:1; "
                         "give them, or leave --split-mode out")
+    if settings.decode_step == "static" and len(settings.devices) > 1:
+        raise UserError("--decode-step static runs on one device; a model split over --devices decodes with the "
+                        "dynamic step: leave --decode-step out")
     if settings.backend == "llama.cpp":
         _check_llama_devices(settings.devices)
     elif settings.backend == "onnx":
