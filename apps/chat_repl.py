@@ -24,9 +24,10 @@ from pocketspec.stats import drafting_text
 
 def stats_line(stats, session) -> str:
     budget = format_bytes(session.budget_bytes) if session.budget_bytes is not None else "no budget"
+    mean_gamma = f", mean γ {stats.mean_drafted_gamma:.1f}" if stats.mean_drafted_gamma else ""
     return (f"[{stats.num_tokens} tokens, {stats.tokens_per_second:.1f} tok/s, "
-            f"{drafting_text(stats.num_drafted, stats.num_accepted, stats.num_steps)}, "
-            f"γ {stats.last_gamma}, memory {format_bytes(session.memory_in_use_bytes())} / {budget}]")
+            f"{drafting_text(stats.num_drafted, stats.num_accepted, stats.num_steps)}{mean_gamma}, "
+            f"memory {format_bytes(session.memory_in_use_bytes())} / {budget}]")
 
 
 def stop_note(turn: Turn, max_new_tokens: int) -> str | None:

@@ -79,7 +79,6 @@ class GenerationStats:
     steps_by_drafter: dict[str, int] = field(default_factory=dict)
     step_seconds_by_drafter: dict[str, float] = field(default_factory=dict)  # whole steps, drafting included
     steps_by_gamma: dict[int, int] = field(default_factory=dict)  # how often each draft length was verified
-    last_gamma: int = 0
     peak_rss_bytes: int = 0
     # seconds of the steps spent outside the models' forwards: drafting lookups, the controller, verification
     loop_seconds: float = 0.0
@@ -96,13 +95,19 @@ class GenerationStats:
         self.steps_by_drafter[drafter] = self.steps_by_drafter.get(drafter, 0) + 1
         self.step_seconds_by_drafter[drafter] = self.step_seconds_by_drafter.get(drafter, 0.0) + seconds
         self.steps_by_gamma[num_drafted] = self.steps_by_gamma.get(num_drafted, 0) + 1
-        self.last_gamma = num_drafted
 
     @property
     def plain_step_seconds(self) -> float:
         """Mean seconds of a step that drafted nothing: what speculation costs when it cannot help."""
         steps = self.steps_by_drafter.get("none", 0)
         return self.step_seconds_by_drafter.get("none", 0.0) / steps if steps else 0.0
+
+    @property
+    def mean_drafted_gamma(self) -> float:
+        """Mean draft length over the steps that drafted (0.0 when none did)."""
+        drafting = {gamma: count for gamma, count in self.steps_by_gamma.items() if gamma > 0}
+        num_steps = sum(drafting.values())
+        return sum(gamma * count for gamma, count in drafting.items()) / num_steps if num_steps else 0.0
 
     @property
     def loop_seconds_per_step(self) -> float:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from pocketspec.stats import peak_rss_bytes
 
 PARENT_BYTES = 400 * 2**20
@@ -30,3 +32,14 @@ def test_the_peak_follows_what_this_process_touches():
             "print(peak_rss_bytes() - before)")
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert int(child.stdout) >= 60 * 2**20
+
+
+def test_the_mean_draft_length_counts_only_the_steps_that_drafted():
+    """What the chat's stats line shows: the last step's γ was 0 or 1 in most replies, whatever was drafted."""
+    from pocketspec.stats import GenerationStats
+
+    stats = GenerationStats()
+    assert stats.mean_drafted_gamma == 0.0
+    for num_drafted in (3, 0, 3, 0, 0, 1):
+        stats.record_step("ngram" if num_drafted else "none", num_drafted, 0, 0.01)
+    assert stats.mean_drafted_gamma == pytest.approx(7 / 3)
