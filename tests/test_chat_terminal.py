@@ -312,6 +312,22 @@ def test_a_signal_on_a_piped_reply_is_recorded(chat_home, signum, exit_code, sto
     assert [(reply["cut"], reply["stop_reason"]) for reply in replies] == [(True, stop_reason)]
 
 
+def test_a_reader_that_leaves_cuts_the_reply_as_output_closed(chat_home):
+    """`pocketspec chat | head -c 20`: no traceback, and the transcript says why the reply ends where it does."""
+    process = subprocess.Popen(
+        [str(POCKETSPEC), "chat", *SMOLLM2, "--max-tokens", "1500"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=_env(chat_home), text=True)
+    process.stdin.write(LONG_REQUEST + "\n")
+    process.stdin.close()
+    process.stdout.read(20)
+    process.stdout.close()
+    stderr = process.stderr.read()
+    process.wait(timeout=TIMEOUT_SECONDS)
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    replies = [record for record in read_records(_only_transcript(chat_home)) if record["type"] == "assistant"]
+    assert [(reply["cut"], reply["stop_reason"]) for reply in replies] == [(True, "output_closed")]
+
+
 def test_the_banner_names_the_drafter_and_the_verify_mode_that_run(tmp_path, qwen_target_path, qwen_draft_path):
     """A pair whose draft model cannot pay on this machine is left unloaded (the loader says so); the banner
     then names the n-gram drafter that runs, not the pair's draft. It names the verify mode too: exact on

@@ -101,6 +101,9 @@ class Chat:
         except Terminated:  # SIGTERM (pocketspec/signals.py)
             self._close_reply("".join(pieces), is_cut=True, stop_reason="terminated")
             raise
+        except BrokenPipeError:  # `| head`: the reader left
+            self._close_reply("".join(pieces), is_cut=True, stop_reason="output_closed")
+            raise
         except BaseException:
             self._close_reply("".join(pieces), is_cut=True, stop_reason="error")
             raise
