@@ -117,7 +117,8 @@ def _decode(engine, requests: list[Request], writer: OrderedWriter) -> bool:
     num_tokens = sum(len(result.tokens) for result in results)
     num_drafted = sum(result.stats.num_drafted for result in results)
     num_accepted = sum(result.stats.num_accepted for result in results)
-    click.echo(f"[{len(results)} prompt{'s' if len(results) != 1 else ''}, {num_tokens} tokens, {num_tokens / seconds:.2f} tok/s in all, "
+    prompts = f"{len(results)} prompt{'s' if len(results) != 1 else ''}"
+    click.echo(f"[{prompts}, {num_tokens} tokens, {num_tokens / seconds:.2f} tok/s in all, "
                f"{drafting_text(num_drafted, num_accepted)}, "
                f"{engine.alignment_seconds / seconds:.1%} of the time aligning rows]", err=True)
     return bool(interrupted)

@@ -1,8 +1,9 @@
 """Text a person hands the CLI (a prompt, a system prompt, piped stdin, a prompt file), made valid UTF-8.
 
 One rule everywhere: bytes that are not UTF-8 become U+FFFD, and a note says so once per
-source on stderr; a leading byte-order mark is dropped. Python hands such bytes over as lone surrogates (argv and a stdin read
-with surrogateescape), which no tokenizer or file can encode; after `as_text` they are gone.
+source on stderr; a leading byte-order mark is dropped. Python hands such bytes over as lone
+surrogates (argv and a stdin read with surrogateescape), which no tokenizer or file can encode;
+after `as_text` they are gone.
 """
 
 from __future__ import annotations

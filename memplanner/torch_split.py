@@ -147,7 +147,8 @@ def plan_layer_split(devices: list[DeviceBudget], shape: ModelShape, layout: Tor
         shares.append(DeviceShare(device.name, device.budget_bytes, first, count, False, terms))
         first += count
     is_feasible = all(share.peak_bytes <= share.budget_bytes for share in shares)
-    return TorchSplitPlan(is_feasible, "" if is_feasible else _refusal(shape, layout, devices, needed, "layer").reason, shares)
+    reason = "" if is_feasible else _refusal(shape, layout, devices, needed, "layer").reason
+    return TorchSplitPlan(is_feasible, reason, shares)
 
 
 def _shard(num_units: int, world_size: int, rank: int) -> int:
@@ -183,4 +184,5 @@ def plan_row_split(devices: list[DeviceBudget], shape: ModelShape, layout: Torch
         shares.append(DeviceShare(device.name, device.budget_bytes, 0, shape.num_layers, False, terms))
     if all(share.peak_bytes <= share.budget_bytes for share in shares):
         return TorchSplitPlan(True, "", shares)
-    return TorchSplitPlan(False, _refusal(shape, layout, devices, sum(share.peak_bytes for share in shares), "row").reason, shares)
+    needed = sum(share.peak_bytes for share in shares)
+    return TorchSplitPlan(False, _refusal(shape, layout, devices, needed, "row").reason, shares)

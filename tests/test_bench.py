@@ -54,7 +54,8 @@ def two_category_suite(tmp_path):
 def test_smallest_run_writes_results_report_and_plots(smollm2_path, two_category_suite, tmp_path):
     out = tmp_path / "out"
     result = run_cli("bench", "--target", str(smollm2_path), "--suite", str(two_category_suite),
-                     "--max-tokens", "8", "--drafters", "auto,ngram,self-sparse", "--peers", "prompt-lookup", "--threads", "1",
+                     "--max-tokens", "8", "--drafters", "auto,ngram,self-sparse", "--peers", "prompt-lookup",
+                     "--threads", "1",
                      "--exact-verify", "--out", str(out))
     assert result.returncode == 0, result.stderr
     results = json.loads((out / "results.json").read_text())

@@ -264,7 +264,8 @@ def build_report(results: dict, plot_names: list[str] = ()) -> str:
     is_partial = results.get("rounds", {}).get("is_partial", False)
     body = [f"# PocketSpec bench: {settings['suite_name']}" + (" (partial)" if is_partial else ""), "",
             f"Command: `{settings['command']}`", "",
-            f"Target `{settings['target']}`, draft model `{settings['draft'] or 'none'}`, backend {settings['backend']}, "
+            f"Target `{settings['target']}`, draft model `{settings['draft'] or 'none'}`, "
+            f"backend {settings['backend']}, "
             f"temperature {settings['temperature']}, {settings['max_tokens']} new tokens, "
             f"{settings['num_prompts']} prompts, {settings['num_threads']} threads, "
             f"context {settings['max_context']}.", "",
