@@ -94,13 +94,18 @@ def tiny_target(tmp_path_factory):
     return write_tiny_pair(tmp_path_factory.mktemp("tiny_step_costs"), quant=None)[0]
 
 
-def test_a_batch_is_timed_by_how_much_it_holds_and_left_empty(tiny_target, one_torch_thread):
+def _batched_tiny(tiny_target, *, num_rows: int, max_context: int, max_logits_rows: int) -> BatchedModel:
+    """The tiny target as a batch-invariant pool on the CPU."""
     settings = replace(BatchSettings(), is_batch_invariant=True, key_block=32)
     model = load_model(tiny_target, "fp32", torch.device("cpu"))
     tiles = TileShape(settings.row_tile)
     make_batch_invariant(model, tiles)
-    batched = BatchedModel(model, num_rows=4, max_context=256, kv_dtype="fp32", n_batch=64, settings=settings,
-                           tiles=tiles, max_logits_rows=6)
+    return BatchedModel(model, num_rows=num_rows, max_context=max_context, kv_dtype="fp32", n_batch=64,
+                        settings=settings, tiles=tiles, max_logits_rows=max_logits_rows)
+
+
+def test_a_batch_is_timed_by_how_much_it_holds_and_left_empty(tiny_target, one_torch_thread):
+    batched = _batched_tiny(tiny_target, num_rows=4, max_context=256, max_logits_rows=6)
     costs, spread = measure_step_costs(batched, "tiny", max_rows=3, num_rounds=1)
     assert sorted(costs.token_seconds) == [1, 2, 3, 6, 15, 18]  # up to 3 rows x 6 verify rows
     assert sorted(costs.kv_seconds) == [0, 62, 3 * 62, 250, 3 * 250]  # a quarter of 250 and 250, at 1 and 3 rows
@@ -120,12 +125,7 @@ def test_a_batch_table_that_cannot_be_saved_is_used_and_said_so(tiny_target, one
     clock that ticks once a call times every forward alike, so the table's repeats agree."""
     (tmp_path / "costs").write_text("not a folder")
     monkeypatch.setenv("POCKETSPEC_HOME", str(tmp_path))
-    settings = replace(BatchSettings(), is_batch_invariant=True, key_block=32)
-    model = load_model(tiny_target, "fp32", torch.device("cpu"))
-    tiles = TileShape(settings.row_tile)
-    make_batch_invariant(model, tiles)
-    batched = BatchedModel(model, num_rows=2, max_context=128, kv_dtype="fp32", n_batch=64, settings=settings,
-                           tiles=tiles, max_logits_rows=4)
+    batched = _batched_tiny(tiny_target, num_rows=2, max_context=128, max_logits_rows=4)
     messages, ticks = [], itertools.count()
     costs = measure_and_store(batched, "tiny", max_rows=2, on_measure=messages.append,
                               clock=lambda: float(next(ticks)))
