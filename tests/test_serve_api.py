@@ -281,9 +281,10 @@ def test_request_that_is_not_http_gets_the_openai_error_shape(server, client, he
     assert "Traceback" not in server.stderr()
 
 
-def test_headers_past_the_servers_limit_get_431_in_the_openai_error_shape(server, client):
+@pytest.mark.parametrize("ending", [b"", b"\r\nConnection: close\r\n\r\n"])  # cut off, or whole in one read
+def test_headers_past_the_servers_limit_get_431_in_the_openai_error_shape(server, client, ending):
     response = _raw_answer(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Padding: " +
-                           b"a" * (MAX_HEADER_BYTES + 1))
+                           b"a" * (MAX_HEADER_BYTES + 1) + ending)
     assert response.status_code == 431 and error_of(response)["code"] == "headers_too_large"
     assert _chat(client, max_tokens=2).choices[0].message.content is not None
 

@@ -203,3 +203,12 @@ def test_an_exposed_server_needs_a_key_that_a_client_can_send(host, api_key, ref
     else:
         with pytest.raises(UserError, match=refusal):
             check_exposure(host, api_key)
+
+
+@pytest.mark.parametrize("path", ["/health", "/v1/models"])
+def test_headers_past_16_kib_that_arrive_whole_get_431(path):
+    """h11 refuses only a header block still incomplete past its limit; one read of up to 64 KiB passed it."""
+    client = _client("x")
+    assert client.get(path, headers={"x-small": "a" * 1000}).status_code == 200
+    response = client.get(path, headers={"x-big": "a" * 20_000})
+    assert response.status_code == 431 and response.json()["error"]["code"] == "headers_too_large"

@@ -162,3 +162,20 @@ def test_param_of_reads_pydantic_locations():
     assert param_of(("body", "messages", 0, "content", "str")) == "messages[0].content"
     assert param_of(("stop", "list[str]", 2)) == "stop"
     assert param_of(()) is None
+
+
+@pytest.mark.parametrize("request_, param", [
+    (lambda: CompletionRequest.model_validate({"prompt": "x", "logprobs": 2}), "logprobs"),
+    (lambda: _chat(reasoning_effort="low"), "reasoning_effort"),
+    (lambda: _chat(prediction={"type": "content", "content": "x"}), "prediction"),
+])
+def test_openais_own_fields_are_refused_as_unsupported_not_as_unknown(request_, param):
+    """`logprobs: 2` on /v1/completions is OpenAI's field: "not a field this server knows" misled."""
+    error = _refused(generation_options, request_(), DEFAULTS)
+    assert error.param == param and "is not supported by this server" in error.message
+
+
+def test_a_text_part_without_its_text_says_so():
+    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": [{"type": "text"}]}]})
+    error = _refused(chat_messages, body)
+    assert error.param == "messages[0].content[0].text" and "without `text`" in error.message

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from pocketspec.serve import endpoints
 from pocketspec.serve.api_errors import APIError, install_error_handlers
+from pocketspec.serve.http_protocol import check_header_size
 from pocketspec.serve.server_state import ServerState
 
 
@@ -29,7 +30,11 @@ def _model_card(state: ServerState) -> dict:
 
 
 def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="PocketSpec", docs_url=None, redoc_url=None, openapi_url=None)
+    async def headers_within_limit(request: Request) -> None:
+        check_header_size(request.scope)
+
+    app = FastAPI(title="PocketSpec", docs_url=None, redoc_url=None, openapi_url=None,
+                  dependencies=[Depends(headers_within_limit)])
     install_error_handlers(app, on_error=lambda request, error: state.metrics.record_refusal(request.url.path,
                                                                                               error.status))
 

@@ -24,6 +24,21 @@ HEADERS_TOO_LARGE_MESSAGE = (f"the request's headers are larger than this server
                              "KiB); send fewer or shorter headers")
 
 
+def header_block_bytes(scope: dict) -> int:
+    """The size of a parsed request's request line and headers, as they came (near enough: h11 drops the
+    whitespace around a header's value)."""
+    target = len(scope.get("raw_path") or b"") + (len(scope["query_string"]) + 1 if scope.get("query_string") else 0)
+    line = len(scope.get("method", "")) + 1 + target + len(" HTTP/1.1\r\n")
+    return line + sum(len(name) + len(value) + 4 for name, value in scope.get("headers", []))
+
+
+def check_header_size(scope: dict) -> None:
+    """The 431 for a header block past MAX_HEADER_BYTES that h11 parsed whole (it checks only a block still
+    incomplete past its limit: one that arrives in one read, up to 64 KiB, passed)."""
+    if header_block_bytes(scope) > MAX_HEADER_BYTES:
+        raise APIError(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, HEADERS_TOO_LARGE_MESSAGE, code="headers_too_large")
+
+
 def http_error(error: BaseException | None) -> APIError:
     """What a request h11 could not parse is told: 431 where h11 says its headers outgrew the buffer, else 400."""
     if getattr(error, "error_status_hint", None) == HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE:

@@ -25,8 +25,10 @@ CHAT_NEUTRAL = {**_PENALTIES, "logprobs": (False,), "top_logprobs": (0,), "tools
                 # with no tools, "auto" chooses none of them (a tool given is refused as `tools`)
                 "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
                 "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},),
-                "modalities": (["text"],), "store": (False,), "service_tier": ("auto", "default")}
-COMPLETION_NEUTRAL = {**_PENALTIES, "echo": (False,), "best_of": (1,), "suffix": ("",)}
+                "modalities": (["text"],), "store": (False,), "service_tier": ("auto", "default"),
+                # OpenAI's fields that ask for something whatever their value: refused as unsupported, not unknown
+                "reasoning_effort": (), "prediction": (), "audio": (), "web_search_options": ()}
+COMPLETION_NEUTRAL = {**_PENALTIES, "echo": (False,), "best_of": (1,), "suffix": ("",), "logprobs": ()}
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -135,9 +137,12 @@ def _message_text(message, index: int) -> str:
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
     for part_index, part in enumerate(message.content):
-        if part.type != "text" or part.text is None:
+        where = f"messages[{index}].content[{part_index}]"
+        if part.type != "text":
             raise bad_request(f"content parts of type {part.type!r} are not supported: send text",
-                              param=f"messages[{index}].content[{part_index}]", code="unsupported_parameter")
+                              param=where, code="unsupported_parameter")
+        if part.text is None:
+            raise bad_request(f"{where} is a text part without `text`", param=f"{where}.text")
         refuse_extra(part.model_extra, {}, f"messages[{index}].content[{part_index}].")
     return "\n".join(part.text for part in message.content)
 
