@@ -80,7 +80,7 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
         stats = session.stats_dict(result.stats)
         if as_json:
             output_object = {"text": tokenizer.decode(result.tokens), "tokens": result.tokens,
-                             "stop_reason": result.stop_reason, "stats": stats}
+                             "stop_reason": result.stop_reason, "seed": settings.sampling.seed, "stats": stats}
             stream.write(json.dumps(output_object) + "\n")
         else:
             stream.write(streamer.flush() + "\n")

@@ -133,17 +133,19 @@ def _generate(smollm2_path, *flags: str):
                              "none", "--prompt", "Once upon a time", "--max-tokens", "6", "--json", *flags],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-    return json.loads(result.stdout)["tokens"], result.stderr
+    output = json.loads(result.stdout)
+    return output["tokens"], result.stderr, output["seed"]
 
 
 def test_seed_minus_one_draws_a_seed_that_repeats_the_run(smollm2_path):
-    tokens, stderr = _generate(smollm2_path, "--temperature", "1.5", "--seed", "-1")
+    tokens, stderr, seed = _generate(smollm2_path, "--temperature", "1.5", "--seed", "-1")
     line = next(line for line in stderr.splitlines() if line.startswith("--seed -1: drew seed "))
     drawn = line.split()[4]
+    assert seed == int(drawn)  # --json carries it too, for a script that keeps stdout alone
     assert _generate(smollm2_path, "--temperature", "1.5", "--seed", drawn)[0] == tokens
 
 
 def test_threads_far_above_the_cores_are_capped_with_a_warning(smollm2_path):
-    _, stderr = _generate(smollm2_path, "--threads", "100000")
+    _, stderr, _ = _generate(smollm2_path, "--threads", "100000")
     cores = settings_module.default_num_threads()
     assert f"--threads 100000 is more than the {cores} cores this process may use; using {cores}" in stderr
