@@ -86,13 +86,12 @@ def run_pocketspec(job: dict) -> None:
             messages = conversations.get(conversation, []) + [{"role": "user", "content": prompt["text"]}]
             # plain decoding's prompt when the bench has it: a later turn then follows the same replies
             prompt_tokens = prompt.get("prompt_tokens") or session.encode_messages(messages)
-            if len(prompt_tokens) >= engine.max_context:
-                raise UserError(f"prompt {prompt['prompt_id']} has {len(prompt_tokens)} tokens "
-                                f"in the chat template: no room for a reply in --max-context {engine.max_context}; "
-                                "raise it, or leave that prompt out")
             if index == 0:
                 engine.warm_up(prompt_tokens, job["num_warmup_tokens"])
-            result = generate(prompt_tokens, job["max_tokens"])
+            try:
+                result = generate(prompt_tokens, job["max_tokens"])
+            except UserError as error:  # a prompt too long for the context: which one
+                raise UserError(f"prompt {prompt['prompt_id']}: {error}") from None
             stats, reply = result.stats, tokenizer.decode(result.tokens)
             emit(measured_row(prompt, tokens=result.tokens, num_decode_tokens=stats.num_decode_tokens,
                               decode_seconds=stats.decode_seconds, ttft_seconds=stats.prefill_seconds,

@@ -143,7 +143,7 @@ def _message_text(message, index: int) -> str:
                               param=where, code="unsupported_parameter")
         if part.text is None:
             raise bad_request(f"{where} is a text part without `text`", param=f"{where}.text")
-        refuse_extra(part.model_extra, {}, f"messages[{index}].content[{part_index}].")
+        refuse_extra(part.model_extra, {}, f"{where}.")
     return "\n".join(part.text for part in message.content)
 
 

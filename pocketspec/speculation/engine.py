@@ -105,13 +105,15 @@ class SpeculativeEngine:
         first request does)."""
         if num_tokens <= 0 or not prompt:
             return
+        # no more than fits with the warm-up's tokens: a prompt too long for the context is generate's to refuse
+        prompt = list(prompt)[:max(self.target.max_context - num_tokens, 1)]
         greedy, rng = SamplingSettings(), np.random.default_rng(0)
         self.target.rollback(0)
-        token = int(np.argmax(self.target.prefill(list(prompt))))
+        token = int(np.argmax(self.target.prefill(prompt)))
         for _ in range(num_tokens - 1):
             token = self.target.verify([token], None, greedy, rng).next_token
         if self.model is not None:  # while the target holds the prompt: a self-draft's window copies from it
-            ModelDrafter(self.model.backend, greedy, rng).propose(list(prompt), num_tokens)
+            ModelDrafter(self.model.backend, greedy, rng).propose(prompt, num_tokens)
             self.model.reset()
         self.target.rollback(0)
 
