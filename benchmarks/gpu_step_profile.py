@@ -30,18 +30,18 @@ TOP_KERNELS = 14
 
 def _profile_steps(backend, num_steps: int) -> dict:
     """Kernels per step (count and µs by name) over num_steps greedy one-token steps."""
-    import numpy as np
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     from pocketspec.settings import SamplingSettings
+    from pocketspec.speculation.draws import SeededDraws
 
-    greedy, rng = SamplingSettings(temperature=0.0), np.random.default_rng(0)
+    greedy, draws = SamplingSettings(temperature=0.0), SeededDraws(0)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if backend.device.type == "cuda" else [])
     with profile(activities=activities) as profiler:
         for _ in range(num_steps):
-            backend.choose([7], greedy, rng)
+            backend.choose([7], greedy, draws)
         if backend.device.type == "cuda":
             torch.cuda.synchronize(backend.device)
     by_name: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])

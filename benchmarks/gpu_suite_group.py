@@ -78,20 +78,20 @@ def _synchronize(device) -> None:
 
 def _decode_rate(backend, context: int, num_tokens: int) -> float:
     """Tokens per second choosing greedily, one token a step, after `context` cached tokens."""
-    import numpy as np
 
     from pocketspec.settings import SamplingSettings
+    from pocketspec.speculation.draws import SeededDraws
 
-    greedy, rng = SamplingSettings(temperature=0.0), np.random.default_rng(0)
+    greedy, draws = SamplingSettings(temperature=0.0), SeededDraws(0)
     backend.rollback(0)
     backend.prefill([7] * context)
     for _ in range(3):
-        backend.choose([7], greedy, rng)
+        backend.choose([7], greedy, draws)
     backend.rollback(context)
     _synchronize(backend.device)
     started = time.perf_counter()
     for _ in range(num_tokens):
-        backend.choose([7], greedy, rng)
+        backend.choose([7], greedy, draws)
     _synchronize(backend.device)
     return num_tokens / (time.perf_counter() - started)
 
@@ -102,8 +102,9 @@ def _verify_curve(backend, depths: list[int], repeats: int) -> dict:
     import torch
 
     from pocketspec.settings import SamplingSettings
+    from pocketspec.speculation.draws import SeededDraws
 
-    greedy, rng = SamplingSettings(temperature=0.0), np.random.default_rng(0)
+    greedy, draws = SamplingSettings(temperature=0.0), SeededDraws(0)
     step = backend.static_step
     curve = {"verify_ms": {}, "replay_ms": {}}
     for depth in depths:
@@ -116,7 +117,7 @@ def _verify_curve(backend, depths: list[int], repeats: int) -> dict:
             calls, replays = [], []
             for _ in range(repeats):
                 started = time.perf_counter()
-                backend.verify([7] * width, None, greedy, rng)
+                backend.verify([7] * width, greedy, draws)
                 calls.append(time.perf_counter() - started)
                 backend.rollback(depth)
                 _synchronize(backend.device)
@@ -166,15 +167,15 @@ def _speculative_loop(backend, costs, num_tokens: int) -> dict:
 
 
 def _greedy_tokens(backend, prompt: list[int], count: int) -> list[int]:
-    import numpy as np
 
     from pocketspec.settings import SamplingSettings
+    from pocketspec.speculation.draws import SeededDraws
 
-    greedy, rng = SamplingSettings(temperature=0.0), np.random.default_rng(0)
+    greedy, draws = SamplingSettings(temperature=0.0), SeededDraws(0)
     backend.rollback(0)
-    tokens = [backend.choose(prompt, greedy, rng)[0]]
+    tokens = [backend.choose(prompt, greedy, draws)]
     while len(tokens) < count:
-        tokens.append(backend.choose(tokens[-1:], greedy, rng)[0])
+        tokens.append(backend.choose(tokens[-1:], greedy, draws))
     return tokens
 
 
@@ -182,11 +183,11 @@ def _verdicts_agree(backend, prompt: list[int], expected: list[int], draft_lengt
     """Verify drafts of the expected (plain) continuation with one token corrupted in each: every
     verdict must accept exactly the drafts before the corruption and name the plain token there.
     Returns the steps where it did not (empty: verification on this step equals plain decoding)."""
-    import numpy as np
 
     from pocketspec.settings import SamplingSettings
+    from pocketspec.speculation.draws import SeededDraws
 
-    greedy, rng = SamplingSettings(temperature=0.0), np.random.default_rng(0)
+    greedy, draws = SamplingSettings(temperature=0.0), SeededDraws(0)
     backend.rollback(0)
     backend.prefill(prompt)
     position, wrong, step = 0, [], 0
@@ -196,7 +197,7 @@ def _verdicts_agree(backend, prompt: list[int], expected: list[int], draft_lengt
         broken = step % (draft_length + 1)  # == draft_length: nothing corrupted, the bonus token follows
         if broken < draft_length:
             draft[broken] = (draft[broken] + 1) % backend.vocab_size
-        verdict = backend.verify([pending, *draft], None, greedy, rng)
+        verdict = backend.verify([pending, *draft], greedy, draws)
         if (verdict.num_accepted, verdict.next_token) != (broken, expected[position + 1 + broken]):
             wrong.append(step)
         backend.rollback(len(prompt) + position + 1 + verdict.num_accepted)

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from apps.report import markdown_table, write_results  # noqa: E402
+from pocketspec.machine_report import cpu_name  # noqa: E402
 from pocketspec.huge_pages import (OPT_OUT_VARIABLE, TUNABLES_VARIABLE, current_state,  # noqa: E402
                                    environment_with_huge_pages, thp_mode)
 
@@ -64,14 +65,6 @@ def _llama_bench(mode: str, args) -> dict:
     return {"tokens_per_second": float(json.loads(done.stdout)[0]["avg_ts"])}
 
 
-def _cpu_name() -> str:
-    fields = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    return f"{fields.get('model name')} (family {fields.get('cpu family')} model {fields.get('model')})"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
@@ -109,7 +102,7 @@ def main() -> None:
                          f"{statistics.mean(peaks) / 2**20:.0f}" if peaks else "–",
                          f"{summary[system]['mean_ratio']:.3f} ({summary[system]['min_ratio']:.3f}–"
                          f"{summary[system]['max_ratio']:.3f})" if mode == "huge pages" else "1"])
-    cpu = _cpu_name()
+    cpu = cpu_name()
     notes = [f"CPU: {cpu}, {args.threads} threads; model {args.model}; {args.max_tokens} new tokens; "
              f"{args.pairs} pairs, order swapped every pair, each run a fresh process.",
              "Ratio: huge pages over 4 KiB pages within each pair, mean (min–max)."]

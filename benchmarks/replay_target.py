@@ -113,7 +113,7 @@ class ReplayTarget(CachedTokens):
         self.stand_in_wall_seconds += time.perf_counter() - started
         return logits
 
-    def verify(self, tokens, draft_probs, sampling, rng):
+    def verify(self, tokens, sampling, draws):
         """The forward and its verdict: from logits on the host, or from the recorded tokens alone where the
         verdict is on the device (greedy only: the recorded run was)."""
         started = time.perf_counter()
@@ -123,7 +123,7 @@ class ReplayTarget(CachedTokens):
             start = self._advance(tokens)
             verdict = verify_greedy(tokens[1:], [self._next_after(start + row) for row in range(len(tokens))])
         else:
-            verdict = super().verify(tokens, draft_probs, sampling, rng)
+            verdict = super().verify(tokens, sampling, draws)
         self.stand_in_wall_seconds += time.perf_counter() - started
         return verdict
 

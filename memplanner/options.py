@@ -84,7 +84,7 @@ class Candidate:
 def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape | None,
                    workload: Workload) -> dict[str, int]:
     """Every memory term of one configuration, in bytes (zero terms left out)."""
-    s, batch, gamma = settings, settings.batch_size, settings.max_gamma
+    s, batch = settings, settings.batch_size
     device = s.target_device
     found = {
         "process_base": terms.process_base_bytes(device),
@@ -112,8 +112,6 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
             "draft_logits": terms.output_buffer_bytes(draft, batch),
             "draft_compute": terms.compute_buffer_bytes(draft, s.n_ubatch, s.draft_n_ctx, batch),
         })
-    if s.drafter == "model":  # an n-gram draft is a point mass: no distribution to keep
-        found["draft_probs"] = batch * terms.draft_probs_bytes(target, gamma, workload.temperature)
     return {name: int(value) for name, value in found.items() if value}
 
 

@@ -95,12 +95,6 @@ def logits_all_bytes(shape: ModelShape, n_ctx: int) -> int:
     return n_ctx * shape.vocab_size * FLOAT32_BYTES
 
 
-def draft_probs_bytes(shape: ModelShape, gamma: int, temperature: float) -> int:
-    """float64 draft distributions kept for rejection sampling (pocketspec/speculation/sampling.py works in
-    float64); greedy keeps only token ids."""
-    return gamma * shape.vocab_size * FLOAT64_BYTES if temperature > 0 else 0
-
-
 def target_probs_bytes(shape: ModelShape, gamma: int, temperature: float) -> int:
     """float64 distributions of the verified rows, at most gamma + 1 of them (each computed when
     the rule first reads it, pocketspec/speculation/verify.py)."""

@@ -57,6 +57,15 @@ def _llama_report() -> dict:
     return report
 
 
+def cpu_name() -> str:
+    """The CPU as a figure should name it: model name, family and model (/proc/cpuinfo's first core)."""
+    fields: dict[str, str] = {}
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return f"{fields.get('model name')} (family {fields.get('cpu family')} model {fields.get('model')})"
+
+
 def _cpu_report() -> dict:
     flags: set[str] = set()
     model_name = None

@@ -328,12 +328,29 @@ def test_batched_sampling_keeps_each_request_distribution(tiny, plain_counts, dr
     assert same_distribution_pvalue(plain_counts, batched_counts, NUM_RUNS) > 1e-3
 
 
+@pytest.mark.parametrize("drafter", ["model", "ngram", "self-sparse", "self-skip"])
+def test_a_seeded_sampled_request_in_a_batch_samples_what_it_samples_alone(tiny, drafter):
+    """Seeded sampling repeats whatever drafted a request's tokens and whichever rows shared its steps: each
+    request of a mixed batch (its neighbours' drafts, acceptance and corpus moving the controller) emits
+    the tokens plain sampling emits for it alone (pocketspec/speculation/draws.py)."""
+    sampling = SamplingSettings(temperature=0.8)
+    rng = np.random.default_rng(21)
+    requests = [Request([1, *rng.integers(3, MAX_TOKEN, int(rng.integers(3, 25)))], 24, seed=100 + index)
+                for index in range(8)]
+    batched = tiny.engine(drafter, max_batch=4, num_rows=4, gamma=3, sampling=sampling, ngram_min=1)
+    results = batched.run(requests)
+    assert sum(result.stats.num_accepted for result in results) > 0
+    for request, result in zip(requests, results):
+        alone = tiny.engine("none", max_batch=1, num_rows=1, sampling=sampling).run([request])[0]
+        assert result.tokens == alone.tokens
+
+
 def test_the_distribution_check_rejects_a_wrong_rule(tiny, plain_counts, monkeypatch):
     """Accepting every draft token samples the draft's distribution, not the target's: the check must see it."""
     import pocketspec.batch.rows_target as engine_module
     from pocketspec.speculation.verify import Verdict
 
-    monkeypatch.setattr(engine_module, "verify_logits", lambda tokens, probs, logits, sampling, rng: Verdict(
+    monkeypatch.setattr(engine_module, "verify_logits", lambda tokens, logits, sampling, draws: Verdict(
         len(tokens), int(np.argmax(logits[len(tokens)]))))
     wrong = tiny.engine("model", max_batch=8, num_rows=8, gamma=3, sampling=SAMPLING)
     assert same_distribution_pvalue(plain_counts, _first_prompt_counts(wrong, POSITION + 4, True), NUM_RUNS) < 1e-3

@@ -1,5 +1,5 @@
 """The device rules (pocketspec/torch_model/device_sampling.py) against the host rules they mirror:
-the same distributions and greedy verdicts, and sampled verification that keeps the target
+the same distributions, uniforms, draws and verdicts, and sampled verification that keeps the target
 distribution (χ²)."""
 
 import numpy as np
@@ -7,10 +7,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from pocketspec.speculation.sampling import distribution, sample
+from pocketspec.speculation.draws import SeededDraws, uniforms
+from pocketspec.speculation.sampling import distribution
 from pocketspec.settings import SamplingSettings
 from pocketspec.torch_model import device_sampling
-from pocketspec.speculation.verify import verify_greedy
+from pocketspec.speculation.verify import verify_greedy, verify_logits
 
 NUM_DRAWS = 20_000
 
@@ -27,20 +28,21 @@ def test_distributions_equal_the_host_rule(sampling):
         assert np.array_equal(on_device[row] > 0, expected > 0)  # the same tokens kept
 
 
-def test_draw_is_the_host_inverse_cdf_for_the_same_uniform():
+def test_the_device_hash_gives_the_host_uniforms_bit_for_bit():
+    keys = SeededDraws(123, 7).keys(3)
+    ids = np.arange(5000)
+    on_device = device_sampling.uniforms(torch.from_numpy(keys), torch.from_numpy(ids)).numpy()
+    assert np.array_equal(on_device, np.stack([uniforms(int(key), ids) for key in keys.view(np.uint64)]))
+
+
+def test_race_rows_draw_the_host_token_for_the_same_position():
+    """Rows with a tail group (tokens under TAIL_BELOW) and without: the same tokens as the host's race."""
     rng = np.random.default_rng(1)
-    probs = rng.dirichlet(np.ones(50))
-    for uniform in rng.random(200):
-        expected = sample(probs, _FixedUniform(uniform))
-        assert int(device_sampling.draw(torch.from_numpy(probs), torch.tensor(uniform))) == expected
-
-
-class _FixedUniform:
-    def __init__(self, value: float):
-        self.value = value
-
-    def random(self) -> float:
-        return self.value
+    probs = rng.dirichlet(np.ones(3000) * 0.02, size=64)
+    probs[::2] = 0.9 * probs[::2] + 0.1 / 3000  # every other row: 10 % spread thin over the vocabulary
+    keys = SeededDraws(9).keys(64)
+    on_device = device_sampling.race_rows(torch.from_numpy(probs), torch.from_numpy(keys)).tolist()
+    assert on_device == [SeededDraws(9).token(row, ahead) for ahead, row in enumerate(probs)]
 
 
 @pytest.mark.parametrize("draft, choices", [([5, 7, 9], [5, 7, 3, 8]), ([1, 2], [1, 2, 6]), ([], [4]),
@@ -54,10 +56,9 @@ def test_greedy_verdict_equals_the_host_rule(draft, choices):
 
 
 def _first_emitted_counts(verify_one, vocab_size: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
     counts = np.zeros(vocab_size)
-    for _ in range(NUM_DRAWS):
-        num_accepted, next_token, drafted = verify_one(rng)
+    for position in range(NUM_DRAWS):
+        num_accepted, next_token, drafted = verify_one(SeededDraws(seed, 2 * position))
         counts[drafted if num_accepted > 0 else next_token] += 1
     return counts
 
@@ -68,59 +69,57 @@ def _expected_counts(probs: torch.Tensor) -> np.ndarray:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_sampled_verification_keeps_the_target_distribution(seed):
+def test_a_model_draft_drawn_with_the_same_draws_keeps_the_target_distribution(seed):
     vocab_size = 6
     rng = np.random.default_rng(seed + 10)
     target = torch.from_numpy(rng.dirichlet(np.ones(vocab_size), size=2)).float()  # p at the draft, then the bonus
-    draft = torch.from_numpy(rng.dirichlet(np.ones(vocab_size))).float()  # q, deliberately different
+    draft = rng.dirichlet(np.ones(vocab_size))  # q, deliberately different
 
-    def verify_one(rng):
-        drafted = int(rng.choice(vocab_size, p=draft.double().numpy() / draft.double().sum().item()))
-        verdict = device_sampling.verify_sampled(torch.tensor([drafted]), draft[None], target,
-                                                 torch.from_numpy(rng.random(2)).float()).tolist()
-        return *verdict, drafted
+    def verify_one(draws):
+        drafted = draws.token(draft)
+        verdict = device_sampling.verify_sampled(torch.tensor([drafted]), target, torch.from_numpy(draws.keys(2)))
+        return *verdict.tolist(), drafted
 
     counts = _first_emitted_counts(verify_one, vocab_size, seed)
     assert chisquare(counts, _expected_counts(target[0])).pvalue > 1e-3
 
 
-def test_point_mass_verification_keeps_the_target_distribution():
+def test_a_point_mass_draft_keeps_the_target_distribution():
     vocab_size = 5
     target = torch.from_numpy(np.random.default_rng(3).dirichlet(np.ones(vocab_size), size=3)).float()
 
-    def verify_one(rng):
+    def verify_one(draws):
         drafted = [2, 4]  # an n-gram's guess, whatever p says
-        verdict = device_sampling.verify_point_mass(torch.tensor(drafted), target,
-                                                    torch.from_numpy(rng.random(3)).float()).tolist()
-        return *verdict, drafted[0]
+        verdict = device_sampling.verify_sampled(torch.tensor(drafted), target, torch.from_numpy(draws.keys(3)))
+        return *verdict.tolist(), drafted[0]
 
     counts = _first_emitted_counts(verify_one, vocab_size, 4)
     assert chisquare(counts, _expected_counts(target[0])).pvalue > 1e-3
 
 
-def test_a_wrong_residual_is_caught():
-    """The χ² check above can fail: drawing the recovered token from p itself (not p - q) is biased."""
+def test_a_draw_from_the_wrong_row_is_caught():
+    """The χ² check above can fail: emitting the bonus row's draw in place of the rejected row's is biased."""
     vocab_size = 6
-    rng = np.random.default_rng(5)
-    target = torch.from_numpy(rng.dirichlet(np.ones(vocab_size), size=2)).float()
-    draft = torch.from_numpy(rng.dirichlet(np.ones(vocab_size) * 0.3)).float()
+    target = torch.from_numpy(np.random.default_rng(5).dirichlet(np.ones(vocab_size) * 0.3, size=2)).float()
 
-    def verify_one(rng):
-        drafted = int(rng.choice(vocab_size, p=draft.double().numpy() / draft.double().sum().item()))
-        uniforms = torch.from_numpy(rng.random(2)).float()
-        # a draft that claims q = p: every residual is empty and falls back to p
-        verdict = device_sampling.verify_sampled(torch.tensor([drafted]), target[:1], target, uniforms).tolist()
-        return *verdict, drafted
+    def verify_one(draws):
+        swapped = target.flip(0)  # the rows read in the wrong order
+        verdict = device_sampling.verify_sampled(torch.tensor([0]), swapped, torch.from_numpy(draws.keys(2)))
+        return *verdict.tolist(), 0
 
     counts = _first_emitted_counts(verify_one, vocab_size, 6)
     assert chisquare(counts, _expected_counts(target[0])).pvalue < 1e-6
 
 
-def test_choose_is_the_argmax_or_a_draw_with_its_distribution():
-    logits = torch.tensor([0.1, 3.0, -1.0, 2.9])
-    token, probs = device_sampling.choose(logits, SamplingSettings(temperature=0.0), torch.tensor(0.5))
-    assert int(token) == 1 and probs is None
+def test_verify_equals_the_host_rule_and_choose_is_the_argmax_or_the_draw():
+    logits = torch.from_numpy(np.random.default_rng(2).standard_normal((4, 40)).astype(np.float32) * 2)
     sampling = SamplingSettings(temperature=1.0)
-    token, probs = device_sampling.choose(logits, sampling, torch.tensor(0.999))
-    np.testing.assert_allclose(probs.numpy(), distribution(logits.numpy(), sampling), atol=1e-6)
-    assert int(token) == 3  # the last token's share of the CDF
+    draws = SeededDraws(3)
+    drafted = [draws.token(distribution(logits[row].numpy(), sampling), ahead=row) for row in range(3)]
+    on_device = device_sampling.verify(torch.tensor(drafted), logits, sampling, torch.from_numpy(draws.keys(4)))
+    expected = verify_logits(drafted, logits.numpy(), sampling, SeededDraws(3))
+    assert on_device.tolist() == [expected.num_accepted, expected.next_token] == [3, expected.next_token]
+    assert int(device_sampling.choose(logits[0], SamplingSettings(), torch.zeros(1, dtype=torch.long))) == \
+        int(np.argmax(logits[0].numpy()))
+    key = torch.from_numpy(draws.keys(1))
+    assert int(device_sampling.choose(logits[0], sampling, key)) == drafted[0]

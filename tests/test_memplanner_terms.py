@@ -53,8 +53,6 @@ def test_logits_and_probability_buffers():
     assert terms.output_buffer_bytes(TINY, 9) == 9 * 1000 * 4
     assert terms.output_buffer_bytes(TINY, 0) == 1000 * 4  # llama.cpp keeps at least one row
     assert terms.logits_all_bytes(TINY, 4096) == 4096 * 1000 * 4
-    assert terms.draft_probs_bytes(TINY, 8, 0.0) == 0
-    assert terms.draft_probs_bytes(TINY, 8, 0.7) == 8 * 1000 * 8  # float64, as sampling computes them
     assert terms.target_probs_bytes(TINY, 8, 0.7) == 9 * 1000 * 8
     assert terms.target_probs_bytes(TINY, 0, 0.7) == 0
 

@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from pocketspec.speculation.sampling import choose_token, distribution, sample
+from pocketspec.speculation.draws import SeededDraws
+from pocketspec.speculation.sampling import choose_token, distribution
 from pocketspec.settings import SamplingSettings
 
 
@@ -32,16 +33,10 @@ def test_top_p_over_a_large_vocabulary_falls_back_to_full_sort():
     assert 2400 <= np.count_nonzero(probs) <= 2600
 
 
-def test_sample_is_reproducible_with_a_seed():
-    probs = np.array([0.25, 0.25, 0.5])
-    first = [sample(probs, np.random.default_rng(11)) for _ in range(3)]
-    second = [sample(probs, np.random.default_rng(11)) for _ in range(3)]
-    assert first == second
-
-
-def test_choose_token_is_the_argmax_or_a_seeded_draw():
+def test_choose_token_is_the_argmax_or_the_draw_for_the_next_position():
     logits = np.array([0.5, 2.0, 1.0])
-    assert choose_token(logits, SamplingSettings(), np.random.default_rng(0)) == 1
+    draws = SeededDraws(4, num_drawn=3)
+    assert choose_token(logits, SamplingSettings(), draws) == 1
     sampling = SamplingSettings(temperature=1.0)
-    expected = sample(distribution(logits, sampling), np.random.default_rng(4))
-    assert choose_token(logits, sampling, np.random.default_rng(4)) == expected
+    assert choose_token(logits, sampling, draws) == draws.token(distribution(logits, sampling))
+    assert draws.num_drawn == 3  # the caller moves the draws once the token is emitted

@@ -39,3 +39,28 @@ def test_eight_concurrent_requests_each_equal_the_request_alone(client):
     with ThreadPoolExecutor(len(QUESTIONS)) as pool:
         together = list(pool.map(lambda question: _reply(client, question), QUESTIONS))
     assert together == alone
+
+
+@pytest.fixture(scope="module")
+def self_sparse_client(smollm2_path):
+    server = ServerProcess("--backend", "torch", "--draft", "self-sparse", "--max-concurrency", "4",
+                           "--max-context", "512", "--max-tokens", "24")
+    yield openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=300)
+    assert server.stop() == 0, server.stderr()
+
+
+def test_seeded_sampled_requests_with_a_draft_model_repeat_alone_and_together(self_sparse_client):
+    """A self-sparse draft drafts every request; with a seed each, sampled replies sent one by one and then all
+    at once (beside each other's drafts, after the controller and the corpus have learned) are the same."""
+    def sampled(index_question):
+        index, question = index_question
+        reply = self_sparse_client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], temperature=1.0, seed=100 + index)
+        return reply.choices[0].message.content
+
+    numbered = list(enumerate(QUESTIONS))
+    alone = [sampled(item) for item in numbered]
+    assert all(alone) and len(set(alone)) == len(alone)
+    with ThreadPoolExecutor(len(QUESTIONS)) as pool:
+        together = list(pool.map(sampled, numbered))
+    assert together == alone

@@ -156,18 +156,21 @@ def test_compiled_step_gives_the_same_tokens_without_recompiling(tiny_pair, caps
     assert result.tokens == dynamic.tokens
 
 
-def test_a_seeded_run_with_ngram_drafts_samples_what_plain_sampling_samples(tiny_pair):
-    """A point-mass verdict emits row draws and the seeded stream moves by the tokens emitted only, so
-    n-gram drafting changes no sampled token (verify.verify_deterministic's rule, on the device)."""
-    target, _ = tiny_pair
-    runs = {}
-    for drafter, gamma in (("none", None), ("ngram", 4)):
-        with built_engine(target, drafter=drafter, gamma=gamma, temperature=0.7, seed=11, decode_step="static",
-                          **TORCH) as engine:
-            assert engine.target.static_step is not None
-            runs[drafter] = engine.generate(_prompt(engine), 120)
-    assert runs["ngram"].stats.num_drafted > 0
-    assert runs["ngram"].tokens == runs["none"].tokens
+@pytest.mark.parametrize("drafter, self_draft", [("ngram", None), ("model", None), ("model", "self-sparse")])
+def test_a_seeded_run_samples_what_plain_sampling_samples(tiny_pair, drafter, self_draft):
+    """Every row draws the target's token for its position with the draws the drafter shared, and the draws
+    move by the tokens emitted only, so no drafter changes a sampled token (verify.verify_sampled's rule,
+    on the device; the draft model's draws on the device too)."""
+    target, draft = tiny_pair
+    with built_engine(target, drafter="none", temperature=0.7, seed=11, decode_step="static", **TORCH) as engine:
+        assert engine.target.static_step is not None
+        plain = engine.generate(_prompt(engine), 120)
+    with built_engine(target, draft_path=draft if drafter == "model" and not self_draft else None, drafter=drafter,
+                      gamma=4, self_draft=self_draft, temperature=0.7, seed=11, decode_step="static",
+                      **TORCH) as engine:
+        speculative = engine.generate(_prompt(engine), 120)
+    assert speculative.stats.num_accepted > 0
+    assert speculative.tokens == plain.tokens
 
 
 @pytest.mark.parametrize("num_heads, num_kv_heads, width", [(12, 2, 1), (12, 2, 5), (9, 3, 8), (4, 4, 3)])

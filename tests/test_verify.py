@@ -1,12 +1,13 @@
-"""Verification rules on synthetic distributions: exact greedy match and lossless sampling."""
+"""Verification rules on synthetic distributions: exact greedy match, and sampling that keeps the target's
+distribution and emits plain sampling's seeded tokens."""
 
 import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from pocketspec.speculation.sampling import sample
+from pocketspec.speculation.draws import SeededDraws
 from pocketspec.settings import SamplingSettings
-from pocketspec.speculation.verify import Verdict, verify_deterministic, verify_greedy, verify_logits, verify_sampled
+from pocketspec.speculation.verify import Verdict, verify_greedy, verify_logits, verify_sampled
 
 NUM_DRAWS = 40_000
 
@@ -28,29 +29,28 @@ def test_greedy_without_draft_is_plain_decoding():
 
 def _first_token_histogram(draw, vocab_size):
     counts = np.zeros(vocab_size)
-    for _ in range(NUM_DRAWS):
-        counts[draw()] += 1
+    for position in range(NUM_DRAWS):
+        counts[draw(SeededDraws(5, position))] += 1
     return counts
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_speculative_sampling_keeps_target_distribution(seed):
+def test_a_model_draft_drawn_with_the_same_draws_keeps_the_target_distribution(seed):
     rng = np.random.default_rng(seed)
     vocab_size = 6
     target = rng.dirichlet(np.ones(vocab_size))  # p, for position 0
     draft = rng.dirichlet(np.ones(vocab_size))  # q, deliberately different
     bonus = rng.dirichlet(np.ones(vocab_size))
 
-    def first_emitted_token():
-        drafted = int(rng.choice(vocab_size, p=draft))
-        verdict = verify_sampled([drafted], draft[None, :], np.stack([target, bonus]), rng)
-        return verdict.emitted([drafted])[0]
+    def first_emitted_token(draws):
+        drafted = draws.token(draft)
+        return verify_sampled([drafted], np.stack([target, bonus]), draws).emitted([drafted])[0]
 
     counts = _first_token_histogram(first_emitted_token, vocab_size)
     assert chisquare(counts, target * NUM_DRAWS).pvalue > 1e-3
 
 
-def test_speculative_sampling_second_position_keeps_target_distribution():
+def test_the_token_after_an_accepted_draft_keeps_the_target_distribution():
     """The token after an accepted draft must follow p at that position too."""
     rng = np.random.default_rng(7)
     vocab_size = 5
@@ -58,46 +58,53 @@ def test_speculative_sampling_second_position_keeps_target_distribution():
     draft = rng.dirichlet(np.ones(vocab_size), size=2)
     counts = np.zeros(vocab_size)
     num_second = 0
-    for _ in range(NUM_DRAWS):
-        drafted = [int(rng.choice(vocab_size, p=draft[i])) for i in range(2)]
-        verdict = verify_sampled(drafted, draft, target, rng)
-        emitted = verdict.emitted(drafted)
-        if len(emitted) >= 2 and emitted[0] == drafted[0] and drafted[0] == 0:
+    for position in range(NUM_DRAWS):
+        draws = SeededDraws(2, 3 * position)
+        drafted = [draws.token(draft[i], ahead=i) for i in range(2)]
+        emitted = verify_sampled(drafted, target, draws).emitted(drafted)
+        if len(emitted) >= 2 and emitted[0] == 0:
             counts[emitted[1]] += 1
             num_second += 1
     assert num_second > 500
     assert chisquare(counts, target[1] * num_second).pvalue > 1e-3
 
 
-def test_deterministic_draft_rule_keeps_target_distribution():
+def test_a_point_mass_draft_keeps_the_target_distribution():
     rng = np.random.default_rng(3)
     vocab_size = 6
     target = rng.dirichlet(np.ones(vocab_size))
     bonus = rng.dirichlet(np.ones(vocab_size))
 
-    def first_emitted_token():
-        verdict = verify_deterministic([2], np.stack([target, bonus]), rng)
-        return verdict.emitted([2])[0]
+    def first_emitted_token(draws):
+        return verify_sampled([2], np.stack([target, bonus]), draws).emitted([2])[0]
 
     counts = _first_token_histogram(first_emitted_token, vocab_size)
     assert chisquare(counts, target * NUM_DRAWS).pvalue > 1e-3
 
 
-def test_a_point_mass_draft_emits_what_plain_sampling_with_the_same_seed_emits():
-    """One draw per emitted token, as plain sampling: whatever γ each step drafts and whether its
-    drafts are right, the seeded stream of tokens is the same."""
+@pytest.mark.parametrize("drafter", ["model", "point mass"])
+def test_speculation_emits_what_plain_sampling_with_the_same_seed_emits(drafter):
+    """Whatever γ each step drafts, and whether its drafts are a model's draws (from a q unlike p) or
+    guesses, the seeded tokens are plain sampling's."""
     rng = np.random.default_rng(8)
     rows = rng.dirichlet(np.ones(5) * 0.3, size=60)  # the target's distribution at each position
-    plain_rng = np.random.default_rng(42)
-    plain = [sample(row, plain_rng) for row in rows]
-    spec_rng, emitted = np.random.default_rng(42), []
+    draft_rows = rng.dirichlet(np.ones(5) * 0.3, size=60)  # a draft model's
+    plain_draws, plain = SeededDraws(42), []
+    for row in rows:
+        plain.append(plain_draws.token(row))
+        plain_draws.advance(1)
+    draws, emitted = SeededDraws(42), []
     while len(emitted) < 40:
-        gamma = int(rng.integers(0, 6))
-        position = len(emitted)
-        # drafts that copy plain's tokens (as a good n-gram match would) or guess
-        drafts = [plain[position + i] if rng.random() < 0.7 else int(rng.integers(0, 5)) for i in range(gamma)]
-        emitted += verify_deterministic(drafts, rows[position:], spec_rng).emitted(drafts)
+        gamma, position = int(rng.integers(0, 6)), len(emitted)
+        if drafter == "model":
+            drafts = [draws.token(draft_rows[position + i], ahead=i) for i in range(gamma)]
+        else:  # copies of plain's tokens (as a good n-gram match would) or guesses
+            drafts = [plain[position + i] if rng.random() < 0.7 else int(rng.integers(0, 5)) for i in range(gamma)]
+        verdict = verify_logits(drafts, np.log(rows[position:position + gamma + 1]), SamplingSettings(temperature=1.0),
+                                draws)
+        emitted += verdict.emitted(drafts)
     assert emitted[:40] == plain[:40]
+    assert draws.num_drawn == len(emitted)
 
 
 def test_sampling_chi_square_detects_a_wrong_rule():
@@ -111,16 +118,15 @@ def test_sampling_chi_square_detects_a_wrong_rule():
     assert chisquare(counts, target * 5000).pvalue < 1e-6
 
 
-def test_verify_logits_picks_the_rule_for_the_sampling_and_the_draft():
+def test_verify_logits_is_greedy_at_temperature_0_and_moves_the_draws_by_the_emitted_tokens():
     logits = np.log(np.array([[0.1, 0.6, 0.3], [0.5, 0.25, 0.25]]))
-    greedy = verify_logits([1], None, logits, SamplingSettings(), np.random.default_rng(0))
-    assert greedy == Verdict(1, 0)
+    draws = SeededDraws(0)
+    assert verify_logits([1], logits, SamplingSettings(), draws) == Verdict(1, 0)
+    assert draws.num_drawn == 0  # greedy draws nothing
     sampling = SamplingSettings(temperature=1.0)
-    point_mass = verify_logits([1], None, logits, sampling, np.random.default_rng(0))
-    assert point_mass == verify_deterministic([1], np.exp(logits), np.random.default_rng(0))
-    draft_probs = np.array([[0.2, 0.5, 0.3]])
-    sampled = verify_logits([1], draft_probs, logits, sampling, np.random.default_rng(3))
-    assert sampled == verify_sampled([1], draft_probs, np.exp(logits), np.random.default_rng(3))
+    expected = verify_sampled([1], np.exp(logits), SeededDraws(0))
+    assert verify_logits([1], logits, sampling, draws) == expected
+    assert draws.num_drawn == expected.num_accepted + 1
 
 
 def test_a_rejection_at_the_first_row_never_computes_the_rows_after_it(monkeypatch):
@@ -132,5 +138,5 @@ def test_a_rejection_at_the_first_row_never_computes_the_rows_after_it(monkeypat
     logits = np.zeros((32, 50), dtype=np.float32)
     logits[:, 7] = 30.0  # the target is sure of token 7 at every row
     sampling = SamplingSettings(temperature=1.0)
-    verdict = verify_logits([3] * 31, None, logits, sampling, np.random.default_rng(0))
+    verdict = verify_logits([3] * 31, logits, sampling, SeededDraws(0))
     assert verdict == Verdict(0, 7) and len(computed) == 1

@@ -13,7 +13,8 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from pocketspec.errors import ContextFullError
-from pocketspec.speculation.sampling import choose_with_probs
+from pocketspec.speculation.draws import SeededDraws
+from pocketspec.speculation.sampling import choose_token
 from pocketspec.settings import SamplingSettings
 from pocketspec.speculation.verify import Verdict, verify_logits
 
@@ -48,15 +49,14 @@ class Backend(Protocol):
         Returns None when should_stop(), asked between chunks, says to stop.
         """
 
-    def verify(self, tokens: Sequence[int], draft_probs, sampling: SamplingSettings,
-               rng: np.random.Generator) -> Verdict:
+    def verify(self, tokens: Sequence[int], sampling: SamplingSettings, draws: SeededDraws) -> Verdict:
         """Append tokens = [pending, *draft] and return the verdict on the draft (pocketspec/speculation/verify.py's
-        rule; a torch static step applies it on the device and reads back two integers)."""
+        rule; a torch static step applies it on the device and reads back two integers); the draws move on by
+        the tokens it emits."""
 
-    def choose(self, tokens: Sequence[int], sampling: SamplingSettings,
-               rng: np.random.Generator) -> tuple[int, object | None]:
-        """Append tokens (any number); the token chosen after them, and the distribution it was drawn from
-        ([vocab], an array on the host or a tensor on the backend's device; None at temperature 0)."""
+    def choose(self, tokens: Sequence[int], sampling: SamplingSettings, draws: SeededDraws) -> int:
+        """Append tokens (any number); the token chosen after them, drawn for draws' next position (a draft
+        model's; the draws do not move)."""
 
     def rollback(self, num_kept: int) -> None:
         """Drop every cached token at position >= num_kept."""
@@ -133,16 +133,14 @@ class CachedTokens:
                 return False
         return True
 
-    def verify(self, tokens: Sequence[int], draft_probs, sampling: SamplingSettings,
-               rng: np.random.Generator) -> Verdict:
+    def verify(self, tokens: Sequence[int], sampling: SamplingSettings, draws: SeededDraws) -> Verdict:
         """The verdict on tokens = [pending, *draft], from logits brought to the host."""
         logits = self.forward(tokens, range(len(tokens)))  # [γ + 1, vocab]
-        return verify_logits(tokens[1:], draft_probs, logits, sampling, rng)
+        return verify_logits(tokens[1:], logits, sampling, draws)
 
-    def choose(self, tokens: Sequence[int], sampling: SamplingSettings,
-               rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
+    def choose(self, tokens: Sequence[int], sampling: SamplingSettings, draws: SeededDraws) -> int:
         """The token after `tokens`, chosen on the host from their last logits."""
-        return choose_with_probs(self.prefill(tokens), sampling, rng)
+        return choose_token(self.prefill(tokens), sampling, draws)
 
     def exact_verify_width(self, max_width: int, on_measure=None) -> int:
         """Probed once per width on this backend (batched vs one-token logits, bit for bit); llama.cpp's

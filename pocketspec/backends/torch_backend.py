@@ -26,6 +26,7 @@ from pocketspec.backends.gguf_tokenizer import load_tokenizer
 from pocketspec.errors import UserError
 from pocketspec.progress import progress_bar
 from pocketspec.settings import ModelSettings, SamplingSettings
+from pocketspec.speculation.draws import SeededDraws
 from pocketspec.torch_model import attended_keys
 from pocketspec.torch_model.compile_cache import use_compile_cache
 from pocketspec.torch_model.device import gpu_float_format, resolve_device
@@ -195,24 +196,23 @@ class TorchBackend(CachedTokens):
         self._cached.extend(tokens)
         return logits
 
-    def verify(self, tokens: Sequence[int], draft_probs, sampling: SamplingSettings,
-               rng: np.random.Generator) -> Verdict:
+    def verify(self, tokens: Sequence[int], sampling: SamplingSettings, draws: SeededDraws) -> Verdict:
         """On the device with the static step; else from logits brought to the host."""
         if not self._uses_static_step(len(tokens)):
-            return super().verify(tokens, draft_probs, sampling, rng)
+            return super().verify(tokens, sampling, draws)
         self.check_forward(tokens, range(len(tokens)))
-        verdict = self.static_step.verify(tokens, len(self._cached), draft_probs, sampling, rng)
+        verdict = self.static_step.verify(tokens, len(self._cached), sampling, draws)
         self._cached.extend(tokens)
         return verdict
 
-    def choose(self, tokens: Sequence[int], sampling: SamplingSettings, rng: np.random.Generator):
-        """With the static step, the last token runs through it and the choice is made on the device (its
-        distribution stays there); else on the host."""
+    def choose(self, tokens: Sequence[int], sampling: SamplingSettings, draws: SeededDraws) -> int:
+        """With the static step, the last token runs through it and the choice is made on the device; else on
+        the host."""
         if self.static_step is None:
-            return super().choose(tokens, sampling, rng)
+            return super().choose(tokens, sampling, draws)
         self.prefill_all_but_last(tokens)
         self.check_forward(tokens[-1:], [0])
-        choice = self.static_step.choose(tokens[-1:], len(self._cached), sampling, rng)
+        choice = self.static_step.choose(tokens[-1:], len(self._cached), sampling, draws)
         self._cached.append(tokens[-1])
         return choice
 

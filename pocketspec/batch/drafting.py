@@ -23,7 +23,7 @@ from pocketspec.batch.sequence import SequenceState
 from pocketspec.drafters.attended_window import AttendedWindow
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.draft_window import DraftWindow
-from pocketspec.speculation.sampling import choose_with_probs
+from pocketspec.speculation.sampling import choose_token
 
 if TYPE_CHECKING:  # a batch on llama.cpp loads no torch
     from pocketspec.batch.batched_model import BatchedModel
@@ -101,20 +101,15 @@ class BatchModelDrafter:
         return logits
 
     def propose(self, sequences: Sequence[SequenceState], gamma: int) -> list[Draft]:
-        """γ draft tokens for each sequence, with their distributions when sampling."""
+        """γ draft tokens for each sequence, each its draw for that position when sampling."""
         rows = [sequence.row for sequence in sequences]
         feeds = [self.windows[sequence.row].feed(sequence.context, gamma) for sequence in sequences]
         timings: list[tuple[int, float]] = []
         logits = self._timed_forward(rows, feeds, timings)
         tokens: list[list[int]] = [[] for _ in sequences]
-        probs: list[list[np.ndarray]] = [[] for _ in sequences]
         for index in range(gamma):
-            for row_tokens, row_probs, row_logits, sequence in zip(tokens, probs, logits, sequences):
-                token, token_probs = choose_with_probs(row_logits[0], sequence.sampling, sequence.rng)
-                row_tokens.append(token)
-                if token_probs is not None:
-                    row_probs.append(token_probs)
+            for row_tokens, row_logits, sequence in zip(tokens, logits, sequences):
+                row_tokens.append(choose_token(row_logits[0], sequence.sampling, sequence.draws.ahead(index)))
             if index + 1 < gamma:
                 logits = self._timed_forward(rows, [[row_tokens[-1]] for row_tokens in tokens], timings)
-        return [Draft(tokens=row_tokens, probs=np.stack(row_probs) if row_probs else None, forward_timings=timings)
-                for row_tokens, row_probs in zip(tokens, probs)]
+        return [Draft(tokens=row_tokens, forward_timings=timings) for row_tokens in tokens]

@@ -104,7 +104,8 @@ class BatchEngine:
         if logits is None:
             sequence.stop_reason = "interrupted"
         else:
-            sequence.accept([choose_token(logits, sequence.sampling, sequence.rng)], self.is_end)
+            sequence.accept([choose_token(logits, sequence.sampling, sequence.draws)], self.is_end)
+            sequence.draws.advance(1)
         return sequence
 
     def step(self, group: list[SequenceState]) -> None:

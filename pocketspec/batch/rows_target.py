@@ -1,5 +1,5 @@
 """A BatchedModel as a step's target (pocketspec/speculation/step.py): the group's rows in one forward, then each
-row verified on its own by the pure rules of pocketspec/speculation/verify.py with its own generator."""
+row verified on its own by the pure rules of pocketspec/speculation/verify.py with its own draws."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class RowsTarget:
         started = self.clock()
         logits = self.model.forward([sequence.row for sequence in group], feeds, [len(feed) for feed in feeds])
         forwarded = self.clock()
-        verdicts = [verify_logits(draft.tokens, draft.probs, row_logits, sequence.sampling, sequence.rng)
+        verdicts = [verify_logits(draft.tokens, row_logits, sequence.sampling, sequence.draws)
                     for sequence, draft, row_logits in zip(group, drafts, logits)]
         self.seconds["target_forward"] += forwarded - started
         self.seconds["verification"] += self.clock() - forwarded

@@ -1,7 +1,8 @@
-"""One request in the pool: its tokens, its own random stream and n-gram index, its stats and how it ended.
+"""One request in the pool: its tokens, its own draws and n-gram index, its stats and how it ended.
 
-Each request samples and verifies with its own generator seeded by its own seed, so
-what it draws never depends on which other requests share its steps.
+Each request samples and verifies with its own draws (pocketspec/speculation/draws.py), keyed by its
+seed and its positions, so what it emits depends neither on which other requests share its steps nor
+on what drafted its tokens.
 """
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
-
 from pocketspec.drafters.ngram import NgramDrafter
 from pocketspec.drafters.unused import UnusedProposal
 from pocketspec.settings import SamplingSettings
+from pocketspec.speculation.draws import SeededDraws
 from pocketspec.stats import GenerationStats
 
 
@@ -44,7 +44,7 @@ class SequenceState:
         self.context = list(request.prompt)  # once decoding, it ends with the pending token (not yet in the cache)
         self.tokens: list[int] = []
         self.stop_reason: str | None = None
-        self.rng = np.random.default_rng(request.seed)
+        self.draws = SeededDraws(request.seed)
         self.stats = GenerationStats(num_prompt_tokens=len(request.prompt))
         self.submitted_at = submitted_at
         self.started_at = time.perf_counter()

@@ -9,7 +9,6 @@ from typing import Protocol, Sequence
 @dataclass
 class Draft:
     tokens: list[int]
-    probs: Sequence | None = None  # len(tokens) rows [vocab] when sampling with a model drafter (arrays or device tensors)
     forward_timings: list[tuple[int, float]] = field(default_factory=list)  # (width, seconds) per draft pass
 
     @property
@@ -22,7 +21,6 @@ class Draft:
 
 class Drafter(Protocol):
     name: str
-    has_probs: bool
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         """Up to max_tokens tokens that may follow `context` (which ends with the pending token)."""

@@ -46,7 +46,6 @@ class Proposal:
 
 class NgramDrafter:
     name = "ngram"
-    has_probs = False
 
     def __init__(self, min_n: int = NGRAM_MIN_N, max_n: int = NGRAM_MAX_N, corpus: OutputCorpus | None = None):
         """corpus: earlier outputs to draft from, shared with other drafters (a new one when None)."""

@@ -3,7 +3,8 @@ while others run, step together in one verify forward, and leave when done.
 
 With the batch-invariant kernels (on by default on a CPU) a request's greedy tokens are
 bit-identical to the same request alone; each request samples and verifies with its own
-settings and its own random stream. --memory-budget sizes the rows (the batch plan);
+settings and its own seeded draws (pocketspec/speculation/draws.py), so a seeded request samples what
+it samples alone too. --memory-budget sizes the rows (the batch plan);
 asking for more concurrent requests than fit is refused before anything loads.
 """
 

@@ -4,7 +4,7 @@ over --devices (pocketspec/serve/open.py).
 Requests run one at a time, in the order they came, on the slot's own thread. The engine keeps
 the longest prefix of its KV caches (target and draft) that the next prompt shares, so a
 conversation sent turn by turn prefills only what is new. Each request samples with its own
-settings and a random stream seeded by its own seed, so its output is what it would be alone.
+settings and draws keyed by its own seed, so its output is what it would be alone.
 """
 
 from __future__ import annotations

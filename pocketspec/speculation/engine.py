@@ -23,6 +23,7 @@ from pocketspec.drafters.unused import UnusedProposal
 from pocketspec.errors import UserError
 from pocketspec.speculation.one_sequence import BackendTarget, OneDraftModel, OneSequence
 from pocketspec.speculation.prefix import common_prefix_length
+from pocketspec.speculation.draws import SeededDraws
 from pocketspec.speculation.sampling import choose_token
 from pocketspec.settings import DRAFTERS, SamplingSettings, SpeculationSettings
 from pocketspec.stats import GenerationStats, peak_rss_bytes
@@ -58,11 +59,11 @@ class SpeculativeEngine:
         self.target = target
         self.clock = clock
         self.sampling = sampling
-        self.rng = np.random.default_rng(sampling.seed)
+        self.draws = SeededDraws(sampling.seed)
         uses_ngram = speculation.drafter in ("auto", "ngram")
         uses_model = speculation.drafter in ("auto", "model") and draft_backend is not None
         self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max) if uses_ngram else None
-        self.model = ModelDrafter(draft_backend, sampling, self.rng) if uses_model else None
+        self.model = ModelDrafter(draft_backend, sampling, self.draws) if uses_model else None
         self.notes: list[str] = []
         self.is_exact_verify = bool(speculation.exact_verify)  # verify batches capped at the probed exact width
         requested = requested_draft_limits(speculation, drafts=self.ngram is not None or self.model is not None)
@@ -90,7 +91,7 @@ class SpeculativeEngine:
 
     def reset(self, seed: int | None = None) -> None:
         """Start the next generation from empty KV caches (target and draft model), as a fresh engine
-        would; `seed` restarts the random stream too. The n-gram corpus of past outputs is kept."""
+        would; `seed` restarts the draws too. The n-gram corpus of past outputs is kept."""
         self.target.rollback(0)
         if self.model is not None:
             self.model.reset()
@@ -101,19 +102,19 @@ class SpeculativeEngine:
         """Decode num_tokens greedy tokens after `prompt` on the target and the draft model alone, then drop
         them: the first timed generation finds the weights, caches and buffers touched (no page faults),
         and the engine as a fresh one has it: the controller's costs and acceptance, the n-gram corpus and
-        the random stream learn nothing from the warm-up (a benchmark's first prompt decides as a user's
+        the draws learn nothing from the warm-up (a benchmark's first prompt decides as a user's
         first request does)."""
         if num_tokens <= 0 or not prompt:
             return
         # no more than fits with the warm-up's tokens: a prompt too long for the context is generate's to refuse
         prompt = list(prompt)[:max(self.target.max_context - num_tokens, 1)]
-        greedy, rng = SamplingSettings(), np.random.default_rng(0)
+        greedy, draws = SamplingSettings(), SeededDraws(0)
         self.target.rollback(0)
         token = int(np.argmax(self.target.prefill(prompt)))
         for _ in range(num_tokens - 1):
-            token = self.target.verify([token], None, greedy, rng).next_token
+            token = self.target.verify([token], greedy, draws).next_token
         if self.model is not None:  # while the target holds the prompt: a self-draft's window copies from it
-            ModelDrafter(self.model.backend, greedy, rng).propose(prompt, num_tokens)
+            ModelDrafter(self.model.backend, greedy, draws).propose(prompt, num_tokens)
             self.model.reset()
         self.target.rollback(0)
 
@@ -128,21 +129,23 @@ class SpeculativeEngine:
         self.target.close()
 
     def use_sampling(self, sampling: SamplingSettings) -> None:
-        """Sample the next generations with these settings and a random stream seeded by sampling.seed
-        (a server's requests each bring their own)."""
+        """Sample the next generations with these settings and draws keyed by sampling.seed (a server's
+        requests each bring their own)."""
         self.sampling = sampling
         if self.model is not None:
-            self.model.sampling, self.model.has_probs = sampling, not sampling.is_greedy
+            self.model.sampling = sampling
         self.reseed(sampling.seed)
 
     def reseed(self, seed: int) -> None:
-        """Restart the random stream shared by sampling, verification and the draft model."""
-        self.rng = np.random.default_rng(seed)
+        """Restart the draws shared by sampling, verification and the draft model."""
+        self.draws = SeededDraws(seed)
         if self.model is not None:
-            self.model.rng = self.rng
+            self.model.draws = self.draws
 
     def _pick(self, logits: np.ndarray) -> int:
-        return choose_token(logits, self.sampling, self.rng)
+        token = choose_token(logits, self.sampling, self.draws)
+        self.draws.advance(1)
+        return token
 
     def _prefill(self, prompt: Sequence[int], stats: GenerationStats, should_stop=None) -> int | None:
         room = self.target.max_context
@@ -165,7 +168,7 @@ class SpeculativeEngine:
     def _step(self, context: list[int], max_gamma: int, stats: GenerationStats) -> list[int]:
         """One draft + verify step (pocketspec/speculation/step.py, as a group of one); the tokens it adds to
         the context."""
-        sequence = OneSequence(context, self.ngram, self._unused, self.sampling, self.rng)
+        sequence = OneSequence(context, self.ngram, self._unused, self.sampling, self.draws)
         step = run_step([sequence], [max_gamma], controller=self.controller, target=self._step_target,
                         drafter=self._step_drafter, clock=self.clock)
         (draft,), (num_accepted,) = step.drafts, step.num_accepted

@@ -6,13 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
-
 from pocketspec.drafters.base import Draft
 from pocketspec.drafters.model import ModelDrafter
 from pocketspec.drafters.ngram import NgramDrafter
 from pocketspec.drafters.unused import UnusedProposal
 from pocketspec.settings import SamplingSettings
+from pocketspec.speculation.draws import SeededDraws
 from pocketspec.speculation.verify import Verdict
 
 
@@ -22,7 +21,7 @@ class OneSequence:
     ngram: NgramDrafter | None
     unused: UnusedProposal
     sampling: SamplingSettings
-    rng: np.random.Generator
+    draws: SeededDraws
 
 
 class BackendTarget:
@@ -35,8 +34,8 @@ class BackendTarget:
         return self.backend.num_cached
 
     def verify(self, group: Sequence[OneSequence], feeds: list[list[int]], drafts: list[Draft]) -> list[Verdict]:
-        (sequence,), (feed,), (draft,) = group, feeds, drafts
-        return [self.backend.verify(feed, draft.probs, sequence.sampling, sequence.rng)]
+        (sequence,), (feed,) = group, feeds
+        return [self.backend.verify(feed, sequence.sampling, sequence.draws)]
 
     def rollback(self, sequence: OneSequence, num_kept: int) -> None:
         self.backend.rollback(num_kept)

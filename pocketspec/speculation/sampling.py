@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from pocketspec.settings import SamplingSettings
+from pocketspec.speculation.draws import SeededDraws
 
 # top-p first looks among this many best tokens; almost always enough mass is there.
 _TOP_P_CANDIDATES = 1024
@@ -53,23 +54,9 @@ def distribution(logits: np.ndarray, sampling: SamplingSettings) -> np.ndarray:
     return _keep_top_p(probs, sampling.top_p)
 
 
-def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one token id from probs [vocab] by inverse CDF (one uniform draw)."""
-    cumulative = np.cumsum(probs)
-    index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
-    return min(index, probs.shape[-1] - 1)
-
-
-def choose_token(logits: np.ndarray, sampling: SamplingSettings, rng: np.random.Generator) -> int:
-    """The next token from logits [vocab]: the argmax at temperature 0, else a draw."""
-    return choose_with_probs(logits, sampling, rng)[0]
-
-
-def choose_with_probs(logits: np.ndarray, sampling: SamplingSettings,
-                      rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
-    """choose_token, with the distribution it drew from (None at temperature 0): a draft keeps it
-    for rejection sampling."""
+def choose_token(logits: np.ndarray, sampling: SamplingSettings, draws: SeededDraws) -> int:
+    """The next token from logits [vocab]: the argmax at temperature 0, else the draw of draws' next
+    position (which the caller advances once the token is emitted)."""
     if sampling.is_greedy:
-        return int(np.argmax(logits)), None
-    probs = distribution(logits, sampling)
-    return sample(probs, rng), probs
+        return int(np.argmax(logits))
+    return draws.token(distribution(logits, sampling))

@@ -97,7 +97,7 @@ def _drafts(choice: Choice, group: Sequence, proposals: list[Proposal], caps: Se
     if choice.drafter != "model":
         return [Draft(tokens=[]) for _ in group]
     drafts = drafter.propose(group, choice.gamma)
-    return [Draft(draft.tokens[:cap], None if draft.probs is None else draft.probs[:cap], draft.forward_timings)
+    return [Draft(draft.tokens[:cap], draft.forward_timings)
             for draft, cap in zip(drafts, caps)]
 
 

@@ -1,8 +1,8 @@
-"""Pure verification rules: draft tokens and distributions in, accepted count and next token out.
+"""Pure verification rules: draft tokens and the target's logits in, accepted count and next token out.
 
 Vocabulary follows vLLM's rejection sampler: *accepted* draft tokens, the
-*recovered* token resampled after a rejection, and the *bonus* token sampled from
-the target when every draft token was accepted.
+*recovered* token the target draws where it rejects one, and the *bonus* token it
+draws when every draft token was accepted.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from pocketspec.speculation.sampling import distribution, sample
+from pocketspec.speculation.draws import SeededDraws
+from pocketspec.speculation.sampling import distribution
 from pocketspec.settings import SamplingSettings
 
 
@@ -56,52 +57,29 @@ def verify_greedy(draft_tokens: Sequence[int], target_choices: Sequence[int]) ->
     return Verdict(num_accepted, int(target_choices[num_accepted]))
 
 
-def verify_sampled(
-    draft_tokens: Sequence[int],
-    draft_probs,  # [num_draft, vocab]: q, the distribution each draft was drawn from (an array or a list of rows)
-    target_probs,  # [num_draft + 1, vocab]: p, an array or RowDistributions
-    rng: np.random.Generator,
-) -> Verdict:
-    """Lossless speculative sampling: accept x with min(1, p(x)/q(x)), else draw from norm(max(0, p - q))."""
+def verify_sampled(draft_tokens: Sequence[int], target_probs, draws: SeededDraws) -> Verdict:
+    """Sampling: row i draws the target's token for its position from p (an array [num_draft + 1, vocab] or
+    RowDistributions) with the draws a drafter shares (pocketspec/speculation/draws.py); a draft token is
+    accepted while it is that draw, and the first other draw (or the last row's, the bonus) is emitted.
+
+    Whatever the drafter (a draft model that drew from its own q with the same uniforms, or an n-gram
+    match, a point mass), every emitted token is the draw plain sampling makes for its position: the rule
+    keeps p exactly, and a seeded run emits the same tokens whatever was drafted. Pure: the caller
+    advances the draws by the emitted tokens."""
     for index, drafted in enumerate(draft_tokens):
-        target_row = target_probs[index]
-        p = target_row[drafted]
-        q = draft_probs[index][drafted]
-        if q > 0 and rng.random() * q < p:
-            continue
-        residual = np.maximum(target_row - draft_probs[index], 0.0)
-        if residual.sum() <= 0:  # p == q up to rounding: any draw from p is exact
-            residual = target_row
-        return Verdict(index, sample(residual, rng))
-    num_draft = len(draft_tokens)
-    return Verdict(num_draft, sample(target_probs[num_draft], rng))
-
-
-def verify_deterministic(
-    draft_tokens: Sequence[int], target_probs: np.ndarray, rng: np.random.Generator
-) -> Verdict:
-    """A drafter without probabilities (n-gram) proposes a point mass q = 1 at its token.
-
-    Then min(1, p/q) = p(x), and norm(max(0, p - q)) is p with x removed: both are what a draw y
-    from p gives when x is accepted iff y = x, and y is the recovered token otherwise. So each
-    emitted token costs one draw, as in plain sampling, and a seeded run emits the same tokens
-    whatever γ each step drafted (given the same logits).
-    """
-    for index, drafted in enumerate(draft_tokens):
-        chosen = sample(target_probs[index], rng)
+        chosen = draws.token(target_probs[index], ahead=index)
         if chosen != drafted:
             return Verdict(index, chosen)
     num_draft = len(draft_tokens)
-    return Verdict(num_draft, sample(target_probs[num_draft], rng))
+    return Verdict(num_draft, draws.token(target_probs[num_draft], ahead=num_draft))
 
 
-def verify_logits(draft_tokens: Sequence[int], draft_probs, logits: np.ndarray,
-                  sampling: SamplingSettings, rng: np.random.Generator) -> Verdict:
-    """One step's rule from the target's logits [num_draft + 1, vocab]: greedy, a point-mass draft
-    (no probabilities, e.g. n-gram) or a sampled draft with its probabilities."""
+def verify_logits(draft_tokens: Sequence[int], logits: np.ndarray, sampling: SamplingSettings,
+                  draws: SeededDraws) -> Verdict:
+    """One step's rule from the target's logits [num_draft + 1, vocab]; when sampling, the draws move on by
+    the tokens it emits."""
     if sampling.is_greedy:
         return verify_greedy(draft_tokens, np.argmax(logits, axis=-1))
-    target_probs = RowDistributions(logits, sampling)
-    if draft_probs is None:
-        return verify_deterministic(draft_tokens, target_probs, rng)
-    return verify_sampled(draft_tokens, draft_probs, target_probs, rng)
+    verdict = verify_sampled(draft_tokens, RowDistributions(logits, sampling), draws)
+    draws.advance(verdict.num_accepted + 1)
+    return verdict

@@ -3,11 +3,12 @@ and verify.py over torch tensors.
 
 The logits never leave the device. A verify step returns one small tensor, [number accepted,
 next token], that the caller reads in one transfer; nothing here branches on a device value
-(no `.item()`, no data-dependent shapes), so a GPU never waits in the middle. The uniform draws
-come in as a tensor: the engine draws them from its numpy generator, so one seed still drives a
-whole generation and the device needs no generator of its own. Distributions are float32, as a
-GPU computes them fast; the host rules use float64, and tests/test_device_sampling.py checks that
-the two agree and that both keep the target distribution (χ²).
+(no `.item()`, no data-dependent shapes), so a GPU never waits in the middle. The draws are
+pocketspec/speculation/draws.py's: each row comes with its position's 64-bit key (an int64 tensor)
+and the device hashes the key with every token id, so the device needs no generator of its own
+and draws what the host would. Distributions are float32, as a GPU computes them fast; the host
+rules use float64, and tests/test_device_sampling.py checks that the two agree and that both keep
+the target distribution (χ²).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from pocketspec.settings import SamplingSettings
+from pocketspec.speculation.draws import GOLDEN, MIX1, MIX2, TAIL_PICK_ID, TAIL_RACE_ID, TO_UNIT, TAIL_BELOW
 
 
 def distributions(logits: torch.Tensor, sampling: SamplingSettings) -> torch.Tensor:
@@ -35,27 +37,57 @@ def distributions(logits: torch.Tensor, sampling: SamplingSettings) -> torch.Ten
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
-def draw(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """A token id (0-dim) from unnormalised weights [vocab] by inverse CDF with one uniform in [0, 1)."""
-    return draw_rows(weights[None], uniform.reshape(1))[0]
+def _signed(value: int) -> int:
+    """A uint64 constant as the int64 with its bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def draw_rows(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """One token id per row of unnormalised weights [rows, vocab], each by inverse CDF with its own
-    uniform of uniforms [rows]."""
-    cumulative = torch.cumsum(weights.double(), dim=-1)
-    targets = (uniforms.double() * cumulative[:, -1])[:, None]
-    return torch.searchsorted(cumulative, targets, right=True)[:, 0].clamp(max=weights.shape[-1] - 1)
+def _shift_right(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """A logical right shift of int64 values (torch's >> is arithmetic)."""
+    return (values >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def choose(logits: torch.Tensor, sampling: SamplingSettings,
-           uniform: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The next token (0-dim) from logits [vocab]: the argmax at temperature 0, else a draw; and the
-    distribution it was drawn from [vocab] (None at temperature 0), which a draft keeps."""
+def mix64(values: torch.Tensor) -> torch.Tensor:
+    """draws.mix64 in int64 arithmetic, which wraps as uint64's does: the same bits."""
+    values = values + _signed(GOLDEN)
+    values = (values ^ _shift_right(values, 30)) * _signed(MIX1)
+    values = (values ^ _shift_right(values, 27)) * _signed(MIX2)
+    return values ^ _shift_right(values, 31)
+
+
+def uniforms(keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """draws.uniforms for keys [rows] and ids [n]: float64 [rows, n] in (0, 1)."""
+    bits = mix64(ids[None, :] ^ keys[:, None])
+    return (_shift_right(bits, 11).double() + 0.5) * TO_UNIT
+
+
+def race_rows(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """draws.race for each row of probs [rows, vocab] with its key of keys [rows] (int64): token ids [rows].
+    Every token's race time is computed (a GPU does the whole vocabulary at once); the tail group's is as
+    the host's, so both draw the same token but where float32 and float64 probabilities part."""
+    vocab_size = probs.shape[-1]
+    ids = torch.arange(vocab_size, device=probs.device, dtype=torch.long)
+    is_head = probs >= TAIL_BELOW
+    times = -torch.log(uniforms(keys, ids)) / probs.double()
+    times = torch.where(is_head, times, torch.full_like(times, float("inf")))
+    best_time, best_token = times.min(dim=-1)
+    tail = torch.where(is_head, torch.zeros_like(probs), probs).double()
+    cumulative = torch.cumsum(tail, dim=-1)
+    tail_mass = cumulative[:, -1]
+    tail_ids = torch.tensor([TAIL_RACE_ID, TAIL_PICK_ID], device=probs.device, dtype=torch.long)
+    tail_race, tail_pick = uniforms(keys, tail_ids).unbind(-1)
+    tail_time = -torch.log(tail_race) / tail_mass  # inf where the tail has no mass
+    picked = torch.searchsorted(cumulative, (tail_pick * tail_mass)[:, None], right=True)[:, 0]
+    tail_token = picked.clamp(max=vocab_size - 1)
+    return torch.where(tail_time < best_time, tail_token, best_token)
+
+
+def choose(logits: torch.Tensor, sampling: SamplingSettings, key: torch.Tensor) -> torch.Tensor:
+    """The next token (0-dim) from logits [vocab]: the argmax at temperature 0, else the draw for the
+    position of key [1] (int64)."""
     if sampling.is_greedy:
-        return torch.argmax(logits), None
-    probs = distributions(logits[None], sampling)[0]
-    return draw(probs, uniform), probs
+        return torch.argmax(logits)
+    return race_rows(distributions(logits[None], sampling), key.reshape(1))[0]
 
 
 def _verdict(num_accepted: torch.Tensor, next_token: torch.Tensor) -> torch.Tensor:
@@ -75,48 +107,19 @@ def verify_greedy(draft_tokens: torch.Tensor, logits: torch.Tensor) -> torch.Ten
     return _verdict(num_accepted, choices.gather(0, num_accepted.reshape(1))[0])
 
 
-def _finish(num_accepted: torch.Tensor, residuals: torch.Tensor, target_probs: torch.Tensor,
-            uniform: torch.Tensor) -> torch.Tensor:
-    """Draw the recovered token from residuals[num_accepted], or the bonus token from its last row
-    (which is the target's own); a residual with no mass left (p == q up to rounding) falls back to p."""
-    is_empty = residuals.sum(dim=-1, keepdim=True) <= 0
-    residuals = torch.where(is_empty, target_probs, residuals)  # [γ + 1, vocab]
-    row = residuals.index_select(0, num_accepted.reshape(1))[0]
-    return _verdict(num_accepted, draw(row, uniform))
-
-
-def verify_point_mass(draft_tokens: torch.Tensor, target_probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """A drafter without probabilities (n-gram): q is a point mass at each draft token. Every row draws
-    its own token y from p with its own uniform; x is accepted while y = x, and the first other y (or
-    the last row's, the bonus) is emitted: verify.verify_deterministic's rule, so the tokens are the
-    draws plain sampling makes with the same uniforms, whatever γ was drafted.
-
-    draft_tokens [γ], target_probs [γ + 1, vocab], uniforms [γ + 1] (one per row; a caller that keeps a
-    seeded stream consumes only the first num_accepted + 1, as plain sampling would)."""
-    draws = draw_rows(target_probs, uniforms)  # [γ + 1]
+def verify_sampled(draft_tokens: torch.Tensor, target_probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """verify.verify_sampled: every row draws the target's token for its position (keys [γ + 1]); a draft
+    token [γ] is accepted while it is that draw, and the first other draw (or the last row's, the bonus)
+    is emitted. target_probs [γ + 1, vocab]; a caller consumes only the first num_accepted + 1 positions."""
+    draws = race_rows(target_probs, keys)  # [γ + 1]
     num_accepted = _num_accepted(draws[:draft_tokens.shape[0]] == draft_tokens)
     return _verdict(num_accepted, draws.gather(0, num_accepted.reshape(1))[0])
 
 
-def verify_sampled(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                   uniforms: torch.Tensor) -> torch.Tensor:
-    """Lossless speculative sampling (verify.verify_sampled): accept x with min(1, p(x)/q(x)), else draw
-    from norm(max(0, p - q)). draft_probs [γ, vocab] is q, the distribution each draft was drawn from."""
-    num_draft = draft_tokens.shape[0]
-    rows = torch.arange(num_draft, device=draft_tokens.device)
-    p, q = target_probs[rows, draft_tokens], draft_probs[rows, draft_tokens]
-    is_accepted = (q > 0) & (uniforms[:num_draft] * q < p)
-    residuals = torch.cat([(target_probs[:num_draft] - draft_probs).clamp(min=0.0), target_probs[num_draft:]])
-    return _finish(_num_accepted(is_accepted), residuals, target_probs, uniforms[num_draft])
-
-
-def verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor,
-           sampling: SamplingSettings, uniforms: torch.Tensor) -> torch.Tensor:
+def verify(draft_tokens: torch.Tensor, logits: torch.Tensor, sampling: SamplingSettings,
+           keys: torch.Tensor) -> torch.Tensor:
     """One step's rule from the target's logits [γ + 1, vocab] (verify.verify_logits on the device):
     [number accepted, next token] as a tensor [2]."""
     if sampling.is_greedy:
         return verify_greedy(draft_tokens, logits)
-    target_probs = distributions(logits, sampling)
-    if draft_probs is None:
-        return verify_point_mass(draft_tokens, target_probs, uniforms)
-    return verify_sampled(draft_tokens, draft_probs.to(target_probs.dtype), target_probs, uniforms)
+    return verify_sampled(draft_tokens, distributions(logits, sampling), keys)

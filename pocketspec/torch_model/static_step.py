@@ -12,7 +12,7 @@ Here, instead:
   ([width, max_context]) are computed from it, and keys and values are written with
   index_copy_ (KV cache `write_at`), so the host never needs a device value to place them;
 - inputs go through reused buffers (pinned on a GPU) in asynchronous copies: one of the tokens
-  and the position, and one of the uniform draws when sampling;
+  and the position, and one of the draws' position keys when sampling;
 - the token choice and the verification run on the device (device_sampling.py), and the host
   reads back two integers. Every read from the device goes through `to_host`, which counts the
   reads and their bytes: tests/test_static_step.py checks there is one read of 16 bytes per step.
@@ -48,6 +48,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from memplanner.torch_sizes import bucket_widths  # one home, shared with the memory plan (graph pools)
 from pocketspec.settings import SamplingSettings
+from pocketspec.speculation.draws import SeededDraws
 from pocketspec.torch_model import device_sampling
 from pocketspec.torch_model.fused_projections import fuse_projections
 from pocketspec.torch_model.kv_cache import write_positions
@@ -126,11 +127,11 @@ class StaticDecodeStep:
         self.captures = is_gpu if captures is None else captures and is_gpu
         if is_gpu if fuses is None else fuses:
             fuse_projections(model)
-        # one host buffer for a step's integers: [tokens (padded), start]; one for its uniforms
+        # one host buffer for a step's integers: [tokens (padded), start]; one for its rows' draw keys
         self._host_ints = torch.zeros(self.widths[-1] + 1, dtype=torch.long, pin_memory=is_gpu)
-        self._host_uniforms = torch.zeros(self.widths[-1] + 1, dtype=torch.float32, pin_memory=is_gpu)
+        self._host_keys = torch.zeros(self.widths[-1] + 1, dtype=torch.long, pin_memory=is_gpu)
         self._device_ints = torch.zeros_like(self._host_ints, device=self.device)
-        self._device_uniforms = torch.zeros_like(self._host_uniforms, device=self.device)
+        self._device_keys = torch.zeros_like(self._host_keys, device=self.device)
         self._offsets = torch.arange(self.widths[-1], device=self.device)
         # marks the end of the last copy out of the host buffers: refilling them earlier would race it
         self._inputs_copied = torch.cuda.Event() if is_gpu else None
@@ -220,7 +221,7 @@ class StaticDecodeStep:
             on_width(1)
 
     @torch.inference_mode()
-    def logits(self, tokens: Sequence[int], start: int, uniforms: np.ndarray | None = None) -> torch.Tensor:
+    def logits(self, tokens: Sequence[int], start: int, keys: np.ndarray | None = None) -> torch.Tensor:
         """Write tokens at start .. start + len(tokens) - 1; logits [len(tokens), vocab] stay on the device."""
         width = self.bucket(len(tokens), start)
         if self._inputs_copied is not None:
@@ -229,9 +230,9 @@ class StaticDecodeStep:
         self._host_ints[len(tokens):width] = 0
         self._host_ints[-1] = start
         self._device_ints.copy_(self._host_ints, non_blocking=True)
-        if uniforms is not None:
-            self._host_uniforms[:len(uniforms)] = torch.from_numpy(uniforms)
-            self._device_uniforms.copy_(self._host_uniforms, non_blocking=True)
+        if keys is not None:
+            self._host_keys[:len(keys)] = torch.from_numpy(keys)
+            self._device_keys.copy_(self._host_keys, non_blocking=True)
         if self._inputs_copied is not None:
             self._inputs_copied.record()
         return self._run(width)[:len(tokens)]
@@ -243,31 +244,23 @@ class StaticDecodeStep:
         return tensor.cpu().numpy()
 
     @torch.inference_mode()
-    def choose(self, tokens: Sequence[int], start: int, sampling: SamplingSettings,
-               rng: np.random.Generator) -> tuple[int, torch.Tensor | None]:
-        """Append tokens; the next token after them, with its distribution [vocab] on the device when sampling."""
-        uniforms = None if sampling.is_greedy else rng.random(1)
-        logits = self.logits(tokens, start, uniforms)[-1]
-        token, probs = device_sampling.choose(logits, sampling, self._device_uniforms[0])
-        return int(self.to_host(token.reshape(1))[0]), probs
+    def choose(self, tokens: Sequence[int], start: int, sampling: SamplingSettings, draws: SeededDraws) -> int:
+        """Append tokens; the next token after them, drawn for draws' next position (which does not move)."""
+        keys = None if sampling.is_greedy else draws.keys(1)
+        logits = self.logits(tokens, start, keys)[-1]
+        token = device_sampling.choose(logits, sampling, self._device_keys[:1])
+        return int(self.to_host(token.reshape(1))[0])
 
     @torch.inference_mode()
-    def verify(self, tokens: Sequence[int], start: int, draft_probs, sampling: SamplingSettings,
-               rng: np.random.Generator) -> Verdict:
-        """Append tokens = [pending, *draft] and verify the draft against them on the device."""
+    def verify(self, tokens: Sequence[int], start: int, sampling: SamplingSettings, draws: SeededDraws) -> Verdict:
+        """Append tokens = [pending, *draft] and verify the draft against them on the device; the draws move on
+        by the tokens it emits."""
         num_draft = len(tokens) - 1
-        # a point-mass (n-gram) verdict emits row draws, one per token: the stream moves by those only
-        rewinds = draft_probs is None and not sampling.is_greedy
-        stream_state = rng.bit_generator.state if rewinds else None
-        uniforms = None if sampling.is_greedy else rng.random(num_draft + 1)
-        logits = self.logits(tokens, start, uniforms)
-        draft_tokens = self._device_ints[1:len(tokens)]
-        if draft_probs is not None:
-            draft_probs = torch.stack([torch.as_tensor(row, device=self.device) for row in draft_probs]) if num_draft else None
-        verdict = device_sampling.verify(draft_tokens, draft_probs, logits, sampling,
-                                         self._device_uniforms[:num_draft + 1])
+        keys = None if sampling.is_greedy else draws.keys(num_draft + 1)
+        logits = self.logits(tokens, start, keys)
+        verdict = device_sampling.verify(self._device_ints[1:len(tokens)], logits, sampling,
+                                         self._device_keys[:num_draft + 1])
         num_accepted, next_token = self.to_host(verdict).tolist()
-        if rewinds:
-            rng.bit_generator.state = stream_state
-            rng.random(num_accepted + 1)
+        if not sampling.is_greedy:
+            draws.advance(num_accepted + 1)
         return Verdict(num_accepted, next_token)
