@@ -27,8 +27,11 @@ def test_text_only_peers_may_run_past_max_tokens_but_not_past_an_end():
     assert matches_plain({"tokens": None, "text": "a b c d"}, ended_early, JOB) is False
 
 
-def test_no_match_is_claimed_when_sampling():
-    assert matches_plain({"tokens": [1], "text": ""}, PLAIN, replace(JOB, temperature=0.7)) is None
+def test_when_sampling_only_pocketspec_which_draws_as_plain_does_is_compared():
+    sampled = replace(JOB, temperature=0.7)
+    assert matches_plain({"tokens": [5, 6, 7, 8], "text": ""}, PLAIN, sampled, "pocketspec") is True
+    assert matches_plain({"tokens": [5, 6, 7, 1], "text": ""}, PLAIN, sampled, "pocketspec") is False
+    assert matches_plain({"tokens": None, "text": "a b c d"}, PLAIN, sampled, "peer") is None
 
 
 def test_final_rows_drop_token_lists_keep_texts_and_add_category_rate_and_match():

@@ -173,13 +173,16 @@ def tokens_past_limit(rows: list[dict], max_tokens: int) -> float:
     return sum(max(0, row["num_tokens"] - max_tokens) for row in rows) / len(rows)
 
 
-def matches_plain(row: dict, plain: dict, job: BenchJob) -> bool | None:
-    """Whether a system's output equals plain decoding's, at temperature 0.
+def matches_plain(row: dict, plain: dict, job: BenchJob, kind: str = "pocketspec") -> bool | None:
+    """Whether a system's output equals plain decoding's: at temperature 0 for every system; when sampling,
+    for PocketSpec's (`kind`: System.kind), whose seeded draws are plain decoding's whatever drafted
+    (pocketspec/speculation/draws.py; every prompt starts from the job's seed), and not for a peer, which
+    samples with a sampler of its own.
 
     Tokens are compared where the system reports them; llama-speculative-simple gives only
     text, and may run a few tokens past --max-tokens, so plain's text must then begin it.
     """
-    if job.temperature > 0:
+    if job.temperature > 0 and kind != "pocketspec":
         return None
     if row.get("tokens") is not None:
         return row["tokens"] == plain["tokens"]
@@ -199,7 +202,7 @@ def final_rows(system: System, raw_rows: list[dict], job: BenchJob, reference: d
     for raw in raw_rows:
         row = {key: value for key, value in raw.items() if key not in dropped}
         row.update(system=system.name, category=categories[raw["prompt_id"]],
-                   matches_plain=matches_plain(raw, reference[raw["prompt_id"]], job))
+                   matches_plain=matches_plain(raw, reference[raw["prompt_id"]], job, system.kind))
         row["tokens_per_second"] = raw["num_decode_tokens"] / raw["decode_seconds"] if raw["decode_seconds"] else 0.0
         rows.append(row)
     return rows
