@@ -45,6 +45,14 @@ def test_race_rows_draw_the_host_token_for_the_same_position():
     assert on_device == [SeededDraws(9).token(row, ahead) for ahead, row in enumerate(probs)]
 
 
+def test_race_rows_draw_the_host_token_where_no_token_reaches_the_threshold():
+    flat = np.linspace(1.0, 3.0, 200_000)
+    probs = np.stack([flat / flat.sum()] * 8)
+    keys = SeededDraws(2).keys(8)
+    on_device = device_sampling.race_rows(torch.from_numpy(probs), torch.from_numpy(keys)).tolist()
+    assert on_device == [SeededDraws(2).token(row, ahead) for ahead, row in enumerate(probs)]
+
+
 @pytest.mark.parametrize("draft, choices", [([5, 7, 9], [5, 7, 3, 8]), ([1, 2], [1, 2, 6]), ([], [4]),
                                             ([3], [0, 3])])
 def test_greedy_verdict_equals_the_host_rule(draft, choices):

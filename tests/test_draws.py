@@ -82,3 +82,17 @@ def test_a_draft_drawing_with_the_same_draws_agrees_as_the_race_promises(concent
         lower.append((1 - tv) / (1 + tv))
         upper.append(1 - tv)
     assert np.mean(lower) - 0.01 <= np.mean(agreement) <= np.mean(upper) + 0.01
+
+
+def test_a_distribution_with_every_token_under_the_threshold_draws_from_the_tail_alone():
+    """Temperature 100 over a 150k vocabulary leaves no token at TAIL_BELOW: the tail group always wins and
+    its inverse CDF picks by probability (ten bins of a ramp)."""
+    probs = np.linspace(1.0, 3.0, 200_000)
+    probs /= probs.sum()
+    assert probs.max() < TAIL_BELOW
+    counts = np.zeros(10)
+    draws = SeededDraws(4)
+    for ahead in range(5000):
+        counts[draws.token(probs, ahead) // 20_000] += 1
+    expected = probs.reshape(10, -1).sum(axis=1) * 5000
+    assert chisquare(counts, expected).pvalue > 1e-3
