@@ -82,9 +82,9 @@ def model_choice_options(function):
 
 def sampling_options(function):
     function = setting_option("--seed", SamplingSettings, "seed", show_default=True, callback=_draw_seed,
-                              help="Sampling seed; -1 draws a random one and shows it. A fixed --gamma makes a "
-                                   "seeded run repeatable; with --gamma auto the draft lengths follow measured "
-                                   "timings, and so do the random draws.")(function)
+                              help="Sampling seed; -1 draws a random one and shows it. A seed gives plain "
+                                   "sampling's reply whatever drafts it, at any --gamma (where a verify or a "
+                                   "batch rounds differently, a near-tie can part them).")(function)
     function = setting_option("--top-k", SamplingSettings, "top_k", show_default=True, help="0 keeps all tokens.")(function)
     function = setting_option("--top-p", SamplingSettings, "top_p", show_default=True)(function)
     function = setting_option("--temperature", SamplingSettings, "temperature", show_default=True,
