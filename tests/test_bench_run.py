@@ -15,16 +15,16 @@ PLAIN = {"prompt_id": "1", "tokens": [5, 6, 7, 8], "text": "a b c d", "num_token
 
 
 def test_tokens_are_compared_where_a_system_reports_them():
-    assert matches_plain({"tokens": [5, 6, 7, 8], "text": "other"}, PLAIN, JOB) is True
-    assert matches_plain({"tokens": [5, 6, 7, 9], "text": "a b c d"}, PLAIN, JOB) is False
+    assert matches_plain({"tokens": [5, 6, 7, 8], "text": "other"}, PLAIN, JOB, "pocketspec") is True
+    assert matches_plain({"tokens": [5, 6, 7, 9], "text": "a b c d"}, PLAIN, JOB, "pocketspec") is False
 
 
 def test_text_only_peers_may_run_past_max_tokens_but_not_past_an_end():
-    assert matches_plain({"tokens": None, "text": "a b c d e"}, PLAIN, JOB) is True
-    assert matches_plain({"tokens": None, "text": "a b x d e"}, PLAIN, JOB) is False
-    assert matches_plain({"tokens": None, "text": None}, PLAIN, JOB) is False  # its prompt echo differed
+    assert matches_plain({"tokens": None, "text": "a b c d e"}, PLAIN, JOB, "peer") is True
+    assert matches_plain({"tokens": None, "text": "a b x d e"}, PLAIN, JOB, "peer") is False
+    assert matches_plain({"tokens": None, "text": None}, PLAIN, JOB, "peer") is False  # its prompt echo differed
     ended_early = {**PLAIN, "num_tokens": 3, "text": "a b c"}
-    assert matches_plain({"tokens": None, "text": "a b c d"}, ended_early, JOB) is False
+    assert matches_plain({"tokens": None, "text": "a b c d"}, ended_early, JOB, "peer") is False
 
 
 def test_when_sampling_only_pocketspec_which_draws_as_plain_does_is_compared():

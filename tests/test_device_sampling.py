@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from pocketspec.speculation.draws import SeededDraws, uniforms
+from pocketspec.speculation.draws import SeededDraws, uniforms, unit_interval
 from pocketspec.speculation.sampling import distribution
 from pocketspec.settings import SamplingSettings
 from pocketspec.torch_model import device_sampling
@@ -35,6 +35,12 @@ def test_the_device_hash_gives_the_host_uniforms_bit_for_bit():
     assert np.array_equal(on_device, np.stack([uniforms(int(key), ids) for key in keys.view(np.uint64)]))
 
 
+def test_the_device_maps_the_extreme_bits_as_the_host_does():
+    extremes = np.array([0, 2**64 - 1, 2**63, 2**12 - 1], dtype=np.uint64)
+    on_device = device_sampling.unit_interval(torch.from_numpy(extremes.view(np.int64))).numpy()
+    assert np.array_equal(on_device, unit_interval(extremes))
+
+
 def test_race_rows_draw_the_host_token_for_the_same_position():
     """Rows with a tail group (tokens under TAIL_BELOW) and without: the same tokens as the host's race."""
     rng = np.random.default_rng(1)
@@ -43,6 +49,17 @@ def test_race_rows_draw_the_host_token_for_the_same_position():
     keys = SeededDraws(9).keys(64)
     on_device = device_sampling.race_rows(torch.from_numpy(probs), torch.from_numpy(keys)).tolist()
     assert on_device == [SeededDraws(9).token(row, ahead) for ahead, row in enumerate(probs)]
+
+
+def test_draws_from_float32_logits_are_the_hosts_over_a_flat_vocabulary():
+    """The device's distributions are float64 like the host's: from the same float32 logits, the same tokens,
+    also where many tokens sit near the tail threshold."""
+    logits = (np.random.default_rng(3).standard_normal((64, 151_936)) * 1.5).astype(np.float32)
+    sampling = SamplingSettings(temperature=1.0)
+    keys = SeededDraws(8).keys(64)
+    on_device = device_sampling.race_rows(device_sampling.distributions(torch.from_numpy(logits), sampling),
+                                          torch.from_numpy(keys)).tolist()
+    assert on_device == [SeededDraws(8).token(distribution(row, sampling), ahead) for ahead, row in enumerate(logits)]
 
 
 def test_race_rows_draw_the_host_token_where_no_token_reaches_the_threshold():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from pocketspec.speculation.draws import TAIL_BELOW, SeededDraws, position_key, race
+from pocketspec.speculation.draws import TAIL_BELOW, SeededDraws, position_key, race, unit_interval
 
 NUM_DRAWS = 30_000
 
@@ -59,6 +59,7 @@ def test_a_draw_is_a_function_of_seed_position_and_distribution():
 
 
 def test_unnormalised_weights_draw_as_their_distribution():
+    """The same tokens, as no token here is near TAIL_BELOW (scaling moves a token across it)."""
     probs = np.random.default_rng(2).dirichlet(np.ones(30))
     keys = [position_key(9, position) for position in range(200)]
     assert [race(probs, key) for key in keys] == [race(probs * 3.0, key) for key in keys]
@@ -96,3 +97,11 @@ def test_a_distribution_with_every_token_under_the_threshold_draws_from_the_tail
         counts[draws.token(probs, ahead) // 20_000] += 1
     expected = probs.reshape(10, -1).sum(axis=1) * 5000
     assert chisquare(counts, expected).pvalue > 1e-3
+
+
+def test_the_extreme_bits_stay_inside_the_open_unit_interval():
+    """All ones would give u = 1.0 with 53 bits and a half (a race time of 0: that token would always win)."""
+    extremes = np.array([0, 2**64 - 1, 2**63, 2**12 - 1], dtype=np.uint64)
+    values = unit_interval(extremes)
+    assert np.all(values > 0) and np.all(values < 1)
+    assert values[1] == (2**52 - 0.5) / 2**52

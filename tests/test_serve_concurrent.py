@@ -49,18 +49,21 @@ def self_sparse_client(smollm2_path):
     assert server.stop() == 0, server.stderr()
 
 
-def test_seeded_sampled_requests_with_a_draft_model_repeat_alone_and_together(self_sparse_client):
+def test_seeded_sampled_requests_with_a_draft_model_repeat_alone_and_together(self_sparse_client, client):
     """A self-sparse draft drafts every request; with a seed each, sampled replies sent one by one and then all
-    at once (beside each other's drafts, after the controller and the corpus have learned) are the same."""
-    def sampled(index_question):
+    at once (beside each other's drafts, after the controller and the corpus have learned) are the same, and
+    are what the n-gram-drafting server samples for them."""
+    def sampled(server_client, index_question):
         index, question = index_question
-        reply = self_sparse_client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": question}], temperature=1.0, seed=100 + index)
+        reply = server_client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], temperature=1.0, seed=100 + index,
+            max_tokens=20)
         return reply.choices[0].message.content
 
     numbered = list(enumerate(QUESTIONS))
-    alone = [sampled(item) for item in numbered]
+    alone = [sampled(self_sparse_client, item) for item in numbered]
     assert all(alone) and len(set(alone)) == len(alone)
     with ThreadPoolExecutor(len(QUESTIONS)) as pool:
-        together = list(pool.map(sampled, numbered))
+        together = list(pool.map(lambda item: sampled(self_sparse_client, item), numbered))
     assert together == alone
+    assert [sampled(client, item) for item in numbered] == alone

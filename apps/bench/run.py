@@ -173,7 +173,7 @@ def tokens_past_limit(rows: list[dict], max_tokens: int) -> float:
     return sum(max(0, row["num_tokens"] - max_tokens) for row in rows) / len(rows)
 
 
-def matches_plain(row: dict, plain: dict, job: BenchJob, kind: str = "pocketspec") -> bool | None:
+def matches_plain(row: dict, plain: dict, job: BenchJob, kind: str) -> bool | None:
     """Whether a system's output equals plain decoding's: at temperature 0 for every system; when sampling,
     for PocketSpec's (`kind`: System.kind), whose seeded draws are plain decoding's whatever drafted
     (pocketspec/speculation/draws.py; every prompt starts from the job's seed), and not for a peer, which

@@ -7,7 +7,7 @@ row after a step); where the draft holds a shorter context than the target's (a 
 plan's draft model, or torch's --draft self-sparse window), a row slides a window of sinks
 and recent tokens, or, with --self-draft-keys attended, holds the keys the target's row attended
 to most beside its recent tokens (pocketspec/drafters/attended_window.py), copied from the
-target's pool. Each row draws from its own sequence's generator. A
+target's pool. Each row draws with its own sequence's draws. A
 draft needs no batch invariance: verification keeps the output exact whatever it proposes,
 so it runs the fast kernels.
 """

@@ -3,7 +3,7 @@
 Each step the scheduler picks the sequences that run; the adaptive controller picks
 one drafter and one γ for them all (one controller per group size, since a forward's
 cost depends on how many rows it holds; acceptance is shared). Every row is then
-verified on its own by the pure rules of pocketspec/speculation/verify.py with its own generator,
+verified on its own by the pure rules of pocketspec/speculation/verify.py with its own draws,
 and rolled back on its own. A finished sequence frees its row for the next request; a new
 request takes the free row that has the longest exact prefix of its prompt cached
 (BatchedModel.reusable_prefix), in the target and in the draft. Every row's n-gram drafter

@@ -10,7 +10,8 @@ with the same uniforms, and the target accepts it iff its own draw for n is that
 position: a seeded reply is the same whatever drafted it, at whatever γ, alone or beside other rows.
 The price, against the usual rule (accept with chance min(1, p/q), which keeps p but whose realization
 follows q): the two draws agree with chance at least (1 - TV) / (1 + TV) instead of 1 - TV, TV being
-the total variation between p and q. On the qwen-coder pair, 0.69 a token against 0.73 at temperature 1
+the total variation between p and q (for a race over every token; a token in one side's tail group
+and the other's head shares no uniform, which can cost a little more). On the qwen-coder pair, 0.69 a token against 0.73 at temperature 1
 and 0.78 against 0.79 at 0.7 (benchmarks/draw_agreement.py); at temperature 0 nothing changes
 (docs/exactness.md, "Seeded sampling").
 
@@ -28,7 +29,7 @@ MASK64 = (1 << 64) - 1
 GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 TAIL_RACE_ID = 1 << 40  # ids past any vocabulary: the tail group's own uniforms
 TAIL_PICK_ID = TAIL_RACE_ID + 1
-TO_UNIT = 2.0 ** -53
+TO_UNIT = 2.0 ** -52
 
 
 def mix64(values: np.ndarray) -> np.ndarray:
@@ -48,10 +49,15 @@ def position_key(seed: int, position: int) -> int:
     return _mix_int(seed ^ _mix_int(position))
 
 
+def unit_interval(bits: np.ndarray) -> np.ndarray:
+    """uint64 bits to float64 in (0, 1): the top 52 bits and a half, exact in float64 (53 bits and a half
+    would round 2**53 - 0.5 up to 1.0, a race time of 0)."""
+    return ((bits >> np.uint64(12)).astype(np.float64) + 0.5) * TO_UNIT
+
+
 def uniforms(key: int, ids: np.ndarray) -> np.ndarray:
     """u(key, id) in (0, 1), float64, for token ids [n]."""
-    bits = mix64(ids.astype(np.uint64) ^ np.uint64(key))
-    return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * TO_UNIT
+    return unit_interval(mix64(ids.astype(np.uint64) ^ np.uint64(key)))
 
 
 def race(probs: np.ndarray, key: int) -> int:

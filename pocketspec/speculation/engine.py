@@ -187,6 +187,7 @@ class SpeculativeEngine:
         """Continue `prompt`, reusing the target KV cache for its longest cached prefix."""
         stats = GenerationStats()
         started = self.clock()
+        drawn_before = self.draws.num_drawn
         emitted: list[int] = []
         stop_reason = "max_tokens"
         is_end = self.target.tokenizer.is_end_of_generation
@@ -222,6 +223,9 @@ class SpeculativeEngine:
             new_tokens = self._step(context, max_gamma, stats)
         if self.ngram is not None:
             self.ngram.remember(emitted)
+        # a step may have accepted drafted tokens past an end token: the draws stand where plain decoding's
+        # would, one position per token it chose (the end token's included), for the next turn of a chat
+        self.draws.num_drawn = drawn_before + len(emitted) + (stop_reason == "end_of_generation")
         stats.num_tokens = len(emitted)
         stats.is_ended_by_end_token = stop_reason == "end_of_generation"
         stats.seconds = self.clock() - started
