@@ -321,3 +321,28 @@ def test_metrics_count_requests_and_tokens(server, client):
     assert _metric(after, "pocketspec_peak_memory_bytes") > 0 and _metric(after, "pocketspec_slots") == 1
     assert _metric(after, "pocketspec_requests_total", endpoint="chat", outcome="rejected") == \
         _metric(before, "pocketspec_requests_total", endpoint="chat", outcome="rejected") + 1
+
+
+def _reply_text(reply: httpx.Response, stream: bool) -> str:
+    """The content of a whole chat reply, or what its stream's chunks carry."""
+    if not stream:
+        return reply.json()["choices"][0]["message"]["content"]
+    chunks = [json.loads(line[len("data: "):]) for line in reply.text.splitlines() if line.startswith("data: {")]
+    return "".join(chunk["choices"][0]["delta"].get("content") or "" for chunk in chunks)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_drawn_seed_is_in_a_header_and_repeats_the_reply(server, stream):
+    """OpenAI's reply has no field for the seed; `seed: -1` draws one, and the response's x-pocketspec-seed
+    header names it (every generation's does), so that the reply can be asked for again."""
+    def ask(seed: int) -> tuple[str, str]:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "temperature": 1.0,
+                "seed": seed, "max_tokens": 12, "stream": stream}
+        with server.client() as http:
+            reply = http.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        return reply.headers["x-pocketspec-seed"], _reply_text(reply, stream)
+
+    drawn, first = ask(-1)
+    assert int(drawn) >= 0 and first
+    assert ask(int(drawn)) == (drawn, first)

@@ -26,6 +26,7 @@ from pocketspec.serve.request_checks import (GenerationOptions, chat_messages, c
 from pocketspec.serve.server_state import ServerState
 
 log = logging.getLogger("pocketspec.serve")
+SEED_HEADER = "x-pocketspec-seed"  # on every generation's response (docs/serve.md)
 
 
 def check_model(model: str | None, model_id: str) -> None:
@@ -118,12 +119,15 @@ async def _respond(request: Request, state: ServerState, shape: ResponseShape, o
         raise
     if live.future.done() and live.future.exception() is not None:  # refused when submitted
         raise generation_error(live.future.exception())
+    # the seed the reply was sampled with, so that a `seed: -1` request can be repeated (OpenAI's body has no field)
+    headers = {SEED_HEADER: str(options.sampling.seed)}
     if options.is_stream:
-        return ClosingStream(_events(live, shape, options.include_usage), on_close=live.leave)
-    return await _whole(request, live, shape)
+        return ClosingStream(_events(live, shape, options.include_usage), on_close=live.leave, headers=headers)
+    return await _whole(request, live, shape, headers)
 
 
-async def _whole(request: Request, live: LiveGeneration, shape: ResponseShape) -> JSONResponse:
+async def _whole(request: Request, live: LiveGeneration, shape: ResponseShape,
+                 headers: dict[str, str]) -> JSONResponse:
     watcher = asyncio.create_task(watch_disconnect(request, live.leave))
     try:
         text = "".join([piece async for piece in live.texts()])
@@ -139,7 +143,7 @@ async def _whole(request: Request, live: LiveGeneration, shape: ResponseShape) -
                           code="client_disconnected") if live.is_client_gone else shutting_down_error())
         error.is_counted = True
         raise error
-    return JSONResponse(shape.full(text, reason, usage(outcome, live.num_completion_tokens(outcome))))
+    return JSONResponse(shape.full(text, reason, usage(outcome, live.num_completion_tokens(outcome))), headers=headers)
 
 
 async def _events(live: LiveGeneration, shape: ResponseShape, include_usage: bool):

@@ -68,8 +68,8 @@ async def watch_disconnect(request: Request, on_gone: Callable[[], None]) -> Non
 class ClosingStream(StreamingResponse):
     """Server-sent events that call on_close when the response ends: sent whole, the client gone, or cancelled."""
 
-    def __init__(self, events, on_close: Callable[[], None]):
-        super().__init__(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    def __init__(self, events, on_close: Callable[[], None], headers: dict[str, str] | None = None):
+        super().__init__(events, media_type="text/event-stream", headers={**SSE_HEADERS, **(headers or {})})
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
