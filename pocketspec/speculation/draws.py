@@ -25,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 
 TAIL_BELOW = 1e-5  # tokens less likely than this race as one group
-MASK64 = (1 << 64) - 1
 GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 TAIL_RACE_ID = 1 << 40  # ids past any vocabulary: the tail group's own uniforms
 TAIL_PICK_ID = TAIL_RACE_ID + 1
@@ -40,13 +39,14 @@ def mix64(values: np.ndarray) -> np.ndarray:
     return values ^ (values >> np.uint64(31))
 
 
-def _mix_int(value: int) -> int:
-    return int(mix64(np.array([value & MASK64], dtype=np.uint64))[0])
+def position_keys(seed: int, positions: np.ndarray) -> np.ndarray:
+    """The 64-bit keys (uint64) of these positions' uniforms, in one pass (a verify needs a key a row)."""
+    return mix64(np.uint64(seed) ^ mix64(positions.astype(np.uint64)))
 
 
 def position_key(seed: int, position: int) -> int:
     """The 64-bit key of one position's uniforms."""
-    return _mix_int(seed ^ _mix_int(position))
+    return int(position_keys(seed, np.array([position]))[0])
 
 
 def unit_interval(bits: np.ndarray) -> np.ndarray:
@@ -91,7 +91,7 @@ class SeededDraws:
 
     def keys(self, count: int) -> np.ndarray:
         """The keys of the next `count` positions as int64 (a device's hash works in signed 64 bits)."""
-        return np.array([self.key(ahead) for ahead in range(count)], dtype=np.uint64).view(np.int64)
+        return position_keys(self.seed, np.arange(self.num_drawn, self.num_drawn + count)).view(np.int64)
 
     def token(self, probs: np.ndarray, ahead: int = 0) -> int:
         """The token drawn from probs for the position `ahead` of the next one."""
