@@ -37,6 +37,8 @@ What it measures (batch 1, --context cached tokens):
   curve's cost table, its step time and the share of it outside the forwards, beside plain decoding;
 - the compiled verify curve: ms per verify of width 1-32 at depth 0 and --context, and what
   of it is host time (the verify call's wall time minus its graph's replay);
+- a sampled verify (temperature 0.8, top-p 0.95) against a greedy one at widths 1, 16 and 32: its ms and
+  the allocator's peak during the call, beside the torch plan's term for the sampling temporaries;
 - the default (compiled) step's verify curve as a cost table
   (DIR/gpu_suite_costs_<model>_<weights>.json, POCKETSPEC_HOME/costs format), and the
   speculative speedup benchmarks/replay_drafting.py predicts on it for the recorded
@@ -206,6 +208,9 @@ def markdown(results: dict) -> str:
         for drafter, found in row["speculation"].items():
             lines.append(f"| {drafter} | {found['decode_tokens_per_second']} | {found['step_ms']} | "
                          f"{found['loop_ms_per_step']} | {found['loop_share']:.1%} | {found['acceptance']:.2f} |")
+    for row in results["rows"]:
+        if "sampled_verify" in row:
+            lines += _sampled_lines(row)
     for replay in results.get("predicted", []):
         if "error" in replay:
             lines += ["", f"Predicted on {replay['trace']} ({replay.get('table')}): {replay['error'][:300]}"]
@@ -221,6 +226,22 @@ def markdown(results: dict) -> str:
                          + (f", and {overall['request_host_ms']:.2f} ms a request (indexing its prompt, remembering "
                             "its output)." if "request_host_ms" in overall else "."))
     return "\n".join(lines) + "\n"
+
+
+def _sampled_lines(row: dict) -> list[str]:
+    found = row["sampled_verify"]
+    lines = ["", f"## Sampled verify: {row['model']} {row['weights']} {row['variant']} (depth {found['depth']}; "
+                 "temperature 0.8, top-p 0.95, on the device outside the graph; peak = the allocator's beyond what "
+                 "was allocated before the call; planned = the torch plan's term for the sampled temporaries)", "",
+             "| width | greedy ms | sampled ms | sampled − greedy ms | greedy peak MiB | sampled peak MiB | planned MiB |",
+             "|---|---|---|---|---|---|---|"]
+    for width, sampled in found["ms"]["sampled"].items():
+        greedy = found["ms"]["greedy"][width]
+        peaks = [found["peak_bytes"][name][width] for name in ("greedy", "sampled")]
+        peak_cells = " | ".join("–" if peak is None else f"{peak / 2**20:.1f}" for peak in peaks)
+        lines.append(f"| {width} | {greedy:.3f} | {sampled:.3f} | {sampled - greedy:.3f} | {peak_cells} | "
+                     f"{found['planned_bytes'][width] / 2**20:.1f} |")
+    return lines
 
 
 def main() -> None:

@@ -11,6 +11,7 @@ import json
 import time
 
 VERIFY_WIDTHS = (1, 2, 4, 8, 16, 32)
+SAMPLED_WIDTHS = (1, 16, 32)  # a sampled verify against a greedy one (temperature 0.8, top-p 0.95)
 # decode steps that swap the model's linears for a library's (pocketspec/torch_model/library_linears.py)
 LIBRARY_VARIANTS = {"compiled-torchao": "use_torchao_int8", "compiled-gemlite": "use_gemlite",
                     "compiled-gemlite-fp8": "use_gemlite_fp8"}
@@ -129,6 +130,44 @@ def _verify_curve(backend, depths: list[int], repeats: int) -> dict:
             curve["verify_ms"][depth][width] = round(1e3 * float(np.median(calls)), 4)
             curve["replay_ms"][depth][width] = round(1e3 * float(np.median(replays)), 4)
     return curve
+
+
+def _sampled_verify(backend, depth: int, vocab_size: int, repeats: int) -> dict:
+    """ms per verify call by width, greedy and sampled (temperature 0.8, top-p 0.95: the device's float64
+    distributions, top-p's sort and the race over the vocabulary, outside the graph), after `depth` cached
+    tokens; on a GPU also the allocator's peak beyond what was allocated before the call, beside the torch
+    plan's term for the sampled verify's temporaries (memplanner.torch_peak.device_sampling_bytes)."""
+    import numpy as np
+    import torch
+
+    from memplanner.torch_peak import device_sampling_bytes
+    from pocketspec.settings import SamplingSettings
+    from pocketspec.speculation.draws import SeededDraws
+
+    settings = {"greedy": SamplingSettings(temperature=0.0), "sampled": SamplingSettings(temperature=0.8, top_p=0.95)}
+    on_cuda = backend.device.type == "cuda"
+    found = {"depth": depth, "ms": {name: {} for name in settings}, "peak_bytes": {name: {} for name in settings},
+             "planned_bytes": {width: device_sampling_bytes(vocab_size, width, on_cuda) for width in SAMPLED_WIDTHS}}
+    backend.rollback(0)
+    if depth:
+        backend.prefill([7] * depth)
+    for width in SAMPLED_WIDTHS:
+        for name, sampling in settings.items():
+            calls, peak = [], 0
+            for _ in range(repeats + 1):  # the first call warms up (and is the one whose peak is read)
+                _synchronize(backend.device)
+                if on_cuda:
+                    torch.cuda.reset_peak_memory_stats(backend.device)
+                    before = torch.cuda.memory_allocated(backend.device)
+                started = time.perf_counter()
+                backend.verify([7] * width, sampling, SeededDraws(1))
+                calls.append(time.perf_counter() - started)
+                if on_cuda:
+                    peak = max(peak, torch.cuda.max_memory_allocated(backend.device) - before)
+                backend.rollback(depth)
+            found["ms"][name][width] = round(1e3 * float(np.median(calls[1:])), 4)
+            found["peak_bytes"][name][width] = peak if on_cuda else None
+    return found
 
 
 def cost_table(row: dict, device: str) -> dict:
@@ -251,6 +290,8 @@ def run_group(group: dict, device_name: str, context: int, num_tokens: int) -> N
                 row["verify"] = _verify_curve(backend, [0, context], repeats=5 if device.type == "cuda" else 2)
                 costs = MeasuredCosts.from_json(cost_table(row, device_name))
                 row["speculation"] = _speculative_loop(backend, costs, num_tokens)
+                row["sampled_verify"] = _sampled_verify(backend, context, shape.vocab_size,
+                                                        repeats=5 if device.type == "cuda" else 2)
             backend.close()
         except Exception as error:  # noqa: BLE001 - the suite reports every variant that failed, and goes on
             row["error"] = f"{type(error).__name__}: {str(error)[:400]}"

@@ -31,21 +31,27 @@ sys.path.insert(0, str(ROOT))
 
 NEW_TOKENS = 16
 POLL_SECONDS = 0.02  # how often a GPU's free memory is read while a run goes on
-# (weights, context, KV dtype, drafter): every format, short to long contexts, int8 KV, self-drafts
+# (weights, context, KV dtype, drafter[, decode step, temperature]): every format, short to long contexts,
+# int8 KV, self-drafts, and a static step that samples on the device (its widest verify's float64
+# temporaries, torch_peak.device_sampling_bytes; the static step is a GPU's default and a CPU's choice)
 CONFIGS = [("fp32", 8192, "auto", "none"), ("fp32", 512, "auto", "none"), ("bf16", 2048, "auto", "none"),
            ("int8", 2048, "auto", "none"), ("fp32", 2048, "auto", "self-sparse"), ("int4", 4096, "int8", "ngram"),
-           ("fp16", 1024, "auto", "none"), ("int8", 8192, "int8", "none"), ("fp32", 4096, "auto", "self-skip")]
+           ("fp16", 1024, "auto", "none"), ("int8", 8192, "int8", "none"), ("fp32", 4096, "auto", "self-skip"),
+           ("fp32", 1024, "auto", "ngram", "static", 0.8)]
 
 
-def predicted_terms(model: str, device: str, weights: str, context: int, kv: str, drafter: str) -> dict[str, int]:
+def predicted_terms(model: str, device: str, weights: str, context: int, kv: str, drafter: str,
+                    decode_step: str = "auto") -> dict[str, int]:
     from pocketspec.budget.torch_plan import torch_peak
-    from pocketspec.session_settings import MODEL, SPECULATION, apply_backend_options
     from pocketspec.loader import choose_models
+    from pocketspec.session_settings import MODEL, SPECULATION, apply_backend_options
+    from pocketspec.speculation.draft_limits import requested_draft_limits
 
     choice = choose_models(target=model, draft=drafter, pair=None)
-    settings = replace(MODEL, max_context=context, max_logits_rows=SPECULATION.max_gamma + 1)
-    settings, speculation = apply_backend_options(settings, SPECULATION, {
-        "backend": "torch", "device": device, "weights": weights, "torch_kv_type": kv})
+    settings, speculation = apply_backend_options(replace(MODEL, max_context=context), SPECULATION, {
+        "backend": "torch", "device": device, "weights": weights, "torch_kv_type": kv, "decode_step": decode_step})
+    # the verify width the CLI plans (session_settings.resolve_session): a draftless drafter's is wider
+    settings = replace(settings, max_logits_rows=requested_draft_limits(speculation, drafter != "none").verify_width)
     return torch_peak(choice, settings, speculation)
 
 
@@ -84,13 +90,14 @@ def _watch_free_memory(command: list[str], device: str) -> tuple[subprocess.Comp
         return subprocess.CompletedProcess(command, process.returncode, out.read(), err.read()), largest_drop
 
 
-def run(model: str, device: str, weights: str, context: int, kv: str, drafter: str) -> dict:
+def run(model: str, device: str, weights: str, context: int, kv: str, drafter: str, decode_step: str = "auto",
+        temperature: float = 0.0) -> dict:
     from memplanner.sizes import format_bytes
     from memplanner.device import is_gpu
     from memplanner.torch_peak import gpu_views, heap_reserve_bytes
 
     on_gpu = is_gpu(device)
-    terms = predicted_terms(model, device, weights, context, kv, drafter)
+    terms = predicted_terms(model, device, weights, context, kv, drafter, decode_step)
     predicted = sum(terms.values())
     budget = predicted + heap_reserve_bytes(on_gpu=on_gpu)  # the least budget the plan accepts
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as prompt_file:
@@ -99,16 +106,18 @@ def run(model: str, device: str, weights: str, context: int, kv: str, drafter: s
     command = [sys.executable, "-m", "apps.cli", "generate", "--backend", "torch", "--device", device,
                "--weights", weights, "--torch-kv-type", kv, "--target", model, "--draft", drafter,
                "--prompt-file", prompt_file.name, "--max-tokens", str(NEW_TOKENS), "--max-context", str(context),
-               "--memory-budget", str(budget), "--threads", "2", "--json"]
+               "--memory-budget", str(budget), "--threads", "2", "--decode-step", decode_step,
+               "--temperature", str(temperature), "--json"]
     done, free_drop = _watch_free_memory(command, device)
     Path(prompt_file.name).unlink()
     record = {"model": model, "device": device, "weights": weights, "context": context, "kv": kv, "drafter": drafter,
-              "predicted_peak_bytes": predicted, "terms": terms, "budget_bytes": budget}
+              "decode_step": decode_step, "temperature": temperature, "predicted_peak_bytes": predicted,
+              "terms": terms, "budget_bytes": budget}
     if done.returncode != 0:
         return {**record, "error": done.stderr.strip().splitlines()[-1:]}
     stats = json.loads(done.stdout)["stats"]
     measured = free_drop if on_gpu else stats["peak_memory_bytes"]
-    print(f"{weights:>5} ctx {context:>5} kv {kv:>4} {drafter:>11}: predicted {format_bytes(predicted)} measured "
+    print(f"{weights:>5} ctx {context:>5} kv {kv:>4} {drafter:>11} {decode_step} T{temperature}: predicted {format_bytes(predicted)} measured "
           f"{format_bytes(measured)} ({(predicted - measured) / measured:+.1%})", file=sys.stderr)
     record.update(measured_peak_bytes=measured, error_fraction=(predicted - measured) / measured,
                   within_budget=measured <= budget, decode_tokens_per_second=stats["decode_tokens_per_second"])
@@ -141,6 +150,10 @@ def main() -> None:
     print(markdown.read_text())
 
 
+def _step_cell(record: dict) -> str:
+    return f"{record.get('decode_step', 'auto')}, {record.get('temperature', 0.0)}"
+
+
 def write(records: list[dict], args) -> Path:
     from apps.report import write_results
     from memplanner.sizes import format_bytes
@@ -151,7 +164,7 @@ def write(records: list[dict], args) -> Path:
         view = record.get("views", {}).get(name)
         return f"{view['error_fraction']:+.1%}" if view else "-"
 
-    rows = [[r["weights"], r["context"], r["kv"], r["drafter"], format_bytes(r["predicted_peak_bytes"]),
+    rows = [[r["weights"], r["context"], r["kv"], r["drafter"], _step_cell(r), format_bytes(r["predicted_peak_bytes"]),
              format_bytes(r["measured_peak_bytes"]), f"{r['error_fraction']:+.1%}", view_error(r, "allocated"),
              view_error(r, "reserved"), "yes" if r["within_budget"] else "NO",
              round(r["decode_tokens_per_second"], 1)] for r in measured]
@@ -166,7 +179,7 @@ def write(records: list[dict], args) -> Path:
               if "error" in r]
     _, markdown = write_results(ROOT / "benchmarks" / "results", f"memory_grid_torch_{args.device.replace(':', '')}",
                                 {"records": records}, f"Torch backend memory plan vs measured ({args.device})",
-                                ["weights", "context", "KV", "drafter", "predicted", "measured", "error",
+                                ["weights", "context", "KV", "drafter", "step, T", "predicted", "measured", "error",
                                  "allocated error", "reserved error", "in budget", "decode tok/s"], rows, notes)
     return markdown
 

@@ -39,6 +39,15 @@ CPU_ACTIVATION_FACTOR = 1.5
 # above its prediction at most), and fp32 self-sparse at 2048 tokens 38 MiB above its own while a
 # C++ build ran beside it. A GPU allocator's peak repeats exactly: no reserve.
 CPU_HEAP_RESERVE_BYTES = 48 * 1024 * 1024
+# A static step samples on the device (pocketspec/torch_model/device_sampling.py): a verify of `rows` rows
+# holds at most about this many [rows, vocab] float64/int64 tensors at once beside its logits (the
+# probabilities, top-p's sorted copy and order, or the race's uniforms). Measured on CPU torch 2.13, Zen 4
+# EPYC, 2026-12-06, with large allocations unmapped on free (benchmarks/device_sampling_memory.py): at
+# most 4.00 (33 rows x 49,152, top-p 0.95), 3.90 at 33 x 151,936, 2.90-3.03 without top-p.
+SAMPLING_TEMPORARIES = 4
+# On a GPU, unmeasured so far: the CPU's figure plus 2 for CUDA's segmented sort (its own buffers for
+# indices and CUB's temporary storage), an allowance that the GPU suite's "Sampled verify" table checks.
+GPU_SAMPLING_TEMPORARIES = 6
 
 
 def heap_reserve_bytes(on_gpu: bool) -> int:
@@ -115,6 +124,12 @@ def activation_bytes(shape: ModelShape, num_tokens: int, context: int, compute_b
     return hidden + rope + mask + repeated_kv + dequantized + logits + scores
 
 
+def device_sampling_bytes(vocab_size: int, rows: int, on_gpu: bool = False) -> int:
+    """A static step's sampled verify of `rows` rows beyond its logits: float64 and int64 [rows, vocab]
+    temporaries (top-p's sort the widest). Counted whatever the temperature: a server's requests choose it."""
+    return (GPU_SAMPLING_TEMPORARIES if on_gpu else SAMPLING_TEMPORARIES) * rows * vocab_size * 8
+
+
 def graph_pool_bytes(shape: ModelShape, max_width: int, context: int, compute_bytes: int, kv_is_int8: bool,
                      weights_format: str) -> int:
     """The CUDA graphs of one GPU static step (pocketspec/torch_model/static_step.py): one private pool
@@ -137,9 +152,10 @@ def torch_peak_terms(shape: ModelShape, tensor_terms: dict[str, int], *, weights
     """Every term of the peak, with tensor_terms from torch_sizes.torch_memory_terms and, on a GPU, each
     lasting allocation's size (torch_sizes.torch_tensor_sizes) for the allocator's rounding.
 
-    static_steps: (widest width, context) of each GPU static step (the target's, a self-draft's):
+    static_steps: (widest width, context) of each static step (the target's, a self-draft's); on a GPU
     their forwards replay CUDA graphs from pools of their own (graph_pool_bytes), beside the eager
-    prompt chunks' activations, which then are the only ones the allocator serves.
+    prompt chunks' activations and the sampled verify's temporaries (device_sampling_bytes), which then
+    are the only ones the allocator serves.
 
     The terms add up to the peak: `loading_excess` is what the loading moment needs beyond
     the KV caches and activations of the generating moment (usually nothing).
@@ -150,10 +166,13 @@ def torch_peak_terms(shape: ModelShape, tensor_terms: dict[str, int], *, weights
                               on_gpu)
     graph_pools = sum(graph_pool_bytes(shape, width, context, compute_bytes, kv_is_int8, weights_format)
                       for width, context in static_steps) if on_gpu else 0
+    # sampling runs after a verify's forward, whose activations are free by then
+    sampling = device_sampling_bytes(shape.vocab_size, max_logits_rows, on_gpu) if static_steps else 0
     if graph_pools:
-        activations = prefill
+        activations = max(prefill, sampling)
     else:
-        activations = max(prefill, verify) if on_gpu else int(CPU_ACTIVATION_FACTOR * max(prefill, verify))
+        widest = max(prefill, verify, sampling)
+        activations = widest if on_gpu else int(CPU_ACTIVATION_FACTOR * widest)
     activations += quantized_matmul_bytes(shape, weights_format, compute_bytes, is_tied,
                                           max(min(n_batch, max_context), max_logits_rows), on_gpu)
     kv_total = sum(value for name, value in tensor_terms.items() if name != "weights")

@@ -47,3 +47,6 @@ def test_a_verify_group_times_the_speculative_loop(tmp_path):
         found = row["speculation"][drafter]
         assert found["num_steps"] > 0 and 0 < found["loop_ms_per_step"] < found["step_ms"]
     assert row["speculation"]["none"]["acceptance"] == 0
+    sampled = row["sampled_verify"]
+    assert set(sampled["ms"]["sampled"]) == set(sampled["planned_bytes"]) == {"1", "16", "32"}
+    assert all(ms > 0 for name in ("greedy", "sampled") for ms in sampled["ms"][name].values())

@@ -1,12 +1,14 @@
 """memplanner.torch_peak: the torch backend's peak on hand-computed shapes, and `--memory-budget`
 with `--backend torch` sizing n_batch or refusing in one line."""
 
+from dataclasses import replace
+
 from memplanner import terms
 from memplanner.gpu_terms import TORCH_CUDA_CONTEXT_BYTES
 from memplanner.shapes import ModelShape
 from memplanner.torch_peak import (CPU_ACTIVATION_FACTOR, CPU_HEAP_RESERVE_BYTES, DEQUANTIZE_CHUNK_BYTES,
-                                   TORCH_CPU_RUNTIME_BYTES, activation_bytes, gpu_views, graph_pool_bytes,
-                                   quantized_matmul_bytes, load_staging_bytes, torch_peak_terms)
+                                   TORCH_CPU_RUNTIME_BYTES, activation_bytes, device_sampling_bytes, gpu_views,
+                                   graph_pool_bytes, quantized_matmul_bytes, load_staging_bytes, torch_peak_terms)
 from memplanner.torch_sizes import INT8_DEQUANTIZE_SLICE_BYTES
 from test_cli_errors import assert_one_line_error, run_cli
 
@@ -85,8 +87,10 @@ def test_gpu_static_steps_add_their_graph_pools_beside_the_prompt_chunks_activat
     draft_pool = TINY.vocab_size * 4 + activation_bytes(TINY, 1, 40, 2, 1, on_gpu=True)
     assert graph_pool_bytes(TINY, 9, 100, 2, False, "bf16") == target_pool
     assert static["graph_pools"] == target_pool + draft_pool
-    assert static["activations"] == activation_bytes(TINY, 64, 100, 2, 1, on_gpu=True)  # the eager prefill's only
-    assert dynamic["activations"] == max(static["activations"], activation_bytes(TINY, 9, 100, 2, 9, on_gpu=True))
+    # beside the graphs: the eager prompt chunks' activations or the sampled verify's temporaries
+    prefill = activation_bytes(TINY, 64, 100, 2, 1, on_gpu=True)
+    assert static["activations"] == max(prefill, device_sampling_bytes(TINY.vocab_size, 9, on_gpu=True))
+    assert dynamic["activations"] == max(prefill, activation_bytes(TINY, 9, 100, 2, 9, on_gpu=True))
     # an int8 verify dequantizes a slice of a weight inside the graph
     assert (graph_pool_bytes(TINY, 9, 100, 2, False, "int8") - target_pool == INT8_DEQUANTIZE_SLICE_BYTES
             and graph_pool_bytes(TINY, 1, 100, 2, False, "int8") == graph_pool_bytes(TINY, 1, 100, 2, False, "bf16"))
@@ -94,10 +98,25 @@ def test_gpu_static_steps_add_their_graph_pools_beside_the_prompt_chunks_activat
     assert "graph_pools" not in torch_peak_terms(TINY, tensors, **{**common, "on_gpu": False}, static_steps=[(9, 100)])
 
 
+def test_a_static_steps_sampled_verify_is_planned_where_it_outgrows_the_forwards():
+    """A static step samples on the device after its forward: with a large vocabulary its float64
+    temporaries, not the prompt chunks, are the widest moment beside the graphs (GPU) or the forwards (CPU)."""
+    large_vocab = replace(TINY, vocab_size=150_000)
+    tensors = {"weights": 400_000, "target KV": 10_000}
+    common = dict(weights_format="bf16", max_context=100, n_batch=64, max_logits_rows=9,
+                  tensor_sizes=[400_000, 5_000, 5_000])
+    sampling = device_sampling_bytes(150_000, 9, on_gpu=True)
+    assert sampling > activation_bytes(large_vocab, 64, 100, 2, 1, on_gpu=True)  # the prompt chunks'
+    on_gpu = torch_peak_terms(large_vocab, tensors, **common, on_gpu=True, static_steps=[(9, 100)])
+    assert on_gpu["activations"] == sampling
+    assert torch_peak_terms(large_vocab, tensors, **common, on_gpu=True)["activations"] < sampling  # host sampling
+    on_cpu = torch_peak_terms(large_vocab, tensors, **{**common, "weights_format": "fp32"}, static_steps=[(9, 100)])
+    assert on_cpu["activations"] == int(CPU_ACTIVATION_FACTOR * device_sampling_bytes(150_000, 9))
+
+
 def test_torch_budget_shrinks_prompt_chunks_then_refuses(smollm2_path):
     from pocketspec.session_settings import MODEL, SPECULATION
     from pocketspec.budget.torch_plan import torch_peak
-    from dataclasses import replace
     from pocketspec.loader import ModelChoice
 
     choice = ModelChoice(smollm2_path, None, "none")

@@ -28,19 +28,16 @@ class Verdict:
 
 
 class RowDistributions:
-    """The target's distribution for each verified row, computed when the rule first reads it: a
+    """The target's distribution for each verified row, computed when the rule reads it and not kept: a
     rejection at row i never pays for the rows after it (each is a float64 softmax, top-k and top-p
-    over the whole vocabulary: on a CPU a wide verify's rows would cost more than its forward)."""
+    over the whole vocabulary: on a CPU a wide verify's rows would cost more than its forward), and one
+    row's float64 vocabulary lives at a time."""
 
     def __init__(self, logits: np.ndarray, sampling: SamplingSettings):
         self.logits, self.sampling = logits, sampling  # [rows, vocab]
-        self._rows: dict[int, np.ndarray] = {}
 
     def __getitem__(self, index: int) -> np.ndarray:
-        row = self._rows.get(index)
-        if row is None:
-            row = self._rows[index] = distribution(self.logits[index], self.sampling)
-        return row
+        return distribution(self.logits[index], self.sampling)
 
 
 def verify_greedy(draft_tokens: Sequence[int], target_choices: Sequence[int]) -> Verdict:

@@ -18,26 +18,31 @@ from __future__ import annotations
 import torch
 
 from pocketspec.settings import SamplingSettings
-from pocketspec.speculation.draws import GOLDEN, MIX1, MIX2, TAIL_PICK_ID, TAIL_RACE_ID, TO_UNIT, TAIL_BELOW
+from pocketspec.speculation.draws import GOLDEN, MIX1, MIX2, TAIL_RACE_ID, TO_UNIT, TAIL_BELOW
 
 
 def distributions(logits: torch.Tensor, sampling: SamplingSettings) -> torch.Tensor:
     """Probabilities [rows, vocab] (float64, as the host's) after temperature, top-k and top-p, for logits
-    [rows, vocab]."""
-    scores = logits.double() / sampling.temperature
+    [rows, vocab]. In place where the values allow: at most three [rows, vocab] float64/int64 tensors live at
+    once (the probabilities, and top-p's sorted copy and its order), SAMPLING_TEMPORARIES in memplanner."""
+    scores = logits.to(torch.float64, copy=True).div_(sampling.temperature)
     vocab_size = scores.shape[-1]
     if 0 < sampling.top_k < vocab_size:
         kth_best = torch.topk(scores, sampling.top_k, dim=-1).values[:, -1:]  # [rows, 1]
-        scores = scores.masked_fill(scores < kth_best, float("-inf"))
+        scores.masked_fill_(scores < kth_best, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
+    del scores
     if sampling.top_p >= 1.0:
         return probs
     ordered, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-    mass_before = torch.cumsum(ordered, dim=-1) - ordered  # [rows, vocab]: mass of the better tokens
-    # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
-    is_kept = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, mass_before < sampling.top_p)
-    kept = torch.where(is_kept, probs, torch.zeros_like(probs))
-    return kept / kept.sum(dim=-1, keepdim=True)
+    # keep the smallest prefix whose mass reaches top_p, the token crossing it included (the host's count)
+    num_kept = (ordered.cumsum_(dim=-1) < sampling.top_p).sum(dim=-1, keepdim=True) + 1  # [rows, 1]
+    del ordered
+    is_kept_in_order = torch.arange(vocab_size, device=probs.device) < num_kept  # [rows, vocab]
+    is_dropped = torch.ones_like(probs, dtype=torch.bool).scatter_(-1, order, is_kept_in_order).logical_not_()
+    del order
+    probs.masked_fill_(is_dropped, 0.0)
+    return probs.div_(probs.sum(dim=-1, keepdim=True))
 
 
 def _signed(value: int) -> int:
@@ -46,43 +51,57 @@ def _signed(value: int) -> int:
 
 
 def _shift_right(values: torch.Tensor, bits: int) -> torch.Tensor:
-    """A logical right shift of int64 values (torch's >> is arithmetic)."""
-    return (values >> bits) & ((1 << (64 - bits)) - 1)
+    """A logical right shift of int64 values (torch's >> is arithmetic): a new tensor."""
+    return (values >> bits).bitwise_and_((1 << (64 - bits)) - 1)
+
+
+def _mix64_(values: torch.Tensor) -> torch.Tensor:
+    """draws.mix64 in place on int64 values, whose arithmetic wraps as uint64's does: the same bits. One
+    temporary of values' size lives beside them at a time."""
+    values.add_(_signed(GOLDEN))
+    values.bitwise_xor_(_shift_right(values, 30)).mul_(_signed(MIX1))
+    values.bitwise_xor_(_shift_right(values, 27)).mul_(_signed(MIX2))
+    return values.bitwise_xor_(_shift_right(values, 31))
 
 
 def mix64(values: torch.Tensor) -> torch.Tensor:
-    """draws.mix64 in int64 arithmetic, which wraps as uint64's does: the same bits."""
-    values = values + _signed(GOLDEN)
-    values = (values ^ _shift_right(values, 30)) * _signed(MIX1)
-    values = (values ^ _shift_right(values, 27)) * _signed(MIX2)
-    return values ^ _shift_right(values, 31)
+    """draws.mix64 for int64 values (a new tensor)."""
+    return _mix64_(values.clone())
+
+
+def _unit_interval_(bits: torch.Tensor) -> torch.Tensor:
+    """draws.unit_interval, shifting int64 bits in place: float64 values in (0, 1)."""
+    bits.bitwise_right_shift_(12).bitwise_and_((1 << 52) - 1)
+    return bits.double().add_(0.5).mul_(TO_UNIT)
 
 
 def unit_interval(bits: torch.Tensor) -> torch.Tensor:
     """draws.unit_interval for int64 bits."""
-    return (_shift_right(bits, 12).double() + 0.5) * TO_UNIT
+    return _unit_interval_(bits.clone())
 
 
 def uniforms(keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """draws.uniforms for keys [rows] and ids [n]: float64 [rows, n] in (0, 1)."""
-    return unit_interval(mix64(ids[None, :] ^ keys[:, None]))
+    """draws.uniforms for keys [rows] and ids [n]: float64 [rows, n] in (0, 1). Hashed in place: two
+    [rows, n] tensors live at once at most."""
+    return _unit_interval_(_mix64_(ids[None, :] ^ keys[:, None]))
 
 
 def race_rows(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """draws.race for each row of probs [rows, vocab] with its key of keys [rows] (int64): token ids [rows].
-    Every token's race time is computed (a GPU does the whole vocabulary at once); the tail group's is as
-    the host's, so both draw the same token but where float32 and float64 probabilities part."""
+    Every token's race time is computed (a GPU does the whole vocabulary at once), in place over its uniform,
+    hashed in one pass with the tail group's two ids; the tail group's draw is as the host's, so both draw
+    the same token but where float32 and float64 probabilities part."""
     vocab_size = probs.shape[-1]
-    ids = torch.arange(vocab_size, device=probs.device, dtype=torch.long)
-    is_head = probs >= TAIL_BELOW
-    times = -torch.log(uniforms(keys, ids)) / probs
-    times = torch.where(is_head, times, torch.full_like(times, float("inf")))
+    ids = torch.arange(vocab_size + 2, device=probs.device, dtype=torch.long)
+    ids[vocab_size:].add_(TAIL_RACE_ID - vocab_size)  # TAIL_RACE_ID and TAIL_PICK_ID, its successor: no host copy
+    drawn = uniforms(keys, ids)  # [rows, vocab + 2]
+    tail_race, tail_pick = drawn[:, vocab_size], drawn[:, vocab_size + 1]
+    is_tail = probs < TAIL_BELOW
+    times = drawn[:, :vocab_size].log_().neg_().div_(probs).masked_fill_(is_tail, float("inf"))
     best_time, best_token = times.min(dim=-1)
-    tail = torch.where(is_head, torch.zeros_like(probs), probs)
-    cumulative = torch.cumsum(tail, dim=-1)
+    cumulative = torch.where(is_tail, probs, 0.0)
+    cumulative.cumsum_(dim=-1)
     tail_mass = cumulative[:, -1]
-    tail_ids = torch.tensor([TAIL_RACE_ID, TAIL_PICK_ID], device=probs.device, dtype=torch.long)
-    tail_race, tail_pick = uniforms(keys, tail_ids).unbind(-1)
     tail_time = -torch.log(tail_race) / tail_mass  # inf where the tail has no mass
     picked = torch.searchsorted(cumulative, (tail_pick * tail_mass)[:, None], right=True)[:, 0]
     tail_token = picked.clamp(max=vocab_size - 1)
