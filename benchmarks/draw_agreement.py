@@ -60,15 +60,14 @@ def measure(target, draft, prompt: list[int], sampling: SamplingSettings, num_to
     target.rollback(0)
     draft.rollback(0)
     target_logits, draft_logits = target.prefill(prompt).copy(), draft.prefill(prompt).copy()
-    draws, rows = SeededDraws(seed), []
+    rows = []
     for position in range(num_tokens):
         p = distribution(target_logits, sampling)
         q = distribution(draft_logits[:p.shape[0]], sampling)
         q = np.pad(q, (0, p.shape[0] - q.shape[0]))
         keys = [position_key(seed + 1 + index, position) for index in range(num_keys)]
         rows.append(_position(p, q, keys))
-        token = draws.token(p)
-        draws.advance(1)
+        token = SeededDraws(seed, len(prompt) + position).token(p)  # the plain sampled reply
         if target.tokenizer.is_end_of_generation(token):
             break
         target_logits = target.forward([token], [0])[0].copy()

@@ -250,7 +250,7 @@ def test_a_conversation_reuses_its_prefilled_chunks_and_each_turn_still_equals_i
     request beside it still equal the same prompt decoded alone in a fresh engine."""
     engine = tiny.engine(drafter, max_batch=2, num_rows=2, gamma=3, n_batch=8)
     rng = np.random.default_rng(3)
-    conversation = [1, *rng.integers(3, MAX_TOKEN, 13)]
+    conversation, previous_length = [1, *rng.integers(3, MAX_TOKEN, 13)], 0
     for turn in range(3):
         beside = [1, *rng.integers(3, MAX_TOKEN, 20)]
         requests = [Request(conversation, 8), Request(beside, 6)]

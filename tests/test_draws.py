@@ -50,8 +50,7 @@ def test_the_check_has_power():
 
 def test_a_draw_is_a_function_of_seed_position_and_distribution():
     probs = np.random.default_rng(1).dirichlet(np.ones(50) * 0.5)
-    draws = SeededDraws(42)
-    draws.advance(5)
+    draws = SeededDraws.after(42, [9] * 5)
     assert [draws.token(probs, ahead) for ahead in range(20)] == [SeededDraws(42, 5 + i).token(probs) for i in range(20)]
     assert draws.ahead(3).token(probs) == draws.token(probs, 3)
     assert [SeededDraws(43).token(probs, i) for i in range(20)] != [SeededDraws(42).token(probs, i) for i in range(20)]

@@ -278,10 +278,11 @@ def test_a_verdict_on_the_device_refuses_sampling():
     from replay_drafting import open_replay
 
     from pocketspec.settings import SamplingSettings
+    from pocketspec.speculation.draws import SeededDraws
 
     engine, target = open_replay(_costs(lambda width: 0.03), SpeculationSettings(drafter="ngram"), vocab_size=64,
                                  verdict_on_device=True)
     target.follow(list(range(40)))
     target.prefill([0, 1, 2])
     with pytest.raises(ValueError, match="temperature 0"):
-        target.verify([3, 4], SamplingSettings(temperature=0.7), engine.draws)
+        target.verify([3, 4], SamplingSettings(temperature=0.7), SeededDraws(engine.seed, 3))

@@ -33,10 +33,9 @@ def test_top_p_over_a_large_vocabulary_falls_back_to_full_sort():
     assert 2400 <= np.count_nonzero(probs) <= 2600
 
 
-def test_choose_token_is_the_argmax_or_the_draw_for_the_next_position():
+def test_choose_token_is_the_argmax_or_the_draw_for_its_position():
     logits = np.array([0.5, 2.0, 1.0])
-    draws = SeededDraws(4, num_drawn=3)
+    draws = SeededDraws(4, position=3)
     assert choose_token(logits, SamplingSettings(), draws) == 1
     sampling = SamplingSettings(temperature=1.0)
-    assert choose_token(logits, sampling, draws) == draws.token(distribution(logits, sampling))
-    assert draws.num_drawn == 3  # the caller moves the draws once the token is emitted
+    assert choose_token(logits, sampling, draws) == SeededDraws(4).token(distribution(logits, sampling), ahead=3)

@@ -1,6 +1,7 @@
-"""A chat's turns run one after another on one engine, whose draws go on from turn to turn: speculation must
-leave them where plain sampling leaves them, also when a step accepted drafted tokens past the end token
-(which the reply drops), so that every later turn samples plain sampling's tokens too."""
+"""A chat's turns run one after another on one engine: every turn must sample plain sampling's tokens, also
+after a step accepted drafted tokens past an end token (which the reply drops; the draws once kept a count
+that such a step moved too far, and the next turn sampled otherwise). The draws now stand at the context's
+length, which the dropped tokens never reach."""
 
 from __future__ import annotations
 
@@ -61,8 +62,9 @@ def test_every_turn_samples_what_plain_sampling_samples(seed):
 
 @pytest.mark.parametrize("drafter", ["none", "ngram"])
 def test_the_nth_token_is_the_draw_for_position_n(drafter):
-    """Against the draws themselves, not another run of the same code: token n of a reply is
-    SeededDraws(seed).token(p_n, ahead=n), p_n the model's distribution after the tokens before it."""
+    """Against the draws themselves, not another run of the same code: token n of a reply is the draw at its
+    place in the sequence, SeededDraws(seed, len(prompt) + n).token(p_n), p_n the model's distribution after
+    the tokens before it."""
     from pocketspec.speculation.draws import SeededDraws
     from pocketspec.speculation.sampling import distribution
 
@@ -78,5 +80,5 @@ def test_the_nth_token_is_the_draw_for_position_n(drafter):
     for position in range(len(tokens)):
         new = (prompt + tokens[:position])[reference.num_cached:]
         logits = reference.forward(new, [len(new) - 1])[0]
-        expected.append(SeededDraws(sampling.seed).token(distribution(logits, sampling), ahead=position))
+        expected.append(SeededDraws(sampling.seed, len(prompt) + position).token(distribution(logits, sampling)))
     assert tokens == expected

@@ -89,13 +89,11 @@ def test_speculation_emits_what_plain_sampling_with_the_same_seed_emits(drafter)
     rng = np.random.default_rng(8)
     rows = rng.dirichlet(np.ones(5) * 0.3, size=60)  # the target's distribution at each position
     draft_rows = rng.dirichlet(np.ones(5) * 0.3, size=60)  # a draft model's
-    plain_draws, plain = SeededDraws(42), []
-    for row in rows:
-        plain.append(plain_draws.token(row))
-        plain_draws.advance(1)
-    draws, emitted = SeededDraws(42), []
+    plain = [SeededDraws(42, position).token(row) for position, row in enumerate(rows)]
+    emitted = []
     while len(emitted) < 40:
         gamma, position = int(rng.integers(0, 6)), len(emitted)
+        draws = SeededDraws(42, position)
         if drafter == "model":
             drafts = [draws.token(draft_rows[position + i], ahead=i) for i in range(gamma)]
         else:  # copies of plain's tokens (as a good n-gram match would) or guesses
@@ -104,7 +102,6 @@ def test_speculation_emits_what_plain_sampling_with_the_same_seed_emits(drafter)
                                 draws)
         emitted += verdict.emitted(drafts)
     assert emitted[:40] == plain[:40]
-    assert draws.num_drawn == len(emitted)
 
 
 def test_sampling_chi_square_detects_a_wrong_rule():
@@ -118,15 +115,13 @@ def test_sampling_chi_square_detects_a_wrong_rule():
     assert chisquare(counts, target * 5000).pvalue < 1e-6
 
 
-def test_verify_logits_is_greedy_at_temperature_0_and_moves_the_draws_by_the_emitted_tokens():
+def test_verify_logits_is_greedy_at_temperature_0_and_else_the_sampled_rule_at_the_draws_position():
     logits = np.log(np.array([[0.1, 0.6, 0.3], [0.5, 0.25, 0.25]]))
-    draws = SeededDraws(0)
-    assert verify_logits([1], logits, SamplingSettings(), draws) == Verdict(1, 0)
-    assert draws.num_drawn == 0  # greedy draws nothing
+    assert verify_logits([1], logits, SamplingSettings(), SeededDraws(0)) == Verdict(1, 0)
     sampling = SamplingSettings(temperature=1.0)
-    expected = verify_sampled([1], np.exp(logits), SeededDraws(0))
-    assert verify_logits([1], logits, sampling, draws) == expected
-    assert draws.num_drawn == expected.num_accepted + 1
+    for position in range(20):
+        expected = verify_sampled([1], np.exp(logits), SeededDraws(7, position))
+        assert verify_logits([1], logits, sampling, SeededDraws(7, position)) == expected
 
 
 def test_a_rejection_at_the_first_row_never_computes_the_rows_after_it(monkeypatch):

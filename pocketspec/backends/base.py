@@ -51,12 +51,11 @@ class Backend(Protocol):
 
     def verify(self, tokens: Sequence[int], sampling: SamplingSettings, draws: SeededDraws) -> Verdict:
         """Append tokens = [pending, *draft] and return the verdict on the draft (pocketspec/speculation/verify.py's
-        rule; a torch static step applies it on the device and reads back two integers); the draws move on by
-        the tokens it emits."""
+        rule; a torch static step applies it on the device and reads back two integers), row 0's token drawn
+        at draws' position."""
 
     def choose(self, tokens: Sequence[int], sampling: SamplingSettings, draws: SeededDraws) -> int:
-        """Append tokens (any number); the token chosen after them, drawn for draws' next position (a draft
-        model's; the draws do not move)."""
+        """Append tokens (any number); the token chosen after them, drawn at draws' position."""
 
     def rollback(self, num_kept: int) -> None:
         """Drop every cached token at position >= num_kept."""

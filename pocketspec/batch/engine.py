@@ -105,7 +105,6 @@ class BatchEngine:
             sequence.stop_reason = "interrupted"
         else:
             sequence.accept([choose_token(logits, sequence.sampling, sequence.draws)], self.is_end)
-            sequence.draws.advance(1)
         return sequence
 
     def step(self, group: list[SequenceState]) -> None:

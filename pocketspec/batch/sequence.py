@@ -44,11 +44,15 @@ class SequenceState:
         self.context = list(request.prompt)  # once decoding, it ends with the pending token (not yet in the cache)
         self.tokens: list[int] = []
         self.stop_reason: str | None = None
-        self.draws = SeededDraws(request.seed)
         self.stats = GenerationStats(num_prompt_tokens=len(request.prompt))
         self.submitted_at = submitted_at
         self.started_at = time.perf_counter()
         self.last_step = -1  # the engine step this sequence last ran in (for the scheduler's fairness)
+
+    @property
+    def draws(self) -> SeededDraws:
+        """The draws for the token after the context (its prompt, then every token it emitted)."""
+        return SeededDraws.after(self.request.seed, self.context)
 
     @property
     def is_finished(self) -> bool:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memplanner.sizes import format_bytes, parse_size
-from pocketspec.errors import UserError
+from memplanner.sizes import format_bytes
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import BatchSettings, ModelSettings, SpeculationSettings
 

@@ -22,10 +22,9 @@ from pocketspec.speculation.draws import SeededDraws
 class ModelDrafter:
     name = "model"
 
-    def __init__(self, backend, sampling: SamplingSettings, draws: SeededDraws):
+    def __init__(self, backend, sampling: SamplingSettings):
         self.backend = backend
         self.sampling = sampling
-        self.draws = draws
         attended_source = getattr(backend, "attended_source", None)  # a self-draft that keeps attended keys
         self.window = DraftWindow(backend) if attended_source is None else AttendedWindow(backend, attended_source)
 
@@ -36,13 +35,14 @@ class ModelDrafter:
     def fits(self, context: Sequence[int], max_tokens: int) -> bool:
         return self.window.fits(context, max_tokens)
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+    def propose(self, context: Sequence[int], max_tokens: int, draws: SeededDraws) -> Draft:
+        """max_tokens tokens after context, the first drawn at draws' position (the context's length)."""
         next_input = self.window.feed(context, max_tokens)
         tokens: list[int] = []
         timings = []
         for index in range(max_tokens):
             started = time.perf_counter()
-            token = self.backend.choose(next_input, self.sampling, self.draws.ahead(index))
+            token = self.backend.choose(next_input, self.sampling, draws.ahead(index))
             timings.append((len(next_input), time.perf_counter() - started))
             tokens.append(token)
             next_input = [token]

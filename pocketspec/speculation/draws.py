@@ -1,5 +1,5 @@
-"""Seeded draws that a drafter can share with the target: the token sampled at a generation's n-th position
-is a pure function of (seed, n, distribution).
+"""Seeded draws that a drafter can share with the target: the token sampled at position n of a sequence
+(its index, the prompt's tokens counted) is a pure function of (seed, n, distribution).
 
 Each token id x of position n gets its own uniform u(seed, n, x), a counter-based hash (splitmix64), so
 it exists before anything is sampled and whoever asks for it gets the same value. The token drawn from
@@ -21,6 +21,8 @@ a hash and a logarithm per token of a 150k vocabulary (4 ms a draw on a CPU).
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import numpy as np
 
@@ -81,26 +83,29 @@ def race(probs: np.ndarray, key: int) -> int:
 
 
 class SeededDraws:
-    """One generation's draws: position n is the n-th token it samples (its first after the prompt is 0)."""
+    """A sequence's draws from `position` on: the position of the next token it chooses is the length of
+    its context (the prompt and every token emitted), so they follow from what the sequence holds, the
+    same for plain decoding, any drafter, a batch row or a chat's later turn, and nothing moves them."""
 
-    def __init__(self, seed: int, num_drawn: int = 0):
-        self.seed, self.num_drawn = seed, num_drawn
+    def __init__(self, seed: int, position: int = 0):
+        self.seed, self.position = seed, position
+
+    @classmethod
+    def after(cls, seed: int, context: Sequence[int]) -> SeededDraws:
+        """The draws for the token that follows `context`."""
+        return cls(seed, len(context))
 
     def key(self, ahead: int = 0) -> int:
-        return position_key(self.seed, self.num_drawn + ahead)
+        return position_key(self.seed, self.position + ahead)
 
     def keys(self, count: int) -> np.ndarray:
         """The keys of the next `count` positions as int64 (a device's hash works in signed 64 bits)."""
-        return position_keys(self.seed, np.arange(self.num_drawn, self.num_drawn + count)).view(np.int64)
+        return position_keys(self.seed, np.arange(self.position, self.position + count)).view(np.int64)
 
     def token(self, probs: np.ndarray, ahead: int = 0) -> int:
         """The token drawn from probs for the position `ahead` of the next one."""
         return race(probs, self.key(ahead))
 
     def ahead(self, count: int) -> SeededDraws:
-        """The draws as they stand `count` tokens later (a draft's later positions)."""
-        return SeededDraws(self.seed, self.num_drawn + count)
-
-    def advance(self, count: int) -> None:
-        """`count` tokens were emitted."""
-        self.num_drawn += count
+        """The draws `count` tokens later (a draft's later positions)."""
+        return SeededDraws(self.seed, self.position + count)

@@ -59,11 +59,11 @@ class SpeculativeEngine:
         self.target = target
         self.clock = clock
         self.sampling = sampling
-        self.draws = SeededDraws(sampling.seed)
+        self.seed = sampling.seed  # the draws of sampling, verification and the draft model (SeededDraws)
         uses_ngram = speculation.drafter in ("auto", "ngram")
         uses_model = speculation.drafter in ("auto", "model") and draft_backend is not None
         self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max) if uses_ngram else None
-        self.model = ModelDrafter(draft_backend, sampling, self.draws) if uses_model else None
+        self.model = ModelDrafter(draft_backend, sampling) if uses_model else None
         self.notes: list[str] = []
         self.is_exact_verify = bool(speculation.exact_verify)  # verify batches capped at the probed exact width
         requested = requested_draft_limits(speculation, drafts=self.ngram is not None or self.model is not None)
@@ -91,7 +91,7 @@ class SpeculativeEngine:
 
     def reset(self, seed: int | None = None) -> None:
         """Start the next generation from empty KV caches (target and draft model), as a fresh engine
-        would; `seed` restarts the draws too. The n-gram corpus of past outputs is kept."""
+        would; `seed` keys the draws from then on. The n-gram corpus of past outputs is kept."""
         self.target.rollback(0)
         if self.model is not None:
             self.model.reset()
@@ -114,7 +114,7 @@ class SpeculativeEngine:
         for _ in range(num_tokens - 1):
             token = self.target.verify([token], greedy, draws).next_token
         if self.model is not None:  # while the target holds the prompt: a self-draft's window copies from it
-            ModelDrafter(self.model.backend, greedy, draws).propose(prompt, num_tokens)
+            ModelDrafter(self.model.backend, greedy).propose(prompt, num_tokens, draws)
             self.model.reset()
         self.target.rollback(0)
 
@@ -137,15 +137,8 @@ class SpeculativeEngine:
         self.reseed(sampling.seed)
 
     def reseed(self, seed: int) -> None:
-        """Restart the draws shared by sampling, verification and the draft model."""
-        self.draws = SeededDraws(seed)
-        if self.model is not None:
-            self.model.draws = self.draws
-
-    def _pick(self, logits: np.ndarray) -> int:
-        token = choose_token(logits, self.sampling, self.draws)
-        self.draws.advance(1)
-        return token
+        """Key the draws shared by sampling, verification and the draft model by `seed`."""
+        self.seed = seed
 
     def _prefill(self, prompt: Sequence[int], stats: GenerationStats, should_stop=None) -> int | None:
         room = self.target.max_context
@@ -163,12 +156,12 @@ class SpeculativeEngine:
         if logits is None:
             return None
         self._unused.clear()
-        return self._pick(logits)
+        return choose_token(logits, self.sampling, SeededDraws.after(self.seed, prompt))
 
     def _step(self, context: list[int], max_gamma: int, stats: GenerationStats) -> list[int]:
         """One draft + verify step (pocketspec/speculation/step.py, as a group of one); the tokens it adds to
         the context."""
-        sequence = OneSequence(context, self.ngram, self._unused, self.sampling, self.draws)
+        sequence = OneSequence(context, self.ngram, self._unused, self.sampling, self.seed)
         step = run_step([sequence], [max_gamma], controller=self.controller, target=self._step_target,
                         drafter=self._step_drafter, clock=self.clock)
         (draft,), (num_accepted,) = step.drafts, step.num_accepted
@@ -187,7 +180,6 @@ class SpeculativeEngine:
         """Continue `prompt`, reusing the target KV cache for its longest cached prefix."""
         stats = GenerationStats()
         started = self.clock()
-        drawn_before = self.draws.num_drawn
         emitted: list[int] = []
         stop_reason = "max_tokens"
         is_end = self.target.tokenizer.is_end_of_generation
@@ -223,9 +215,6 @@ class SpeculativeEngine:
             new_tokens = self._step(context, max_gamma, stats)
         if self.ngram is not None:
             self.ngram.remember(emitted)
-        # a step may have accepted drafted tokens past an end token: the draws stand where plain decoding's
-        # would, one position per token it chose (the end token's included), for the next turn of a chat
-        self.draws.num_drawn = drawn_before + len(emitted) + (stop_reason == "end_of_generation")
         stats.num_tokens = len(emitted)
         stats.is_ended_by_end_token = stop_reason == "end_of_generation"
         stats.seconds = self.clock() - started

@@ -21,7 +21,12 @@ class OneSequence:
     ngram: NgramDrafter | None
     unused: UnusedProposal
     sampling: SamplingSettings
-    draws: SeededDraws
+    seed: int
+
+    @property
+    def draws(self) -> SeededDraws:
+        """The draws for the token after the context."""
+        return SeededDraws.after(self.seed, self.context)
 
 
 class BackendTarget:
@@ -54,7 +59,7 @@ class OneDraftModel:
         return self.model.lag(group[0].context)
 
     def propose(self, group: Sequence[OneSequence], gamma: int) -> list[Draft]:
-        return [self.model.propose(group[0].context, gamma)]
+        return [self.model.propose(group[0].context, gamma, group[0].draws)]
 
     def num_cached(self, group: Sequence[OneSequence]) -> int:
         return self.model.backend.num_cached

@@ -61,8 +61,8 @@ def verify_sampled(draft_tokens: Sequence[int], target_probs, draws: SeededDraws
 
     Whatever the drafter (a draft model that drew from its own q with the same uniforms, or an n-gram
     match, a point mass), every emitted token is the draw plain sampling makes for its position: the rule
-    keeps p exactly, and a seeded run emits the same tokens whatever was drafted. Pure: the caller
-    advances the draws by the emitted tokens."""
+    keeps p exactly, and a seeded run emits the same tokens whatever was drafted. Pure: draws stand at the
+    position of row 0's token (the context's length)."""
     for index, drafted in enumerate(draft_tokens):
         chosen = draws.token(target_probs[index], ahead=index)
         if chosen != drafted:
@@ -73,10 +73,7 @@ def verify_sampled(draft_tokens: Sequence[int], target_probs, draws: SeededDraws
 
 def verify_logits(draft_tokens: Sequence[int], logits: np.ndarray, sampling: SamplingSettings,
                   draws: SeededDraws) -> Verdict:
-    """One step's rule from the target's logits [num_draft + 1, vocab]; when sampling, the draws move on by
-    the tokens it emits."""
+    """One step's rule from the target's logits [num_draft + 1, vocab], row 0's token drawn at draws' position."""
     if sampling.is_greedy:
         return verify_greedy(draft_tokens, np.argmax(logits, axis=-1))
-    verdict = verify_sampled(draft_tokens, RowDistributions(logits, sampling), draws)
-    draws.advance(verdict.num_accepted + 1)
-    return verdict
+    return verify_sampled(draft_tokens, RowDistributions(logits, sampling), draws)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from memplanner.torch_sizes import INT4_GROUP_SIZE, INT8_DEQUANTIZE_SLICE_BYTES  # one home, shared with the planner
+from memplanner.torch_sizes import INT8_DEQUANTIZE_SLICE_BYTES  # one home, shared with the planner
 INT4_KERNEL_GROUP_SIZES = (32, 64, 128, 256)
 # A prompt chunk is compute-bound: dequantizing once per call costs little beside the
 # matmul, and cuBLAS's tensor cores beat the int8 gemv kernel. Decode and verify rows

@@ -245,7 +245,7 @@ class StaticDecodeStep:
 
     @torch.inference_mode()
     def choose(self, tokens: Sequence[int], start: int, sampling: SamplingSettings, draws: SeededDraws) -> int:
-        """Append tokens; the next token after them, drawn for draws' next position (which does not move)."""
+        """Append tokens; the next token after them, drawn at draws' position."""
         keys = None if sampling.is_greedy else draws.keys(1)
         logits = self.logits(tokens, start, keys)[-1]
         token = device_sampling.choose(logits, sampling, self._device_keys[:1])
@@ -253,14 +253,12 @@ class StaticDecodeStep:
 
     @torch.inference_mode()
     def verify(self, tokens: Sequence[int], start: int, sampling: SamplingSettings, draws: SeededDraws) -> Verdict:
-        """Append tokens = [pending, *draft] and verify the draft against them on the device; the draws move on
-        by the tokens it emits."""
+        """Append tokens = [pending, *draft] and verify the draft against them on the device, row 0's token
+        drawn at draws' position."""
         num_draft = len(tokens) - 1
         keys = None if sampling.is_greedy else draws.keys(num_draft + 1)
         logits = self.logits(tokens, start, keys)
         verdict = device_sampling.verify(self._device_ints[1:len(tokens)], logits, sampling,
                                          self._device_keys[:num_draft + 1])
         num_accepted, next_token = self.to_host(verdict).tolist()
-        if not sampling.is_greedy:
-            draws.advance(num_accepted + 1)
         return Verdict(num_accepted, next_token)
