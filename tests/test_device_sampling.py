@@ -148,3 +148,21 @@ def test_verify_equals_the_host_rule_and_choose_is_the_argmax_or_the_draw():
         int(np.argmax(logits[0].numpy()))
     key = torch.from_numpy(draws.keys(1))
     assert int(device_sampling.choose(logits[0], sampling, key)) == drafted[0]
+
+
+# A γ = 4 sampled verify ran 58 operators at temperature 1 and 75 with top-k and top-p (CPU torch 2.13,
+# 2026-12-06): outside a CUDA graph every one is a launch on a GPU, so growth is a cost (issue 36).
+MAX_OPERATORS_PER_SAMPLED_VERIFY = 85
+
+
+def test_a_sampled_verify_runs_no_more_operators_than_it_did():
+    from test_static_step import OperatorCount
+
+    logits = torch.randn(5, 1000, generator=torch.Generator().manual_seed(0))
+    keys, draft = torch.from_numpy(SeededDraws(1).keys(5)), torch.zeros(4, dtype=torch.long)
+    counts = []
+    for sampling in (SamplingSettings(temperature=1.0), SamplingSettings(temperature=0.8, top_k=40, top_p=0.95)):
+        with OperatorCount() as operators:
+            device_sampling.verify(draft, logits, sampling, keys)
+        counts.append(operators.count)
+    assert 0 < counts[0] < counts[1] <= MAX_OPERATORS_PER_SAMPLED_VERIFY
