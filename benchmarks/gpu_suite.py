@@ -11,6 +11,8 @@ process (benchmarks/gpu_suite_group.py) under its own timeout, so one slow compi
 files are rewritten after every row, so a run cut short still leaves what it measured.
 
 What it measures (batch 1, --context cached tokens):
+- whether the device's seeded draws are the host's: the hashed uniforms bit for bit (int64 arithmetic
+  wrapping as uint64's) and the token 32 rows draw at temperature 1 and with top-p;
 - decode tok/s for each model x weights x decode step, beside the roofline (measured copy
   bandwidth over the bytes a token reads: weights + the KV cache) and the seconds the backend
   took to open (compiling and capturing included). Decode steps:
@@ -118,6 +120,37 @@ def measure_bandwidth(device_name: str) -> tuple[float, str, str]:
     return bandwidth, name, torch.__version__
 
 
+def draws_check(device_name: str, vocab_size: int = 151_936, rows: int = 32) -> dict:
+    """The device's seeded draws against the host's (pocketspec/speculation/draws.py): the hashed uniforms bit
+    for bit (int64 arithmetic that must wrap as uint64's does) and the token each row's race draws, from the
+    same float32 logits (temperature 1, and top-p 0.9)."""
+    import numpy as np
+    import torch
+
+    from pocketspec.settings import SamplingSettings
+    from pocketspec.speculation.draws import SeededDraws, uniforms
+    from pocketspec.speculation.sampling import distribution
+    from pocketspec.torch_model import device_sampling
+    from pocketspec.torch_model.device import resolve_device
+
+    device = resolve_device(device_name)
+    draws = SeededDraws(2**63 - 25, 1_000_003)  # a large seed and position: every bit of the hash in use
+    keys = draws.keys(rows)
+    ids = np.arange(vocab_size)
+    on_device = device_sampling.uniforms(torch.from_numpy(keys).to(device), torch.from_numpy(ids).to(device)).cpu()
+    equal_uniform_rows = sum(np.array_equal(on_device[row].numpy(), uniforms(int(key), ids))
+                             for row, key in enumerate(keys.view(np.uint64)))
+    logits = np.random.default_rng(0).standard_normal((rows, vocab_size)).astype(np.float32) * 3
+    found = {"uniform_rows_equal": int(equal_uniform_rows), "rows": rows}
+    for name, sampling in (("t1", SamplingSettings(temperature=1.0)),
+                           ("top_p", SamplingSettings(temperature=1.0, top_p=0.9))):
+        probs = device_sampling.distributions(torch.from_numpy(logits).to(device), sampling)
+        drawn = device_sampling.race_rows(probs, torch.from_numpy(keys).to(device)).cpu().tolist()
+        host = [draws.token(distribution(logits[row], sampling), ahead=row) for row in range(rows)]
+        found[f"draws_equal_{name}"] = sum(got == want for got, want in zip(drawn, host))
+    return found
+
+
 def run_child(group: dict, args, timeout: float, cache_dir: Path) -> list[dict]:
     command = [sys.executable, __file__, "--child", json.dumps(group), "--device", args.device,
                "--context", str(args.context), "--num-tokens", str(args.num_tokens)]
@@ -174,6 +207,7 @@ def markdown(results: dict) -> str:
              f"torch {results['torch']}; copy bandwidth {results['bandwidth_bytes_per_second'] / 1e9:.0f} GB/s; "
              f"batch 1, context {results['context']}; {results['seconds']:.0f} s in all.", "",
              *([results["note"], ""] if results.get("note") else []),
+             *(_draws_lines(results["draws"]) if "draws" in results else []),
              "| model | weights | decode step | open s | tok/s | roofline tok/s | of roofline | note |",
              "|---|---|---|---|---|---|---|---|"]
     for row in results["rows"]:
@@ -228,6 +262,16 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _draws_lines(found: dict) -> list[str]:
+    if "error" in found:
+        return [f"Device draws against the host's: {found['error']}", ""]
+    rows = found["rows"]
+    return [f"Device draws against the host's (seeded sampling, docs/exactness.md): uniforms bit-equal in "
+            f"{found['uniform_rows_equal']}/{rows} rows of the vocabulary; the same token drawn in "
+            f"{found['draws_equal_t1']}/{rows} rows at temperature 1 and {found['draws_equal_top_p']}/{rows} "
+            "with top-p 0.9.", ""]
+
+
 def _sampled_lines(row: dict) -> list[str]:
     found = row["sampled_verify"]
     lines = ["", f"## Sampled verify: {row['model']} {row['weights']} {row['variant']} (depth {found['depth']}; "
@@ -268,6 +312,11 @@ def main() -> None:
     results = {"device": device_name, "torch": torch_version, "bandwidth_bytes_per_second": bandwidth,
                "context": args.context, "num_tokens": args.num_tokens, "rows": [], "seconds": 0.0}
     print(f"{device_name}: copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
+    try:
+        results["draws"] = draws_check(args.device)
+    except Exception as error:  # noqa: BLE001 - reported in the results, and the suite goes on
+        results["draws"] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+    print(f"device draws against the host's: {results['draws']}", flush=True)
     with tempfile.TemporaryDirectory(prefix="pocketspec_compile_") as cache_dir:
         plan = quick_plan() if args.quick else full_plan()
         if args.groups:

@@ -50,3 +50,11 @@ def test_a_verify_group_times_the_speculative_loop(tmp_path):
     sampled = row["sampled_verify"]
     assert set(sampled["ms"]["sampled"]) == set(sampled["planned_bytes"]) == {"1", "16", "32"}
     assert all(ms > 0 for name in ("greedy", "sampled") for ms in sampled["ms"][name].values())
+
+
+def test_the_suite_checks_the_devices_draws_against_the_hosts():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_suite import draws_check
+
+    assert draws_check("cpu", vocab_size=5000, rows=8) == {"uniform_rows_equal": 8, "rows": 8, "draws_equal_t1": 8,
+                                                           "draws_equal_top_p": 8}
