@@ -32,10 +32,11 @@ from pocketspec.stats import drafting_text
 
 
 class OrderedWriter:
-    """Writes results in input order as soon as each one and all before it are done."""
+    """Writes results in input order as soon as each one and all before it are done, each with the seed it
+    sampled with (the same prompt alone with that --seed gives the same tokens)."""
 
-    def __init__(self, stream, tokenizer):
-        self.stream, self.tokenizer = stream, tokenizer
+    def __init__(self, stream, tokenizer, seeds: list[int]):
+        self.stream, self.tokenizer, self.seeds = stream, tokenizer, seeds
         self.pending: dict[int, BatchResult] = {}
         self.next_index = 0
 
@@ -45,7 +46,7 @@ class OrderedWriter:
             done = self.pending.pop(self.next_index)
             stats = {**done.stats.as_dict(), "latency_seconds": round(done.latency_seconds, 4)}
             line = {"index": done.index, "text": self.tokenizer.decode(done.tokens), "tokens": done.tokens,
-                    "stop_reason": done.stop_reason, "stats": stats}
+                    "stop_reason": done.stop_reason, "seed": self.seeds[done.index], "stats": stats}
             self.stream.write(json.dumps(line) + "\n")
             self.stream.flush()
             self.next_index += 1
@@ -85,11 +86,12 @@ def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, bat
                 raise UserError(f"--prompt-file {prompt_file} line {line.line_number}: the prompt has "
                                 f"{len(request.prompt)} tokens but the context holds {session.max_context}; "
                                 "shorten it or raise --max-context")
+        seeds = [request.seed for request in requests]
         if output is None:
-            is_interrupted = _decode(session.engine, requests, OrderedWriter(sys.stdout, session.tokenizer))
+            is_interrupted = _decode(session.engine, requests, OrderedWriter(sys.stdout, session.tokenizer, seeds))
         else:
             with replaced_on_success(output, what="--output") as stream:
-                is_interrupted = _decode(session.engine, requests, OrderedWriter(stream, session.tokenizer))
+                is_interrupted = _decode(session.engine, requests, OrderedWriter(stream, session.tokenizer, seeds))
     if is_interrupted:
         raise click.Abort()
 

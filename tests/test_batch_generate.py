@@ -58,6 +58,22 @@ def test_outputs_come_in_input_order_and_equal_each_prompt_alone(tiny_target, pr
         assert "self-sparse KV × 3 rows" in batched.stderr
 
 
+def test_each_sampled_line_names_its_seed_and_that_seed_repeats_the_prompt_alone(tiny_target, tmp_path):
+    path = tmp_path / "seeded.jsonl"
+    rows = [{"prompt": PROMPTS[0]}, {"prompt": PROMPTS[1], "seed": 77}, {"prompt": PROMPTS[2]}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    sampled = ["--temperature", "0.9", "--max-tokens", "12"]
+    batched = _batch(tiny_target, str(path), "--batch", "3", "--draft", "ngram", "--gamma", "3", "--seed", "5", *sampled)
+    assert batched.returncode == 0, batched.stderr
+    lines = [json.loads(line) for line in batched.stdout.splitlines()]
+    assert [line["seed"] for line in lines] == [5, 77, 7]  # --seed + the line's index, or the line's own
+    for row, line in zip(rows, lines):
+        alone = run_cli("generate", "--target", tiny_target, "--backend", "torch", "--threads", "1", "--max-context",
+                        "256", "--prompt", row["prompt"], "--seed", str(line["seed"]), "--json", *sampled)
+        assert alone.returncode == 0, alone.stderr
+        assert json.loads(alone.stdout)["tokens"] == line["tokens"]
+
+
 @pytest.mark.parametrize("args, fragments", [
     (["--batch", "2", "--prompt", "hi"], ["--batch", "--prompt-file"]),
     (["--batch", "2", "--draft", "self-sparse", "--self-draft-window", "20"], ["self-sparse window 20", "too small"]),
