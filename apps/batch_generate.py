@@ -28,6 +28,8 @@ from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.session_settings import SessionSettings
+from pocketspec.setting_ranges import setting_range
+from pocketspec.settings import SamplingSettings
 from pocketspec.stats import drafting_text
 
 
@@ -78,9 +80,9 @@ def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, bat
             refuse_output_onto_inputs(output, model_inputs(session.choice), flag="--output")
         if chat and session.template.is_fallback:
             note(FALLBACK_NOTE)
-        seed = settings.sampling.seed
         requests = [Request(session.encode(line.text, chat=chat), line.max_tokens or settings.max_new_tokens,
-                            seed + index if line.seed is None else line.seed) for index, line in enumerate(lines)]
+                            _line_seed(settings.sampling.seed, index) if line.seed is None else line.seed)
+                    for index, line in enumerate(lines)]
         for line, request in zip(lines, requests):
             if len(request.prompt) >= session.max_context:
                 raise UserError(f"--prompt-file {prompt_file} line {line.line_number}: the prompt has "
@@ -94,6 +96,12 @@ def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, bat
                 is_interrupted = _decode(session.engine, requests, OrderedWriter(stream, session.tokenizer, seeds))
     if is_interrupted:
         raise click.Abort()
+
+
+def _line_seed(seed: int, index: int) -> int:
+    """A line's seed when it names none: --seed plus its index, wrapped into --seed's range (so that it can be
+    passed back as --seed)."""
+    return (seed + index) % (int(setting_range(SamplingSettings, "seed").high) + 1)
 
 
 def model_inputs(choice: ModelChoice) -> list[tuple[str, Path | None]]:

@@ -154,7 +154,7 @@ def _sampled_verify(backend, depth: int, vocab_size: int, repeats: int) -> dict:
     for width in SAMPLED_WIDTHS:
         for name, sampling in settings.items():
             calls, peak = [], 0
-            for _ in range(repeats + 1):  # the first call warms up (and is the one whose peak is read)
+            for _ in range(repeats + 1):  # the first call warms up (not timed); the peak is the largest of all
                 _synchronize(backend.device)
                 if on_cuda:
                     torch.cuda.reset_peak_memory_stats(backend.device)

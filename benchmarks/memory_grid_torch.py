@@ -51,7 +51,8 @@ def predicted_terms(model: str, device: str, weights: str, context: int, kv: str
     settings, speculation = apply_backend_options(replace(MODEL, max_context=context), SPECULATION, {
         "backend": "torch", "device": device, "weights": weights, "torch_kv_type": kv, "decode_step": decode_step})
     # the verify width the CLI plans (session_settings.resolve_session): a draftless drafter's is wider
-    settings = replace(settings, max_logits_rows=requested_draft_limits(speculation, drafter != "none").verify_width)
+    settings = replace(settings,
+                       max_logits_rows=requested_draft_limits(speculation, choice.drafter != "none").verify_width)
     return torch_peak(choice, settings, speculation)
 
 

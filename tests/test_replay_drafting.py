@@ -285,4 +285,4 @@ def test_a_verdict_on_the_device_refuses_sampling():
     target.follow(list(range(40)))
     target.prefill([0, 1, 2])
     with pytest.raises(ValueError, match="temperature 0"):
-        target.verify([3, 4], SamplingSettings(temperature=0.7), SeededDraws(engine.seed, 3))
+        target.verify([3, 4], SamplingSettings(temperature=0.7), SeededDraws(engine.sampling.seed, 3))

@@ -8,7 +8,7 @@ With no draft the same loop is plain autoregressive decoding.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -59,7 +59,6 @@ class SpeculativeEngine:
         self.target = target
         self.clock = clock
         self.sampling = sampling
-        self.seed = sampling.seed  # the draws of sampling, verification and the draft model (SeededDraws)
         uses_ngram = speculation.drafter in ("auto", "ngram")
         uses_model = speculation.drafter in ("auto", "model") and draft_backend is not None
         self.ngram = NgramDrafter(speculation.ngram_min, speculation.ngram_max) if uses_ngram else None
@@ -91,7 +90,7 @@ class SpeculativeEngine:
 
     def reset(self, seed: int | None = None) -> None:
         """Start the next generation from empty KV caches (target and draft model), as a fresh engine
-        would; `seed` keys the draws from then on. The n-gram corpus of past outputs is kept."""
+        would; `seed` keys the draws from then on (sampling.seed). The n-gram corpus of past outputs is kept."""
         self.target.rollback(0)
         if self.model is not None:
             self.model.reset()
@@ -134,11 +133,10 @@ class SpeculativeEngine:
         self.sampling = sampling
         if self.model is not None:
             self.model.sampling = sampling
-        self.reseed(sampling.seed)
 
     def reseed(self, seed: int) -> None:
         """Key the draws shared by sampling, verification and the draft model by `seed`."""
-        self.seed = seed
+        self.use_sampling(replace(self.sampling, seed=seed))
 
     def _prefill(self, prompt: Sequence[int], stats: GenerationStats, should_stop=None) -> int | None:
         room = self.target.max_context
@@ -156,12 +154,12 @@ class SpeculativeEngine:
         if logits is None:
             return None
         self._unused.clear()
-        return choose_token(logits, self.sampling, SeededDraws.after(self.seed, prompt))
+        return choose_token(logits, self.sampling, SeededDraws.after(self.sampling.seed, prompt))
 
     def _step(self, context: list[int], max_gamma: int, stats: GenerationStats) -> list[int]:
         """One draft + verify step (pocketspec/speculation/step.py, as a group of one); the tokens it adds to
         the context."""
-        sequence = OneSequence(context, self.ngram, self._unused, self.sampling, self.seed)
+        sequence = OneSequence(context, self.ngram, self._unused, self.sampling)
         step = run_step([sequence], [max_gamma], controller=self.controller, target=self._step_target,
                         drafter=self._step_drafter, clock=self.clock)
         (draft,), (num_accepted,) = step.drafts, step.num_accepted

@@ -21,12 +21,11 @@ class OneSequence:
     ngram: NgramDrafter | None
     unused: UnusedProposal
     sampling: SamplingSettings
-    seed: int
 
     @property
     def draws(self) -> SeededDraws:
-        """The draws for the token after the context."""
-        return SeededDraws.after(self.seed, self.context)
+        """The draws for the token after the context, keyed by sampling.seed."""
+        return SeededDraws.after(self.sampling.seed, self.context)
 
 
 class BackendTarget:

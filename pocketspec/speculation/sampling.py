@@ -31,7 +31,10 @@ def _keep_top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
     if top_p >= 1.0:
         return probs
     num_candidates = min(_TOP_P_CANDIDATES, probs.shape[-1])
-    candidates = np.argpartition(probs, -num_candidates)[-num_candidates:]
+    least_candidate = probs[np.argpartition(probs, -num_candidates)[-num_candidates:]].min()
+    # every token tied with the least candidate too, in id order: the prefix with which a stable sort of the
+    # whole vocabulary (the device's, device_sampling.distributions) starts, ties in id order
+    candidates = np.flatnonzero(probs >= least_candidate)
     if probs[candidates].sum() < top_p:
         candidates = np.arange(probs.shape[-1])
     ordered = candidates[np.argsort(-probs[candidates], kind="stable")]
@@ -55,8 +58,7 @@ def distribution(logits: np.ndarray, sampling: SamplingSettings) -> np.ndarray:
 
 
 def choose_token(logits: np.ndarray, sampling: SamplingSettings, draws: SeededDraws) -> int:
-    """The next token from logits [vocab]: the argmax at temperature 0, else the draw of draws' next
-    position (which the caller advances once the token is emitted)."""
+    """The next token from logits [vocab]: the argmax at temperature 0, else the draw at draws' position."""
     if sampling.is_greedy:
         return int(np.argmax(logits))
     return draws.token(distribution(logits, sampling))

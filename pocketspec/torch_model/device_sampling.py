@@ -18,13 +18,14 @@ from __future__ import annotations
 import torch
 
 from pocketspec.settings import SamplingSettings
-from pocketspec.speculation.draws import GOLDEN, MIX1, MIX2, TAIL_RACE_ID, TO_UNIT, TAIL_BELOW
+from pocketspec.speculation.draws import GOLDEN, MIX1, MIX2, TAIL_BELOW, TAIL_PICK_ID, TAIL_RACE_ID, TO_UNIT
 
 
 def distributions(logits: torch.Tensor, sampling: SamplingSettings) -> torch.Tensor:
     """Probabilities [rows, vocab] (float64, as the host's) after temperature, top-k and top-p, for logits
-    [rows, vocab]. In place where the values allow: at most three [rows, vocab] float64/int64 tensors live at
-    once (the probabilities, and top-p's sorted copy and its order), SAMPLING_TEMPORARIES in memplanner."""
+    [rows, vocab]. In place where the values allow: three [rows, vocab] float64/int64 tensors live at once
+    (the probabilities, and top-p's sorted copy and its order) beside the sort's own workspace: about 4
+    measured on a CPU, memplanner/torch_peak.py's SAMPLING_TEMPORARIES."""
     scores = logits.to(torch.float64, copy=True).div_(sampling.temperature)
     vocab_size = scores.shape[-1]
     if 0 < sampling.top_k < vocab_size:
@@ -64,11 +65,6 @@ def _mix64_(values: torch.Tensor) -> torch.Tensor:
     return values.bitwise_xor_(_shift_right(values, 31))
 
 
-def mix64(values: torch.Tensor) -> torch.Tensor:
-    """draws.mix64 for int64 values (a new tensor)."""
-    return _mix64_(values.clone())
-
-
 def _unit_interval_(bits: torch.Tensor) -> torch.Tensor:
     """draws.unit_interval, shifting int64 bits in place: float64 values in (0, 1)."""
     bits.bitwise_right_shift_(12).bitwise_and_((1 << 52) - 1)
@@ -93,7 +89,8 @@ def race_rows(probs: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     the same token but where float32 and float64 probabilities part."""
     vocab_size = probs.shape[-1]
     ids = torch.arange(vocab_size + 2, device=probs.device, dtype=torch.long)
-    ids[vocab_size:].add_(TAIL_RACE_ID - vocab_size)  # TAIL_RACE_ID and TAIL_PICK_ID, its successor: no host copy
+    ids[vocab_size].fill_(TAIL_RACE_ID)  # filled on the device: no host copy
+    ids[vocab_size + 1].fill_(TAIL_PICK_ID)
     drawn = uniforms(keys, ids)  # [rows, vocab + 2]
     tail_race, tail_pick = drawn[:, vocab_size], drawn[:, vocab_size + 1]
     is_tail = probs < TAIL_BELOW
