@@ -256,3 +256,9 @@ def test_chat_on_a_model_without_a_template_says_chatml_once(tiny_target, prompt
     for result in (batched, alone):
         assert result.returncode == 0, result.stderr
         assert result.stderr.count("carries no chat template: using ChatML") == 1, result.stderr
+
+
+def test_a_lines_seed_past_the_largest_wraps_into_seeds_range():
+    from apps.batch_generate import _line_seed
+
+    assert [_line_seed(2**63 - 2, index) for index in range(3)] == [2**63 - 2, 2**63 - 1, 0]
