@@ -103,6 +103,15 @@ def _calibrate_batch(session_settings, max_batch: int) -> None:
             click.echo(line)
 
 
+def _refuse_calibration_flags(ctx: click.Context) -> None:
+    """Without --calibrate, the flags that choose what it measures would be ignored: refuse the first one given."""
+    for param in ctx.command.params:
+        if param.name not in ("as_json", "calibrate") and \
+                ctx.get_parameter_source(param.name) == click.core.ParameterSource.COMMANDLINE:
+            raise UserError(f"{param.opts[0]} chooses what --calibrate measures (the models, their backend and "
+                            "settings); add --calibrate, or leave it out for the machine's report")
+
+
 @click.command(name="doctor")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--calibrate", is_flag=True,
@@ -135,9 +144,7 @@ def doctor(as_json: bool, calibrate: bool, target, draft, pair, threads, kv_type
         _calibrate(SessionSettings(target=target, draft=draft, pair=pair, threads=threads, kv_type=kv_type,
                                    repack=repack, options=backend_args))
         return
-    if kv_type is not None or repack is not None:
-        raise UserError("--kv-type and --repack/--no-repack choose which cost table --calibrate measures; "
-                        "add --calibrate")
+    _refuse_calibration_flags(click.get_current_context())
     report = collect_report()
     if as_json:
         click.echo(json.dumps(report, indent=2))

@@ -222,6 +222,16 @@ def test_an_earlier_runs_files_are_kept_unless_forced(smollm2_path, tmp_path, na
     assert (out / name).read_text() == "earlier"
 
 
+def test_a_suite_that_the_run_would_write_over_is_refused_even_with_force(smollm2_path, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    suite = out / "results.json"
+    suite.write_text('{"prompt": "Say hi.", "category": "a"}\n')
+    assert_one_line_error(run_cli("bench", "--target", str(smollm2_path), "--suite", str(suite), "--out", str(out),
+                                  "--force"), f"--out {suite} is the --suite file")
+    assert suite.read_text() == '{"prompt": "Say hi.", "category": "a"}\n'
+
+
 def test_an_out_folder_that_cannot_be_made_is_refused_before_any_round(smollm2_path, tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("kept")

@@ -35,7 +35,7 @@ from apps.bench.peers.transformers_assisted import missing_requirement as transf
 from memplanner.memory_budget import parse_memory_budget
 from pocketspec.backends.device_check import check_devices
 from pocketspec.models.catalog import resolve_pair
-from pocketspec.atomic_file import replaced_on_success
+from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
 from pocketspec.signals import Terminated, stop_signals_held
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models
@@ -179,6 +179,8 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
             if reason:
                 systems[-1].skip(reason)
     systems += [_peer_system(peer, job, is_named=peers_text not in ("auto", "all")) for peer in peers]
+    for name in BENCH_FILES:  # even with --force: --force replaces results, never the suite
+        refuse_output_onto_inputs(out_dir / name, [("--suite", suite)], flag="--out")
     _prepare_out_dir(out_dir, force)
     progress = BenchProgress(plan_rounds(prompts, BENCH.max_prompts_per_round, repeats))
     click.echo(f"{len(prompts)} prompts × {sum(s.status == 'ok' for s in systems)} systems in "
