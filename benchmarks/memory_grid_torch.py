@@ -44,16 +44,12 @@ def predicted_terms(model: str, device: str, weights: str, context: int, kv: str
                     decode_step: str = "auto") -> dict[str, int]:
     from pocketspec.budget.torch_plan import torch_peak
     from pocketspec.loader import choose_models
-    from pocketspec.session_settings import MODEL, SPECULATION, apply_backend_options
-    from pocketspec.speculation.draft_limits import requested_draft_limits
+    from pocketspec.session_settings import MODEL, SPECULATION, apply_backend_options, with_verify_width
 
     choice = choose_models(target=model, draft=drafter, pair=None)
     settings, speculation = apply_backend_options(replace(MODEL, max_context=context), SPECULATION, {
         "backend": "torch", "device": device, "weights": weights, "torch_kv_type": kv, "decode_step": decode_step})
-    # the verify width the CLI plans (session_settings.resolve_session): a draftless drafter's is wider
-    settings = replace(settings,
-                       max_logits_rows=requested_draft_limits(speculation, choice.drafter != "none").verify_width)
-    return torch_peak(choice, settings, speculation)
+    return torch_peak(choice, with_verify_width(settings, speculation, choice), speculation)  # as the CLI plans
 
 
 def prompt_text(model: str, num_tokens: int) -> str:

@@ -116,6 +116,11 @@ def settings_for(settings: SessionSettings) -> tuple[ModelChoice, ModelSettings,
     if target_settings.backend != "llama.cpp" and settings.kv_type is not None:
         raise UserError(f"--kv-type {settings.kv_type} sets llama.cpp's KV cache; with --backend "
                         f"{target_settings.backend} use --torch-kv-type")
-    target_settings = replace(target_settings, max_logits_rows=requested_draft_limits(
+    return choice, with_verify_width(target_settings, speculation, choice), speculation
+
+
+def with_verify_width(target_settings: ModelSettings, speculation: SpeculationSettings,
+                      choice: ModelChoice) -> ModelSettings:
+    """The target's logits rows: the widest verify these settings ask for (a draftless drafter's is wider)."""
+    return replace(target_settings, max_logits_rows=requested_draft_limits(
         speculation, choice.drafter != "none").verify_width)
-    return choice, target_settings, speculation
