@@ -1,7 +1,7 @@
 """The slots a server generates with, on SmolLM2: requests that join while others run return
 exactly the tokens they return alone (torch's batch-invariant pool; greedy), a cancelled request
 frees its slot within a step, one slot serves requests in turn, and llama.cpp's rows run requests
-together, each sent to the slot that has its prefix cached."""
+together, each as it runs alone, each sent to the slot that has whole chunks of its prompt cached."""
 
 from __future__ import annotations
 
@@ -113,30 +113,43 @@ def test_the_torch_pool_sends_a_conversation_to_the_row_that_holds_its_prompt(on
         slots.close()
 
 
-def test_one_slot_serves_requests_in_turn_and_reuses_the_prefix():
-    slots = open_slots(_settings("llama.cpp"), max_concurrency=1)
+def test_one_slot_serves_requests_in_turn_and_reuses_whole_chunks_of_the_last_prompt():
+    slots = open_slots(replace(_settings("llama.cpp"), max_context=2048), max_concurrency=1)
     try:
-        prompt = _prompt(slots, QUESTIONS[2])
+        story = " ".join(f"Day {day}: the keeper lit the lamp at dusk." for day in range(1, 60))
+        prompt = _prompt(slots, f"{story}\n{QUESTIONS[2]}")
+        assert len(prompt) > 512
         futures = [_generate(slots, prompt) for _ in range(3)]
         outcomes = [future.result(timeout=300) for future, _ in futures]
         assert outcomes[0].tokens and outcomes[0].tokens == outcomes[1].tokens == outcomes[2].tokens
-        assert outcomes[2].num_reused_tokens > 0  # the same prompt again: its KV was kept
+        assert outcomes[0].num_reused_tokens == 0
+        assert outcomes[2].num_reused_tokens == 512  # the same prompt again: its first chunk was kept
+        short = _prompt(slots, QUESTIONS[2])
+        assert [_generate(slots, short)[0].result(timeout=300).num_reused_tokens for _ in range(2)] == [0, 0]
     finally:
         slots.close()
 
 
-def test_llama_rows_run_requests_together_and_each_goes_where_its_prefix_is_cached():
-    slots = open_slots(_settings("llama.cpp"), max_concurrency=2)
+def test_llama_rows_run_requests_as_each_runs_alone_and_each_goes_where_its_prefix_is_cached():
+    slots = open_slots(replace(_settings("llama.cpp"), max_context=2048), max_concurrency=2)
     try:
         assert slots.num_slots == 2
-        first, second = (slots.tokenizer.encode(text) for text in ("The cat sat on the", "A dog ran in the"))
-        futures = [_generate(slots, prompt, max_new_tokens=12)[0] for prompt in (first, second)]
+        prompts = [_prompt(slots, question) for question in QUESTIONS]
+        alone = [_generate(slots, prompt)[0].result(timeout=300).tokens for prompt in prompts]
+        submitted = []
+        for prompt in prompts:  # more requests than rows, joining while others run
+            submitted.append(_generate(slots, prompt))
+            time.sleep(0.05)
+        assert all(len(tokens) > 4 for tokens in alone)
+        assert [future.result(timeout=300).tokens for future, _ in submitted] == alone
+        stories = [_prompt(slots, " ".join(f"Day {day}: the {keeper} lit the lamp at dusk." for day in range(1, 60)))
+                   for keeper in ("keeper", "baker")]
+        assert all(len(story) > 512 for story in stories)  # a whole chunk of 512 to keep
+        futures = [_generate(slots, story, max_new_tokens=12)[0] for story in stories]
         outcomes = [future.result(timeout=300) for future in futures]  # slot 0 took the first, slot 1 the second
-        assert all(outcome.tokens for outcome in outcomes)
-        for prompt, outcome in reversed(list(zip((first, second), outcomes))):  # each again, second first
-            longer = prompt + outcome.tokens[:4]
-            again = _generate(slots, longer, max_new_tokens=4)[0].result(timeout=300)
-            assert again.num_reused_tokens >= len(prompt)  # went to the slot that had it cached
+        for story, outcome in reversed(list(zip(stories, outcomes))):  # each again, second first
+            again = _generate(slots, story + outcome.tokens[:4], max_new_tokens=4)[0].result(timeout=300)
+            assert again.num_reused_tokens == 512  # went to the slot that had its first chunk cached
         assert slots.in_use() == 0 and slots.queued() == 0
     finally:
         slots.close()

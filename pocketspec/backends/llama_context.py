@@ -1,11 +1,16 @@
 """One llama.cpp model and context holding one or more sequences, through the low-level batch API.
 
 A decode carries forwards of several sequences at once: every token is tagged with its
-sequence, and each sequence attends only to its own tokens. The KV cache is one buffer of
-num_sequences x max_context cells shared by all (kv_unified): measured here (qwen 1.5B, 2
-threads), a 200-token prefill in a context of 2 separate streams took 15 % longer than in a
-one-sequence context, and in a unified one the same. The sequences (LlamaSequence) each
-refuse to hold more than max_context tokens, so together they never overflow it. Logits are requested only at the
+sequence, and each sequence attends only to its own tokens. Each sequence has a KV stream of its
+own (max_context cells, kv_unified off), where its tokens sit from cell 0 in position order, as
+they sit in a context of one sequence. So its attention reads the same cells in the same order
+(the batch's one-pass kernels add its cells in cell order, the prefill's tiled kernel in tiles of
+64 cells from cell 0) and rounds as it does alone. In one buffer shared by all (kv_unified), a
+prompt landed wherever cells were free, behind other sequences' tokens: 6 of 22 greedy replies of a
+`--batch 4` (qwen-coder, 64 tokens, no drafting) parted from the same prompt alone, and the same run
+twice did not give the same replies. llama.cpp splits a decode of several streams into passes of
+as many tokens from each sequence of consecutive ids (split_equal). The sequences (LlamaSequence)
+each refuse to hold more than max_context tokens. Logits are requested only at the
 rows each forward asks for (per-position logit flags), never with logits_all, which would
 cost n_ctx x vocab floats. This class keeps no token bookkeeping: the backends built on it
 (LlamaCppBackend, one sequence; LlamaSequence, one of several) do.
@@ -62,14 +67,15 @@ class SequenceForward:
     logits_rows: Sequence[int]
 
 
-def decode_groups(forwards: Sequence[SequenceForward], n_batch: int, max_outputs: int) -> list[list[int]]:
-    """Indexes of `forwards` in decode order, split where n_batch tokens or max_outputs logits rows would
-    overflow one llama_decode (llama.cpp aborts the process past either)."""
+def decode_groups(forwards: Sequence[SequenceForward], max_tokens: int, max_outputs: int) -> list[list[int]]:
+    """Indexes of `forwards` in decode order, split where max_tokens tokens (n_batch, or fewer) or
+    max_outputs logits rows would overflow one llama_decode (llama.cpp aborts the process past n_batch
+    or its logits rows); a forward longer than max_tokens goes alone."""
     groups: list[list[int]] = [[]]
     num_tokens = num_rows = 0
     for index, forward in enumerate(forwards):
         tokens, rows = len(forward.tokens), len(forward.logits_rows)
-        if groups[-1] and (num_tokens + tokens > n_batch or num_rows + rows > max_outputs):
+        if groups[-1] and (num_tokens + tokens > max_tokens or num_rows + rows > max_outputs):
             groups.append([])
             num_tokens = num_rows = 0
         groups[-1].append(index)
@@ -111,7 +117,7 @@ class LlamaModelContext:
         context_params.n_batch = settings.n_batch
         context_params.n_ubatch = min(settings.n_ubatch, settings.n_batch)
         context_params.n_seq_max = num_sequences
-        context_params.kv_unified = True  # one buffer for every sequence (see the module's docstring)
+        context_params.kv_unified = False  # a KV stream for each sequence (see the module's docstring)
         context_params.n_outputs_max = settings.max_logits_rows * num_sequences
         context_params.n_outputs_max_per_seq = 0  # 0: same as n_outputs_max (the default 1 would abort)
         context_params.n_threads = settings.resolved_num_threads

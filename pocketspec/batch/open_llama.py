@@ -23,6 +23,7 @@ from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, calibrated_for, draft_cannot_pay
 from pocketspec.settings import BatchSettings, ModelSettings, SamplingSettings, SpeculationSettings
 from pocketspec.speculation.draft_limits import requested_draft_limits, widest_verified_draft
+from pocketspec.speculation.verify_mode import exact_batch_width
 
 LLAMA_BATCH_DRAFTS = ("auto", "ngram", "none")  # a draft GGUF comes as choice.draft_path
 
@@ -46,7 +47,8 @@ def open_llama_batch_engine(choice: ModelChoice, *, target_settings: ModelSettin
     owned = []
     notes: list[str] = []
     try:
-        target = LlamaRows(LlamaModelContext(choice.target_path, target_settings, num_sequences=num_rows))
+        target = LlamaRows(LlamaModelContext(choice.target_path, target_settings, num_sequences=num_rows),
+                           exact_width=exact_batch_width(target_settings))
         owned.append(target)
         target_costs = _calibrated_row(target, speculation, on_progress)
         drafter = draft_costs = None

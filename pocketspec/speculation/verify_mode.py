@@ -6,7 +6,8 @@ llama.cpp on the CPU with PocketSpec's row-exact kernels (native/patches/row-exa
 up to 32 rows). Elsewhere (a stock llama.cpp build, a GPU, torch, ONNX Runtime) exact caps the
 drafts at the widths probed exact (pocketspec/backends/exact_width.py), which costs speed, so fast
 stays the default there and --exact-verify the opt-in. Batches (--batch, the server's concurrent
-sequences) put several sequences' rows into one pass and keep fast unless asked.
+sequences) on llama.cpp's CPU backend keep each decode of several rows within the same kernels'
+width (`exact_batch_width`), so that every row rounds as it does alone.
 """
 
 from __future__ import annotations
@@ -16,14 +17,20 @@ from dataclasses import replace
 from pocketspec.settings import ModelSettings, SpeculationSettings
 
 
-def exact_verify_is_free(target_settings: ModelSettings) -> bool:
-    """Whether this backend computes every verify batch row for row as one-token decoding does."""
+def exact_batch_width(target_settings: ModelSettings) -> int:
+    """The most rows of one pass that this backend computes each as one-token decoding does: the
+    row-exact kernels' width for llama.cpp on the CPU; 0 elsewhere."""
     if target_settings.backend != "llama.cpp":
-        return False
+        return 0
     from pocketspec.backends.ggml_ops import row_exact_max_rows
     from pocketspec.backends.llama_split import is_cpu_planned
 
-    return is_cpu_planned(target_settings) and row_exact_max_rows() > 0
+    return row_exact_max_rows() if is_cpu_planned(target_settings) else 0
+
+
+def exact_verify_is_free(target_settings: ModelSettings) -> bool:
+    """Whether this backend computes every verify batch row for row as one-token decoding does."""
+    return exact_batch_width(target_settings) > 0
 
 
 def resolve_verify_mode(speculation: SpeculationSettings, target_settings: ModelSettings) -> SpeculationSettings:
