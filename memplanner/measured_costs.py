@@ -27,6 +27,9 @@ class MeasuredCosts:
     weight_bytes: int = 0
     # depth -> width -> how far the timed repeats spread, as a share of the cost (pocketspec/cost_samples.py)
     spread: dict[int, dict[int, float]] = field(default_factory=dict)
+    # a decode of several sequences goes in passes of at most this many tokens, each sequence's whole
+    # (pocketspec/batch/llama_rows.py, to stay within the row-exact kernels); 0: one pass. Not stored.
+    max_pass_tokens: int = 0
 
     @property
     def depths(self) -> list[int]:
@@ -98,13 +101,19 @@ class MeasuredCosts:
 
     def for_rows(self, num_rows: int) -> "MeasuredCosts":
         """The costs of one decode of num_rows sequences, by each one's width (a batch's step): it carries
-        num_rows x width tokens, each after about `depth` cached tokens of its own sequence."""
+        num_rows x width tokens, each after about `depth` cached tokens of its own sequence, in passes of
+        at most max_pass_tokens tokens."""
         if num_rows == 1:
             return self
-        seconds = {depth: {width: self._at_depth(row, num_rows * width)
-                           for width in range(1, max(row) + 1)}
+        seconds = {depth: {width: self._passes(row, num_rows, width) for width in range(1, max(row) + 1)}
                    for depth, row in self.seconds.items()}
         return MeasuredCosts(f"{self.key} x {num_rows} rows", seconds, self.weight_bytes)
+
+    def _passes(self, depth_row: dict[int, float], num_rows: int, width: int) -> float:
+        rows_per_pass = max(1, self.max_pass_tokens // width) if self.max_pass_tokens else num_rows
+        num_full, num_rest = divmod(num_rows, rows_per_pass)
+        rest = self._at_depth(depth_row, num_rest * width) if num_rest else 0.0
+        return num_full * self._at_depth(depth_row, rows_per_pass * width) + rest
 
 
 def load_measured_costs(path: Path) -> MeasuredCosts | None:

@@ -1,6 +1,7 @@
 """This machine's cost table: lookups by width and depth, efficient widths, and the draft-model verdict."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -38,6 +39,16 @@ def test_a_step_of_several_rows_costs_one_decode_of_all_their_tokens():
     # past the table, the last measured cost per token goes on: 3 x 8 = 24 tokens after 16 measured
     assert three_rows.forward_seconds(8) == pytest.approx(0.226 * 24 / 16)
     assert table.for_rows(1) is table
+
+
+def test_a_step_wider_than_one_pass_costs_its_passes():
+    """Passes of at most 16 tokens (llama.cpp's rows within the row-exact kernels), each row whole: 3 rows of
+    5 tokens go in one pass of 15, 3 rows of 6 in passes of 12 and 6, 3 rows of 9 in three passes of 9."""
+    table = replace(_table(), max_pass_tokens=16)
+    three_rows = table.for_rows(3)
+    assert three_rows.forward_seconds(5) == pytest.approx(table.forward_seconds(15))
+    assert three_rows.forward_seconds(6) == pytest.approx(table.forward_seconds(12) + table.forward_seconds(6))
+    assert three_rows.forward_seconds(9) == pytest.approx(3 * table.forward_seconds(9))
 
 
 def test_efficient_widths_leave_out_the_flat_step():

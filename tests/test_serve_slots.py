@@ -47,19 +47,23 @@ def torch_slots(one_torch_thread):
     slots.close()
 
 
-def test_concurrent_requests_equal_each_alone_on_the_torch_pool(torch_slots):
-    prompts = [_prompt(torch_slots, question) for question in QUESTIONS]
-    alone = [_generate(torch_slots, prompt)[0].result(timeout=300).tokens for prompt in prompts]
+def _assert_concurrent_requests_equal_each_alone(slots) -> None:
+    prompts = [_prompt(slots, question) for question in QUESTIONS]
+    alone = [_generate(slots, prompt)[0].result(timeout=300).tokens for prompt in prompts]
     submitted = []
     for prompt in prompts:  # more requests than rows, joining while others run
-        submitted.append(_generate(torch_slots, prompt))
+        submitted.append(_generate(slots, prompt))
         time.sleep(0.05)
     assert all(len(tokens) > 4 for tokens in alone)
     for (future, streamed), expected in zip(submitted, alone):
         outcome = future.result(timeout=300)
         assert outcome.tokens == expected and streamed == expected
         assert outcome.stop_reason in ("max_tokens", "end_of_generation")
-    assert torch_slots.in_use() == 0 and torch_slots.queued() == 0
+    assert slots.in_use() == 0 and slots.queued() == 0
+
+
+def test_concurrent_requests_equal_each_alone_on_the_torch_pool(torch_slots):
+    _assert_concurrent_requests_equal_each_alone(torch_slots)
 
 
 def test_a_cancelled_request_stops_and_frees_its_row(torch_slots):
@@ -134,14 +138,7 @@ def test_llama_rows_run_requests_as_each_runs_alone_and_each_goes_where_its_pref
     slots = open_slots(replace(_settings("llama.cpp"), max_context=2048), max_concurrency=2)
     try:
         assert slots.num_slots == 2
-        prompts = [_prompt(slots, question) for question in QUESTIONS]
-        alone = [_generate(slots, prompt)[0].result(timeout=300).tokens for prompt in prompts]
-        submitted = []
-        for prompt in prompts:  # more requests than rows, joining while others run
-            submitted.append(_generate(slots, prompt))
-            time.sleep(0.05)
-        assert all(len(tokens) > 4 for tokens in alone)
-        assert [future.result(timeout=300).tokens for future, _ in submitted] == alone
+        _assert_concurrent_requests_equal_each_alone(slots)
         stories = [_prompt(slots, " ".join(f"Day {day}: the {keeper} lit the lamp at dusk." for day in range(1, 60)))
                    for keeper in ("keeper", "baker")]
         assert all(len(story) > 512 for story in stories)  # a whole chunk of 512 to keep

@@ -51,6 +51,8 @@ def open_llama_batch_engine(choice: ModelChoice, *, target_settings: ModelSettin
                            exact_width=exact_batch_width(target_settings))
         owned.append(target)
         target_costs = _calibrated_row(target, speculation, on_progress)
+        if target_costs is not None and target.exact_width:
+            target_costs = replace(target_costs, max_pass_tokens=target.exact_width)
         drafter = draft_costs = None
         if choice.draft_path is not None and speculation.drafter in ("auto", "model"):
             skip_reason = draft_cannot_pay(choice, target_costs, draft_settings, speculation)
