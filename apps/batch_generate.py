@@ -61,7 +61,8 @@ def refuse_single_prompt_flags(settings: SessionSettings) -> None:
         raise UserError(f"{flag} applies to llama.cpp's weights, not --backend torch: leave it out")
     if settings.exact_verify:
         raise UserError("--exact-verify applies to one prompt at a time, not --batch: leave it out "
-                        "(on --backend torch, --batch-invariant keeps each prompt's tokens independent of the batch)")
+                        "(each prompt's tokens are independent of the batch with --batch-invariant on --backend torch, "
+                        "and on llama.cpp's CPU backend with its row-exact kernels)")
 
 
 def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, batch_args: dict) -> None:

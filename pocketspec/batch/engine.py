@@ -46,8 +46,8 @@ class BatchEngine:
                  draft_costs: MeasuredCosts | StepCosts | None = None,
                  widest_draft: int | None = None, clock: Callable[[], float] = time.perf_counter):
         """target_costs / draft_costs: what a forward of a group of rows costs, by its for_rows: this
-        machine's calibrated forward costs of one sequence (llama.cpp, pocketspec/calibrate.py), read as one
-        decode of all the rows' tokens, or a torch batch's StepCosts (memplanner/batch_step_costs.py), where
+        machine's calibrated forward costs of one sequence (llama.cpp, pocketspec/calibrate.py), read as
+        decodes of all the rows' tokens in passes of at most its max_pass_tokens, or a torch batch's StepCosts (memplanner/batch_step_costs.py), where
         each row also reads its own cached keys and values;
         widest_draft: a further cap on every draft (--exact-verify's probed width, widest_verified_draft);
         clock: seconds for every timing the controllers learn from and the engine reports."""

@@ -1,8 +1,8 @@
 """The rows of one llama.cpp context, a sequence each, as the batch engine's target or draft model.
 
 BatchEngine (pocketspec/batch/engine.py) and its scheduler decide which rows step together;
-`forward` then carries every row's new tokens in one llama_decode, and each row rolls back on its
-own (llama_memory_seq_rm). No thread waits inside a forward: the one loop drives the decode.
+`forward` then carries every row's new tokens in one llama_decode (in passes of at most `exact_width`
+tokens where that is set), and each row rolls back on its own (llama_memory_seq_rm). No thread waits inside a forward: the one loop drives the decode.
 
 A target's rows compute what the same prompt computes alone, bit for bit, on the CPU with
 PocketSpec's row-exact kernels (native/patches/row-exact-verify.patch): each row has a KV stream of
@@ -12,6 +12,8 @@ does alone); and a prompt is prefilled in chunks of n_batch from position 0, so 
 reuses only whole chunks of a row's earlier prompt (`reusable_prefix`): a token decoded, or
 prefilled in a part chunk or from another start, was computed with other kernels than a fresh
 prefill would use (reusing any shared prefix parted 1 of 22 greedy replies from the prompt alone).
+A draft model's rows follow the same rule (their rounding only moves acceptance): one rule, at the
+price of the draft prefilling again what follows a row's last whole chunk.
 Elsewhere (layers on a GPU, a build without the patch) exact_width is 0: one decode carries up
 to n_batch tokens, and a row's greedy tokens can differ from the prompt alone where the target's two
 best logits are within the batched kernels' rounding (tests/test_llama_rows.py checks both).
@@ -113,7 +115,8 @@ class LlamaRows:
             is_last = first + self.n_batch >= len(tokens)
             (logits,) = self._decode([SequenceForward(row, self.num_cached(row), chunk,
                                                       [len(chunk) - 1] if is_last else [])])
-            if len(chunk) == self.n_batch and self.num_exact[row] == self.num_cached(row) - len(chunk):
+            start = self.num_cached(row) - len(chunk)
+            if len(chunk) == self.n_batch and self.num_exact[row] == start and start % self.n_batch == 0:
                 self.num_exact[row] = self.num_cached(row)
             if not is_last and should_stop is not None and should_stop():
                 return None

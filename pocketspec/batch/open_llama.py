@@ -67,6 +67,9 @@ def open_llama_batch_engine(choice: ModelChoice, *, target_settings: ModelSettin
         if speculation.exact_verify:
             requested = requested_draft_limits(speculation, drafts=speculation.drafter != "none")
             widest_draft = widest_verified_draft(_alone(target), speculation, requested, notes)
+        if target.exact_width:  # a row's verify within the row-exact kernels, as one prompt alone verifies
+            widest_draft = min(widest_draft if widest_draft is not None else target.exact_width,
+                               target.exact_width - 1)
     except BaseException:
         for model in owned:
             model.close()
