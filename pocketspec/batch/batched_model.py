@@ -25,7 +25,7 @@ from memplanner.sizes import round_up
 from pocketspec.batch.forward_shape import AlignmentTimer, AttentionShape
 from pocketspec.batch.layout import BatchLayout, RowInput
 from pocketspec.errors import ContextFullError
-from pocketspec.speculation.prefix import common_prefix_length
+from pocketspec.speculation.prefix import exact_after_chunk, reusable_whole_chunks
 from pocketspec.settings import BatchSettings
 from pocketspec.torch_model import attended_keys
 from pocketspec.torch_model.invariant import TileShape
@@ -97,8 +97,7 @@ class BatchedModel:
     def reusable_prefix(self, row: int, prompt: Sequence[int]) -> int:
         """Leading tokens of `prompt` that `row` holds as a fresh prefill would compute them: whole
         chunks, leaving at least one token to prefill (its logits start the decoding)."""
-        shared = min(common_prefix_length(self.cached[row][:self.num_exact[row]], prompt), len(prompt) - 1)
-        return max(0, shared - shared % self.n_batch)
+        return reusable_whole_chunks(self.cached[row], self.num_exact[row], prompt, self.n_batch)
 
     def prefill(self, row: int, tokens: Sequence[int],
                 should_stop: Callable[[], bool] | None = None) -> np.ndarray | None:
@@ -113,8 +112,8 @@ class BatchedModel:
             chunk = list(tokens[first:first + self.n_batch])
             is_last = first + self.n_batch >= len(tokens)
             logits = self._run([RowInput(row, self.num_cached(row), chunk, 1 if is_last else 0)], FAST_ATTENTION, 0)
-            if len(chunk) == self.n_batch and self.num_exact[row] == self.num_cached(row) - len(chunk):
-                self.num_exact[row] = self.num_cached(row)
+            self.num_exact[row] = exact_after_chunk(self.num_exact[row], self.num_cached(row) - len(chunk),
+                                                    len(chunk), self.n_batch)
             if not is_last and should_stop is not None and should_stop():
                 return None
         return logits[0][0]

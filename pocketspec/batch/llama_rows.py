@@ -28,7 +28,7 @@ import numpy as np
 from pocketspec.backends.llama_context import LlamaModelContext, SequenceForward, decode_groups
 from pocketspec.batch.forward_shape import AlignmentTimer, AttentionShape
 from pocketspec.errors import ContextFullError
-from pocketspec.speculation.prefix import common_prefix_length
+from pocketspec.speculation.prefix import exact_after_chunk, reusable_whole_chunks
 
 
 class LlamaRows:
@@ -61,8 +61,7 @@ class LlamaRows:
     def reusable_prefix(self, row: int, prompt: Sequence[int]) -> int:
         """Leading tokens of `prompt` that `row` holds as a fresh prefill would compute them: whole
         chunks, leaving at least one token to prefill (its logits start decoding)."""
-        shared = min(common_prefix_length(self.cached[row][:self.num_exact[row]], prompt), len(prompt) - 1)
-        return max(0, shared - shared % self.n_batch)
+        return reusable_whole_chunks(self.cached[row], self.num_exact[row], prompt, self.n_batch)
 
     def rollback(self, row: int, num_kept: int) -> None:
         self.num_exact[row] = min(self.num_exact[row], num_kept)
@@ -115,9 +114,8 @@ class LlamaRows:
             is_last = first + self.n_batch >= len(tokens)
             (logits,) = self._decode([SequenceForward(row, self.num_cached(row), chunk,
                                                       [len(chunk) - 1] if is_last else [])])
-            start = self.num_cached(row) - len(chunk)
-            if len(chunk) == self.n_batch and self.num_exact[row] == start and start % self.n_batch == 0:
-                self.num_exact[row] = self.num_cached(row)
+            self.num_exact[row] = exact_after_chunk(self.num_exact[row], self.num_cached(row) - len(chunk),
+                                                    len(chunk), self.n_batch)
             if not is_last and should_stop is not None and should_stop():
                 return None
         return logits[0]

@@ -68,8 +68,8 @@ def open_llama_batch_engine(choice: ModelChoice, *, target_settings: ModelSettin
             requested = requested_draft_limits(speculation, drafts=speculation.drafter != "none")
             widest_draft = widest_verified_draft(_alone(target), speculation, requested, notes)
         if target.exact_width:  # a row's verify within the row-exact kernels, as one prompt alone verifies
-            widest_draft = min(widest_draft if widest_draft is not None else target.exact_width,
-                               target.exact_width - 1)
+            widest_exact_draft = target.exact_width - 1
+            widest_draft = widest_exact_draft if widest_draft is None else min(widest_draft, widest_exact_draft)
     except BaseException:
         for model in owned:
             model.close()
