@@ -74,8 +74,10 @@ def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, bat
     if output is not None:
         refuse_output_onto_inputs(output, [("--prompt-file", prompt_file)], flag="--output")
         check_output_folder(output, what="--output")
-    batch = replace(BATCH, max_batch=batch_args["batch"], num_rows=batch_args["pool_rows"],
-                    scheduler=batch_args["scheduler"], is_batch_invariant=batch_args["batch_invariant"])
+    num_prompts = len(lines)  # more rows than prompts would hold (and plan) sequences no prompt fills
+    batch = replace(BATCH, max_batch=min(batch_args["batch"], num_prompts),
+                    num_rows=min(batch_args["pool_rows"], num_prompts), scheduler=batch_args["scheduler"],
+                    is_batch_invariant=batch_args["batch_invariant"])
     with open_batch_session(settings, batch, on_note=note) as session:
         if output is not None:
             refuse_output_onto_inputs(output, model_inputs(session.choice), flag="--output")

@@ -54,7 +54,8 @@ def _print_plan(plan_, title: str) -> None:
         click.echo(f"  - {step}")
     click.echo(f"predicted speed: {plan_.predicted_tokens_per_second:.1f} tok/s")
     # rounded up: either figure typed back as --memory-budget is enough
-    click.echo(f"minimum to run at all: {format_bytes(plan_.min_budget_any_bytes, round_up=True)} (plain decoding, "
+    runs = "with the draft model" if plan_.min_budget_loads_draft else "plain decoding"
+    click.echo(f"minimum to run at all: {format_bytes(plan_.min_budget_any_bytes, round_up=True)} ({runs}, "
                f"{plan_.settings.target_kv_type} KV); "
                f"to keep 95% of the best speed: {format_bytes(plan_.min_budget_keep_bytes, round_up=True)}")
     if plan_.reason:

@@ -39,6 +39,9 @@ class Workload:
     target_kv_type: str = "f16"  # the user's --kv-type: the plan never changes it
     # a draftless proposal's longest: its tokens cost nothing to draft, only verify rows (0: none)
     max_draftless_gamma: int = MAX_DRAFTLESS_GAMMA
+    # the user named the draft model (--draft NAME): plan only configurations that load it, never
+    # n-gram or plain decoding in its place, however little it pays (unless max_gamma is 0: it cannot draft)
+    keeps_draft_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,9 +145,12 @@ def _candidate_settings(target: ModelShape, draft: ModelShape | None, workload: 
     common = dict(batch_size=workload.batch_size, target_device=device_kind, draft_device=device_kind)
     target_kv = workload.target_kv_type
     plain_ctx = terms.padded_context(workload.max_context)
-    for n_ubatch in UBATCH_CHOICES:
-        yield PlanSettings("none", 0, plain_ctx, target_kv, 0, 0, n_ubatch, n_ubatch, 1, **common)
-    drafters = ["ngram"] + (["model"] if draft is not None else [])
+    if draft is not None and workload.keeps_draft_model and workload.max_gamma > 0:
+        drafters = ["model"]
+    else:
+        for n_ubatch in UBATCH_CHOICES:
+            yield PlanSettings("none", 0, plain_ctx, target_kv, 0, 0, n_ubatch, n_ubatch, 1, **common)
+        drafters = ["ngram"] + (["model"] if draft is not None else [])
     for drafter in drafters:
         gammas = draftless_gammas(workload.max_draftless_gamma) if drafter == "ngram" else \
             range(1, workload.max_gamma + 1)

@@ -4,7 +4,8 @@ plan() keeps every candidate (memplanner/options.py) whose predicted peak fits t
 and takes the fastest by the step-cost model (memplanner/costs.py). The feasible set only
 grows with the budget, so more budget never gives a slower plan. A budget below
 min_budget_any, the smallest candidate (plain decoding at the user's KV type, smallest
-n_ubatch), is refused before anything loads;
+n_ubatch; with the draft model where the user named it: Workload.keeps_draft_model), is refused
+before anything loads;
 the refusal names `--kv-type q8_0` when only a quantized target KV cache would fit, since
 that changes the target's output and is the user's choice, never the planner's.
 """
@@ -45,6 +46,7 @@ class Plan:
     min_budget_any_bytes: int = 0
     min_budget_keep_bytes: int = 0
     reason: str = ""
+    min_budget_loads_draft: bool = False  # the least budget is for the draft model too: the workload keeps it
 
     def to_dict(self) -> dict:
         found = asdict(self)
@@ -80,19 +82,21 @@ def _device_kind(device: DeviceInfo | str | None) -> str:
     return device if isinstance(device, str) else (device.kind if device else "cpu")
 
 
-def _smallest(target: ModelShape, workload: Workload, device_kind: str,
+def _smallest(target: ModelShape, draft: ModelShape | None, workload: Workload, device_kind: str,
               repack: tuple[bool, ...] = REPACK_EITHER) -> Candidate:
-    """The candidate with the least predicted peak: plain decoding, as small as it gets. A draft
-    only adds to a candidate, so this is the smallest of plan()'s candidates with or without one."""
-    candidates = plan_candidates(target, None, workload, device_kind, alpha_table(None), repack)
+    """The candidate with the least predicted peak: plain decoding, as small as it gets (a draft
+    only adds to a candidate, so this is the smallest of plan()'s candidates with or without one);
+    where the workload keeps the draft model, the smallest that loads it."""
+    kept_draft = draft if workload.keeps_draft_model else None
+    candidates = plan_candidates(target, kept_draft, workload, device_kind, alpha_table(None), repack)
     return min(candidates, key=lambda c: (c.peak_bytes, -c.tokens_per_second))
 
 
 def min_budget_any(target: ModelShape, workload: Workload, device: DeviceInfo | str | None = None,
-                   repack: tuple[bool, ...] = REPACK_EITHER) -> int:
-    """Least memory that runs the target with plain decoding at the requested context and KV type:
-    the least budget plan() accepts."""
-    return _smallest(target, workload, _device_kind(device), repack).peak_bytes
+                   repack: tuple[bool, ...] = REPACK_EITHER, draft: ModelShape | None = None) -> int:
+    """Least memory that runs the target with plain decoding at the requested context and KV type
+    (with the draft model where the workload keeps it): the least budget plan() accepts."""
+    return _smallest(target, draft, workload, _device_kind(device), repack).peak_bytes
 
 
 def min_budget_keep(target: ModelShape, draft: ModelShape | None, workload: Workload, fraction: float = 0.95,
@@ -107,7 +111,7 @@ def min_budget_keep(target: ModelShape, draft: ModelShape | None, workload: Work
     candidates = plan_candidates(target, draft, workload, kind, alpha_table(alpha), repack, costs)
     fastest = _best(candidates, UNLIMITED).tokens_per_second
     fast_enough = min(c.peak_bytes for c in candidates if c.tokens_per_second >= fraction * fastest)
-    return max(fast_enough, min_budget_any(target, workload, kind, repack))
+    return max(fast_enough, min_budget_any(target, workload, kind, repack, draft))
 
 
 def _label(term: str) -> str:
@@ -150,35 +154,39 @@ def plan(budget_bytes: int, target: ModelShape, draft: ModelShape | None, worklo
     """
     kind = _device_kind(device)
     candidates = plan_candidates(target, draft, workload, kind, alpha_table(alpha), repack, costs)
-    minimum = _smallest(target, workload, kind, repack)
+    minimum = _smallest(target, draft, workload, kind, repack)
+    loads_draft = minimum.settings.drafter == "model"
     keep = min_budget_keep(target, draft, workload, device=kind, alpha=alpha, repack=repack, costs=costs)
     if budget_bytes < minimum.peak_bytes:
         name, size = max(minimum.terms.items(), key=lambda item: item[1])
+        with_draft = " with the draft model loaded" if loads_draft else ""
         reason = (f"budget {format_bytes(budget_bytes)} is below the minimum "
-                  f"{format_bytes(minimum.peak_bytes, round_up=True)}; "
+                  f"{format_bytes(minimum.peak_bytes, round_up=True)}{with_draft}; "
                   f"biggest term: {_label(name)} {format_bytes(size)}")
         return Plan(False, budget_bytes, minimum.terms, None, minimum.peak_bytes, 0.0, [],
-                    minimum.peak_bytes, keep, reason + _quantized_target_hint(budget_bytes, target, workload, kind,
-                                                                              repack))
+                    minimum.peak_bytes, keep, reason + _quantized_target_hint(budget_bytes, target, draft, workload,
+                                                                              kind, repack), loads_draft)
     chosen, best = _best(candidates, budget_bytes), _best(candidates, UNLIMITED)
     reason = ""
-    if draft is not None and best.settings.drafter != "model":
-        model_speed = max(c.tokens_per_second for c in candidates if c.settings.drafter == "model")
+    with_draft_model = [c.tokens_per_second for c in candidates if c.settings.drafter == "model"]
+    if with_draft_model and best.settings.drafter != "model":  # none where a fixed γ of 0 drafts nothing
+        model_speed = max(with_draft_model)
         where = "this machine's measured costs" if costs is not None else "this device's reference costs"
         reason = (f"the draft model does not pay on {where}, so it is not loaded: with it at most {model_speed:.1f} tok/s, "
                   f"without it {best.tokens_per_second:.1f} tok/s "
                   f"({'plain' if best.settings.drafter == 'none' else 'n-gram'} decoding)")
     return Plan(True, budget_bytes, chosen.terms, chosen.settings, chosen.peak_bytes, chosen.tokens_per_second,
-                degradations_from(chosen, best), minimum.peak_bytes, keep, reason)
+                degradations_from(chosen, best), minimum.peak_bytes, keep, reason,
+                min_budget_loads_draft=loads_draft)
 
 
-def _quantized_target_hint(budget_bytes: int, target: ModelShape, workload: Workload, device_kind: str,
-                           repack: tuple[bool, ...]) -> str:
+def _quantized_target_hint(budget_bytes: int, target: ModelShape, draft: ModelShape | None, workload: Workload,
+                           device_kind: str, repack: tuple[bool, ...]) -> str:
     """Where a quantized target KV cache would fit, the refusal says so: the user's choice to make."""
     lighter = QUANTIZED_TARGET_KV[QUANTIZED_TARGET_KV.index(workload.target_kv_type) + 1:] \
         if workload.target_kv_type in QUANTIZED_TARGET_KV else QUANTIZED_TARGET_KV
     for kv_type in lighter:
-        needed = min_budget_any(target, replace(workload, target_kv_type=kv_type), device_kind, repack)
+        needed = min_budget_any(target, replace(workload, target_kv_type=kv_type), device_kind, repack, draft)
         if needed <= budget_bytes:
             return (f"; --kv-type {kv_type} would fit in {format_bytes(needed, round_up=True)} "
                     f"(a quantized target KV cache: the output can differ from {workload.target_kv_type})")

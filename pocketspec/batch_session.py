@@ -77,12 +77,17 @@ def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
 
 def _open_llama(settings: SessionSettings, batch: BatchSettings, on_note: Callable[[str], None],
                 on_progress: Callable[[str], None] | None, count_flag: str) -> BatchSession:
+    from pocketspec.backends.llama_context import max_sequences
     from pocketspec.batch.open_llama import open_llama_batch_engine
     from pocketspec.session import plan_sequences
 
     if batch.is_batch_invariant:
         raise UserError("--batch-invariant sets the torch backend's kernels; add --backend torch or leave it out")
-    planned = plan_sequences(settings, batch.num_rows or batch.max_batch, count_flag=count_flag)
+    num_sequences = batch.num_rows or batch.max_batch
+    if num_sequences > max_sequences():
+        raise UserError(f"{count_flag} {num_sequences}: one llama.cpp context holds at most {max_sequences()} "
+                        f"sequences; lower {count_flag}")
+    planned = plan_sequences(settings, num_sequences, count_flag=count_flag)
     for line in planned.plan.lines if planned.plan is not None else []:
         on_note(line)
     opened = open_llama_batch_engine(planned.choice, target_settings=planned.target_settings,

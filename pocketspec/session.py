@@ -128,7 +128,7 @@ def plan_sequences(settings: SessionSettings, num_sequences: int = 1,
         raise UserError(f"{count_flag} {num_sequences} with {target_settings.max_context} tokens each: {error}; "
                         f"or lower {count_flag}") from None
     if plan is not None:
-        plan = per_sequence_plan(plan, num_sequences)
+        plan = per_sequence_plan(plan, num_sequences, count_flag)
         choice, target_settings, speculation = plan.choice, plan.target_settings, plan.speculation
     draft_max_context = plan.draft_max_context if plan is not None else settings.draft_window
     draft_device = plan.draft_device if plan is not None else None

@@ -262,3 +262,23 @@ def test_a_lines_seed_past_the_largest_wraps_into_seeds_range():
     from apps.batch_generate import _line_seed
 
     assert [_line_seed(2**63 - 2, index) for index in range(3)] == [2**63 - 2, 2**63 - 1, 0]
+
+
+def test_a_batch_wider_than_its_prompts_holds_only_their_sequences(smollm2_path, prompt_file):
+    """`--batch 64` over 6 prompts on llama.cpp plans and allocates 6 sequences, not 64 that no prompt fills."""
+    batched = run_cli("generate", "--target", str(smollm2_path), "--prompt-file", prompt_file, "--batch", "64",
+                      "--draft", "none", "--max-context", "512", "--memory-budget", "1GiB", "--threads", "1")
+    assert batched.returncode == 0, batched.stderr
+    assert len(batched.stdout.splitlines()) == len(PROMPTS)
+    assert f"{len(PROMPTS)} sequences of 512 tokens share the context" in batched.stderr
+
+
+def test_more_sequences_than_llama_cpp_holds_are_refused_naming_the_flag(smollm2_path, tmp_path):
+    from pocketspec.backends.llama_context import max_sequences
+
+    path = tmp_path / "many.jsonl"
+    count = max_sequences() + 1
+    path.write_text("".join(json.dumps({"prompt": f"line {index}"}) + "\n" for index in range(count)))
+    refused = run_cli("generate", "--target", str(smollm2_path), "--prompt-file", str(path), "--batch", str(count),
+                      "--draft", "none")
+    assert_one_line_error(refused, f"--batch {count}", f"at most {max_sequences()} sequences", "lower --batch")

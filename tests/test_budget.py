@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from pocketspec.stats import vm_hwm_bytes
 from test_cli_errors import assert_one_line_error, run_cli
 
@@ -122,18 +124,39 @@ def test_the_plan_keeps_the_users_kv_type_and_quantizes_only_the_draft(qwen_targ
     assert {"f16", "q8_0"} <= draft_kv_types
 
 
-def test_a_draft_the_user_named_stays_named_through_the_plan(qwen_target_path, qwen_draft_path):
-    """The loader leaves out a pair's draft that measured costs say cannot pay, never one named with --draft."""
-    from memplanner.options import PlanSettings
-    from pocketspec.budget.llama_plan import settings_from_plan
+def test_a_draft_the_user_named_is_loaded_under_a_budget_where_it_does_not_pay(qwen_target_path, qwen_draft_path):
+    """`--draft NAME --memory-budget B`: the plan loads the named draft model however little it pays (here at 5 %
+    acceptance), as the loader does without a budget; a pair's own draft gives way to n-gram drafting. A budget
+    too small for the named draft is refused, naming --draft ngram. Headers only: nothing loads."""
+    from memplanner.device import DeviceInfo
+    from pocketspec.budget.llama_plan import apply_plan
+    from pocketspec.errors import UserError
     from pocketspec.loader import ModelChoice
     from pocketspec.settings import ModelSettings, SpeculationSettings
 
-    planned = PlanSettings("model", 4, 4352, "f16", 4352, 4096, 512, 512, 32, 1, "cpu", "cpu")
-    for is_explicit in (True, False):
+    described = DeviceInfo("cpu", "described CPU", 64 * 2**30, 64 * 2**30)
+    settings, poor_draft = ModelSettings(max_context=4096), SpeculationSettings(expected_acceptance=0.05)
+
+    def planned(is_explicit: bool, budget: int = 3 * 2**30, speculation=poor_draft):
         choice = ModelChoice(qwen_target_path, qwen_draft_path, "auto", is_explicit)
-        planned_choice = settings_from_plan(planned, choice, ModelSettings(), SpeculationSettings())[0]
-        assert planned_choice.draft_path == qwen_draft_path and planned_choice.draft_is_explicit == is_explicit
+        return apply_plan(choice, budget, settings, speculation, 64, 0.0, device=described)
+
+    named, paired = planned(True), planned(False)
+    assert named.planner_result.settings.drafter == "model" and named.choice.draft_path == qwen_draft_path
+    assert named.choice.draft_is_explicit and named.draft_max_context > 0
+    assert paired.planner_result.settings.drafter == "ngram" and paired.choice.draft_path is None
+    assert "does not pay" in paired.planner_result.reason and not named.planner_result.reason
+    # a bench's drafter `model` asks for the draft model as --draft NAME does
+    asked = planned(False, speculation=SpeculationSettings(drafter="model", expected_acceptance=0.05))
+    assert asked.planner_result.settings.drafter == "model" and asked.choice.draft_path == qwen_draft_path
+
+    smallest_with_draft = named.planner_result.min_budget_any_bytes
+    assert named.planner_result.min_budget_loads_draft and not paired.planner_result.min_budget_loads_draft
+    assert paired.planner_result.min_budget_any_bytes < smallest_with_draft
+    assert planned(True, smallest_with_draft).planner_result.settings.drafter == "model"
+    with pytest.raises(UserError, match="with the draft model loaded.*or pass --draft ngram$"):
+        planned(True, smallest_with_draft - 1)
+    assert planned(False, smallest_with_draft - 1).planner_result.settings.drafter != "model"
 
 
 def test_one_named_gpu_is_planned_as_that_gpu_with_its_own_free_memory(smollm2_path):

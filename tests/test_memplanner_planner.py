@@ -159,6 +159,29 @@ def test_on_this_cpu_the_default_draft_does_not_pay():
     assert best.settings.drafter == "ngram" and "does not pay" in best.reason
 
 
+def test_a_draft_model_the_workload_keeps_is_in_every_plan_and_in_the_minimum():
+    """The user named the draft (Workload.keeps_draft_model): every budget from the least that loads it plans it,
+    though on the reference costs it does not pay; below that least the plan is refused, saying so."""
+    keeping = replace(WORKLOAD, keeps_draft_model=True)
+    least = min_budget_any(TARGET, keeping, draft=DRAFT)
+    assert least > min_budget_any(TARGET, WORKLOAD)  # the draft's weights and KV cache on top
+    for budget in budgets(least, 3 * GIB, steps=12):
+        kept = plan(budget, TARGET, DRAFT, keeping)
+        assert kept.feasible and kept.settings.drafter == "model" and kept.min_budget_loads_draft and not kept.reason
+    refused = plan(least - 1, TARGET, DRAFT, keeping)
+    assert not refused.feasible and "with the draft model loaded" in refused.reason
+    assert plan(least - 1, TARGET, DRAFT, WORKLOAD).feasible  # without the draft it fits
+    assert min_budget_keep(TARGET, DRAFT, keeping) >= least
+
+
+def test_a_fixed_gamma_of_zero_plans_plain_decoding_beside_a_draft_model():
+    """--gamma 0 with a pair, or a named draft: nothing can draft, so no candidate loads the draft model (a
+    budget's plan used to crash on it)."""
+    for keeps_draft_model in (False, True):
+        nothing = Workload(4096, max_gamma=0, max_draftless_gamma=0, keeps_draft_model=keeps_draft_model)
+        assert plan(3 * GIB, TARGET, DRAFT, nothing).settings.drafter == "none"
+
+
 @pytest.mark.parametrize("alpha", [None, GOOD_DRAFT])
 def test_min_budget_keep_matches_a_bisection(alpha):
     best = plan(64 * GIB, TARGET, DRAFT, WORKLOAD, alpha=alpha).predicted_tokens_per_second

@@ -132,6 +132,7 @@ def test_taken_port_is_refused():
     (["--max-queue", "-1"], "--max-queue"),
     (["--port", "70000"], "--port"),
     (["--max-concurrency", "16", "--max-context", "4096", "--memory-budget", "400MiB"], "--max-concurrency 16"),
+    (["--max-concurrency", "300"], "at most 256 sequences; lower --max-concurrency"),  # llama.cpp's LLAMA_MAX_SEQ
 ])
 def test_bad_flags_get_one_line(flags, fragment):
     assert_one_line_error(_serve(*flags), fragment)

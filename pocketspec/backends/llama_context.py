@@ -51,6 +51,11 @@ def init_llama() -> None:
         _backend_ready = True
 
 
+def max_sequences() -> int:
+    """The most sequences one llama.cpp context holds (LLAMA_MAX_SEQ)."""
+    return int(llama_cpp.llama_max_parallel_sequences())
+
+
 def _device_kind(settings: ModelSettings) -> str:
     """Where the weights live, as the memory planner names it: cpu unless any layer is offloaded."""
     is_offloaded = settings.gpu_layers != 0 or any(not device.startswith("cpu") for device in settings.devices)
@@ -131,10 +136,13 @@ class LlamaModelContext:
                 self._context = LlamaContext(model=self._model, params=context_params, verbose=False)
         except ValueError:
             self._model.close()
-            raise UserError(
-                f"llama.cpp could not create a {settings.max_context * num_sequences}-token context for "
-                f"{model_path}: lower --max-context, --max-concurrency or --memory-budget"
-            ) from None
+            what = f"{settings.max_context * num_sequences}-token context"
+            lower = "--max-context"
+            if num_sequences > 1:
+                what += f" ({num_sequences} sequences of {settings.max_context})"
+                lower += " or the sequences at once (--batch, --max-concurrency)"
+            raise UserError(f"llama.cpp could not create a {what} for {model_path}: lower {lower}, or pass "
+                            "--memory-budget to plan within the memory there is") from None
         self._buffer_bytes = llama_logs.take_buffer_sizes()
         # llama.cpp clamps n_batch to n_ctx; a bigger batch would abort it (GGML_ASSERT)
         self.n_batch = int(llama_cpp.llama_n_batch(self._context.ctx))

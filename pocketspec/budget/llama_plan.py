@@ -29,6 +29,12 @@ def describe(plan_: Plan) -> str:
     return peak_line("", plan_.predicted_peak_bytes, plan_.budget_bytes, ", ".join(parts))
 
 
+def keeps_draft_model(choice: ModelChoice, speculation: SpeculationSettings) -> bool:
+    """The user asked for the draft model itself (`--draft NAME`, or a bench's drafter `model`), not only a pair
+    that has one: a memory plan loads it or refuses, never plans n-gram or plain decoding in its place."""
+    return choice.draft_path is not None and (choice.draft_is_explicit or speculation.drafter == "model")
+
+
 def workload_for(choice: ModelChoice, target_settings: ModelSettings, speculation: SpeculationSettings,
                  max_new_tokens: int, temperature: float) -> Workload:
     """What the user asked for, the target's KV type included (the plan keeps it as it is)."""
@@ -36,7 +42,8 @@ def workload_for(choice: ModelChoice, target_settings: ModelSettings, speculatio
     limits = requested_draft_limits(speculation, drafts=choice.drafter != "none")
     return Workload(max_context=target_settings.max_context, max_new_tokens=max_new_tokens,
                     max_gamma=limits.model, temperature=temperature, target_kv_type=target_settings.kv_type,
-                    max_draftless_gamma=limits.draftless)
+                    max_draftless_gamma=limits.draftless,
+                    keeps_draft_model=keeps_draft_model(choice, speculation))
 
 
 def planned_device_name(settings: ModelSettings) -> str:
@@ -83,7 +90,8 @@ def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_setting
     plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device,
                  alpha=speculation.expected_acceptance, repack=repack, costs=costs)
     if not plan_.feasible:
-        raise UserError(f"{plan_.reason}; raise --memory-budget or lower --max-context")
+        without_draft = ", or pass --draft ngram" if plan_.min_budget_loads_draft else ""
+        raise UserError(f"{plan_.reason}; raise --memory-budget or lower --max-context{without_draft}")
     return DevicePlan(plan_, device, budget_bytes, costs is not None, notes)
 
 

@@ -17,9 +17,9 @@ from pocketspec.budget.memory_plan import MemoryPlan
 from pocketspec.errors import UserError
 
 
-def per_sequence_plan(plan: MemoryPlan, num_sequences: int) -> MemoryPlan:
-    """The plan made for num_sequences x the context, as each sequence's settings; UserError when the
-    sequences' logits rows do not fit beside it."""
+def per_sequence_plan(plan: MemoryPlan, num_sequences: int, count_flag: str = "--max-concurrency") -> MemoryPlan:
+    """The plan made for num_sequences x the context, as each sequence's settings; UserError, naming
+    count_flag (the flag that asked for the sequences), when their logits rows do not fit beside it."""
     if num_sequences == 1:
         return plan
     rows = plan.target_settings.max_logits_rows
@@ -30,10 +30,10 @@ def per_sequence_plan(plan: MemoryPlan, num_sequences: int) -> MemoryPlan:
     line = (f"memory plan: {num_sequences} sequences of {context} tokens share the context; their logits rows "
             f"add {format_bytes(added_bytes)}, predicted peak {format_bytes(peak_bytes)}")
     if plan.budget_bytes is not None and peak_bytes > plan.budget_bytes:
-        raise UserError(f"--max-concurrency {num_sequences} does not fit --memory-budget "
+        raise UserError(f"{count_flag} {num_sequences} does not fit --memory-budget "
                         f"{format_bytes(plan.budget_bytes)}: {num_sequences} sequences' logits rows add "
                         f"{format_bytes(added_bytes)} to a predicted {format_bytes(plan.predicted_peak_bytes or 0)}; "
-                        "lower --max-concurrency or --max-context, or raise the budget")
+                        f"lower {count_flag} or --max-context, or raise the budget")
     draft_context = plan.draft_max_context // num_sequences if plan.draft_max_context else None
     return replace(plan, target_settings=replace(plan.target_settings, max_context=context),
                    draft_max_context=draft_context, lines=[*plan.lines, line], predicted_peak_bytes=peak_bytes)
