@@ -40,3 +40,27 @@ def test_a_split_target_serves_what_generate_returns_with_the_same_split(smollm2
 def test_concurrent_requests_on_a_split_torch_target_are_refused_with_one_line(smollm2_path):
     result = run_cli("serve", "--target", MODEL, "--draft", "ngram", *SPLIT, "--max-concurrency", "2", "--port", "0")
     assert_one_line_error(result, "--max-concurrency 2 with --devices", "--max-concurrency 1")
+
+
+def test_a_split_target_reuses_whole_chunks_only_so_a_later_request_computes_what_it_would_alone(smollm2_path):
+    """The split's one engine keeps the whole 512-token prefill chunks a next prompt shares, not any prefix:
+    a request after another that shares 915 tokens with it reuses 512 and answers as the same request alone
+    (generate, a fresh process, the same split)."""
+    shared = " ".join(f"item {index}" for index in range(200))  # about 900 tokens
+    first, second = f"{shared}\nHow many items?", f"{shared}\nName the last item."
+    flags = (*SPLIT[:-1], "1536")
+    alone = run_cli("generate", "--target", MODEL, "--draft", "ngram", "--threads", "1", *flags,
+                    "--max-tokens", "12", "--chat", "--json", "--prompt", second)
+    assert alone.returncode == 0, alone.stderr
+    expected = json.loads(alone.stdout)
+    server = ServerProcess(*flags, "--max-tokens", "12")
+    try:
+        client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
+        ask = lambda text: client.chat.completions.create(  # noqa: E731
+            model=MODEL, messages=[{"role": "user", "content": text}], temperature=0)
+        assert ask(first).usage.prompt_tokens_details.cached_tokens == 0
+        reply = ask(second)
+        assert reply.usage.prompt_tokens_details.cached_tokens == 512  # any prefix: all 915 shared
+        assert reply.choices[0].message.content == expected["text"]
+    finally:
+        assert server.stop() == 0, server.stderr()

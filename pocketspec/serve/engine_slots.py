@@ -2,9 +2,10 @@
 over --devices (pocketspec/serve/open.py).
 
 Requests run one at a time, in the order they came, on the slot's own thread. The engine keeps
-the longest prefix of its KV caches (target and draft) that the next prompt shares, so a
-conversation sent turn by turn prefills only what is new. Each request samples with its own
-settings and draws keyed by its own seed, so its output is what it would be alone.
+the whole 512-token prefill chunks of its target's KV cache that the next prompt shares (those a
+fresh prefill computes alike, as the batching pool's rows do), so a conversation sent turn by turn
+prefills only what follows them. Each request samples with its own settings and draws keyed by its
+own seed, so its output is what it would be alone.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class EngineSlots(Slots):
     def __init__(self, session):
         super().__init__()
         self.session = session  # pocketspec.session.Session: owns the engine
+        session.engine.reuses_whole_chunks_only = True
         self.tokenizer = session.tokenizer
         self.template = session.template
         self.max_context = session.engine.max_context

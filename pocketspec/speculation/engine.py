@@ -22,7 +22,7 @@ from pocketspec.drafters.ngram import NgramDrafter
 from pocketspec.drafters.unused import UnusedProposal
 from pocketspec.errors import UserError
 from pocketspec.speculation.one_sequence import BackendTarget, OneDraftModel, OneSequence
-from pocketspec.speculation.prefix import common_prefix_length
+from pocketspec.speculation.prefix import common_prefix_length, exact_after_prefill, reusable_whole_chunks
 from pocketspec.speculation.draws import SeededDraws
 from pocketspec.speculation.sampling import choose_token
 from pocketspec.settings import DRAFTERS, SamplingSettings, SpeculationSettings
@@ -79,6 +79,10 @@ class SpeculativeEngine:
         self._unused = UnusedProposal()  # the last n-gram proposal a step did not draft, scored later
         self._step_target = BackendTarget(target)
         self._step_drafter = None if self.model is None else OneDraftModel(self.model)
+        # a server's (EngineSlots): a prompt reuses only whole prefill chunks of an earlier one, those a fresh
+        # prefill computes alike, so that a request computes what it would alone; else any shared prefix
+        self.reuses_whole_chunks_only = False
+        self._num_exact = 0  # leading cached target tokens prefilled in whole n_batch chunks from position 0
 
     @property
     def tokenizer(self):
@@ -145,11 +149,16 @@ class SpeculativeEngine:
                 f"the prompt has {len(prompt)} tokens but the context holds {room}: "
                 "shorten the prompt or raise --max-context"
             )
-        kept = min(common_prefix_length(self.target.cached_tokens, prompt), len(prompt) - 1)
+        cached, n_batch = self.target.cached_tokens, self.target.n_batch
+        if self.reuses_whole_chunks_only:
+            kept = reusable_whole_chunks(cached, self._num_exact, prompt, n_batch)
+        else:
+            kept = min(common_prefix_length(cached, prompt), len(prompt) - 1)
         self.target.rollback(kept)
         started = self.clock()
         logits = self.target.prefill(prompt[kept:], should_stop)
         stats.prefill_seconds = self.clock() - started
+        self._num_exact = exact_after_prefill(self._num_exact, kept, len(prompt) - kept, n_batch)
         stats.num_prompt_tokens, stats.num_reused_tokens = len(prompt), kept
         if logits is None:
             return None

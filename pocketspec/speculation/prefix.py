@@ -1,5 +1,5 @@
 """Longest common prefix of two token lists, the basis of every KV reuse, and the whole-chunk rule of
-the batch rows (a row reuses only the prefill chunks a fresh prefill computes alike)."""
+the batch rows and a server's engine (a row reuses only the prefill chunks a fresh prefill computes alike)."""
 
 from __future__ import annotations
 
@@ -32,3 +32,11 @@ def exact_after_chunk(num_exact: int, start: int, chunk_length: int, n_batch: in
     chunk is whole and follows the exact ones at a multiple of n_batch."""
     is_next_whole_chunk = chunk_length == n_batch and num_exact == start and start % n_batch == 0
     return start + chunk_length if is_next_whole_chunk else num_exact
+
+
+def exact_after_prefill(num_exact: int, start: int, num_tokens: int, n_batch: int) -> int:
+    """A row's num_exact after a prefill of num_tokens from `start` in n_batch chunks (Backend.prefill)."""
+    num_exact = min(num_exact, start)
+    for chunk_start in range(start, start + num_tokens, n_batch):
+        num_exact = exact_after_chunk(num_exact, chunk_start, min(n_batch, start + num_tokens - chunk_start), n_batch)
+    return num_exact
