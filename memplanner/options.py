@@ -9,8 +9,9 @@ A candidate is scored by predicted tokens/s first; among equally fast ones the p
 prefers, in order, a longer draft window, f16 draft KV over quantized draft KV, a larger
 n_ubatch, and then less memory. So as a budget shrinks the planner gives up, in this order:
 n_ubatch (only prompt speed), the draft's f16 KV, the draft window, then speed itself
-(shorter gamma, n-gram drafting, plain decoding) as far as the step-cost model says. Not
-repacking the weights for llama.cpp's CPU kernels is chosen only where the faster plans do
+(shorter gamma, n-gram drafting, plain decoding) as far as the step-cost model says; a draft
+model the user named (Workload.keeps_draft_model) is never given up, the budget is refused instead.
+Not repacking the weights for llama.cpp's CPU kernels is chosen only where the faster plans do
 not fit.
 """
 
@@ -42,6 +43,11 @@ class Workload:
     # the user named the draft model (--draft NAME): plan only configurations that load it, never
     # n-gram or plain decoding in its place, however little it pays (unless max_gamma is 0: it cannot draft)
     keeps_draft_model: bool = False
+
+    @property
+    def plans_draft_model_only(self) -> bool:
+        """Every candidate with a draft model loads it (the planner's rule for keeps_draft_model)."""
+        return self.keeps_draft_model and self.max_gamma > 0
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,7 @@ def _candidate_settings(target: ModelShape, draft: ModelShape | None, workload: 
     common = dict(batch_size=workload.batch_size, target_device=device_kind, draft_device=device_kind)
     target_kv = workload.target_kv_type
     plain_ctx = terms.padded_context(workload.max_context)
-    if draft is not None and workload.keeps_draft_model and workload.max_gamma > 0:
+    if draft is not None and workload.plans_draft_model_only:
         drafters = ["model"]
     else:
         for n_ubatch in UBATCH_CHOICES:

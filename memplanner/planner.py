@@ -87,7 +87,7 @@ def _smallest(target: ModelShape, draft: ModelShape | None, workload: Workload, 
     """The candidate with the least predicted peak: plain decoding, as small as it gets (a draft
     only adds to a candidate, so this is the smallest of plan()'s candidates with or without one);
     where the workload keeps the draft model, the smallest that loads it."""
-    kept_draft = draft if workload.keeps_draft_model else None
+    kept_draft = draft if workload.plans_draft_model_only else None
     candidates = plan_candidates(target, kept_draft, workload, device_kind, alpha_table(None), repack)
     return min(candidates, key=lambda c: (c.peak_bytes, -c.tokens_per_second))
 

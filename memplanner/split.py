@@ -264,8 +264,8 @@ def plan_split(devices: list[DeviceBudget], target: ModelShape, draft: ModelShap
                              degradations_from(candidate, candidates[0]))
     smallest = min(candidates, key=lambda c: c.peak_bytes)
     listed = ", ".join(f"{d.name} {format_bytes(d.budget_bytes)}" for d in devices)
-    runs = "with the draft model" if smallest.settings.drafter == "model" else "plain decoding"
-    return SplitPlan(False, f"{target.name} does not fit across {listed}: {runs} needs about "
+    runs = "with the draft model it needs" if smallest.settings.drafter == "model" else "plain decoding needs"
+    return SplitPlan(False, f"{target.name} does not fit across {listed}: {runs} about "
                             f"{format_bytes(smallest.peak_bytes)} in all, blocks of "
                             f"{format_bytes(target.layer_weight_bytes(0, 1))}, plus each device's own overhead; "
                             "raise a budget or add a device")

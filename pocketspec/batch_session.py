@@ -47,8 +47,9 @@ def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
         flag = "--max-concurrency" if min_rows else "--batch"
         raise UserError(f"{flag} runs on --backend llama.cpp or torch; --backend onnx decodes one sequence at a time")
     if target_settings.backend == "llama.cpp":  # one context, split over --devices by llama.cpp if asked
-        return _open_llama(settings, batch, on_note or (lambda line: None), on_progress,
-                           count_flag="--max-concurrency" if min_rows else "--batch")
+        # the flag that asked for the sequences, named where they do not fit
+        count_flag = "--max-concurrency" if min_rows else "--pool-rows" if batch.num_rows else "--batch"
+        return _open_llama(settings, batch, on_note or (lambda line: None), on_progress, count_flag=count_flag)
     if len(target_settings.devices) > 1:
         raise UserError(f"--devices {','.join(target_settings.devices)}: the batching pool runs on one device; "
                         "give one --device, or decode one prompt at a time on the split")

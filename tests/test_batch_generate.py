@@ -282,3 +282,13 @@ def test_more_sequences_than_llama_cpp_holds_are_refused_naming_the_flag(smollm2
     refused = run_cli("generate", "--target", str(smollm2_path), "--prompt-file", str(path), "--batch", str(count),
                       "--draft", "none")
     assert_one_line_error(refused, f"--batch {count}", f"at most {max_sequences()} sequences", "lower --batch")
+    pooled = run_cli("generate", "--target", str(smollm2_path), "--prompt-file", str(path), "--batch", "4",
+                     "--pool-rows", str(count), "--draft", "none")
+    assert_one_line_error(pooled, f"--pool-rows {count}", "lower --pool-rows")
+
+
+def test_sequences_that_do_not_fit_the_budget_name_the_flag_that_asked_for_them(smollm2_path, prompt_file):
+    refused = run_cli("generate", "--target", str(smollm2_path), "--prompt-file", prompt_file, "--batch", "6",
+                      "--draft", "none", "--memory-budget", "269MiB")
+    assert_one_line_error(refused, "--batch 6 with 4096 tokens each", "or lower --batch")
+    assert "--max-concurrency" not in refused.stderr

@@ -146,7 +146,9 @@ def test_a_draft_the_user_named_is_loaded_under_a_budget_where_it_does_not_pay(q
     assert named.choice.draft_is_explicit and named.draft_max_context > 0
     assert paired.planner_result.settings.drafter == "ngram" and paired.choice.draft_path is None
     assert "does not pay" in paired.planner_result.reason and not named.planner_result.reason
-    # a bench's drafter `model` asks for the draft model as --draft NAME does
+    # settings whose drafter is `model` ask for the draft model as --draft NAME does; `ngram` does not
+    ngram = planned(True, speculation=SpeculationSettings(drafter="ngram", expected_acceptance=0.05))
+    assert ngram.planner_result.settings.drafter == "ngram" and ngram.choice.draft_path is None
     asked = planned(False, speculation=SpeculationSettings(drafter="model", expected_acceptance=0.05))
     assert asked.planner_result.settings.drafter == "model" and asked.choice.draft_path == qwen_draft_path
 

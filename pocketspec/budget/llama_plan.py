@@ -30,9 +30,11 @@ def describe(plan_: Plan) -> str:
 
 
 def keeps_draft_model(choice: ModelChoice, speculation: SpeculationSettings) -> bool:
-    """The user asked for the draft model itself (`--draft NAME`, or a bench's drafter `model`), not only a pair
-    that has one: a memory plan loads it or refuses, never plans n-gram or plain decoding in its place."""
-    return choice.draft_path is not None and (choice.draft_is_explicit or speculation.drafter == "model")
+    """The user asked for the draft model itself (`--draft NAME`, or settings whose drafter is `model`), not only
+    a pair that has one: a memory plan loads it or refuses, never plans n-gram or plain decoding in its place."""
+    if choice.draft_path is None or speculation.drafter not in ("auto", "model"):
+        return False
+    return choice.draft_is_explicit or speculation.drafter == "model"
 
 
 def workload_for(choice: ModelChoice, target_settings: ModelSettings, speculation: SpeculationSettings,

@@ -57,7 +57,8 @@ def _llama_split(applied: MemoryPlan, budgets: list[DeviceBudget], max_new_token
     found = plan_split(budgets, target_shape, draft_shape, workload, alpha=applied.speculation.expected_acceptance,
                        repack=repack)
     if not found.feasible:
-        raise UserError(found.reason)
+        without_draft = ", or pass --draft ngram" if draft_shape is not None and workload.plans_draft_model_only else ""
+        raise UserError(found.reason + without_draft)
     applied.choice, target_settings, applied.speculation, applied.draft_max_context = settings_from_plan(
         found.settings, choice, applied.target_settings, applied.speculation)
     applied.target_settings = replace(target_settings, devices=tuple(share.device for share in found.shares),
