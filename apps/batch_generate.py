@@ -14,7 +14,6 @@ import signal
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import click
 
@@ -26,7 +25,6 @@ from pocketspec.batch.sequence import BatchResult, Request
 from pocketspec.batch_session import open_batch_session
 from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.errors import UserError
-from pocketspec.loader import ModelChoice
 from pocketspec.session_settings import SessionSettings
 from pocketspec.setting_ranges import setting_range
 from pocketspec.settings import SamplingSettings
@@ -80,7 +78,7 @@ def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, bat
                     is_batch_invariant=batch_args["batch_invariant"])
     with open_batch_session(settings, batch, on_note=note) as session:
         if output is not None:
-            refuse_output_onto_inputs(output, model_inputs(session.choice), flag="--output")
+            refuse_output_onto_inputs(output, session.choice.files_read, flag="--output")
         if chat and session.template.is_fallback:
             note(FALLBACK_NOTE)
         requests = [Request(session.encode(line.text, chat=chat), line.max_tokens or settings.max_new_tokens,
@@ -105,11 +103,6 @@ def _line_seed(seed: int, index: int) -> int:
     """A line's seed when it names none: --seed plus its index, wrapped into --seed's range (so that it can be
     passed back as --seed)."""
     return (seed + index) % (int(setting_range(SamplingSettings, "seed").high) + 1)
-
-
-def model_inputs(choice: ModelChoice) -> list[tuple[str, Path | None]]:
-    """The model files a run reads, named by their flags, for refuse_output_onto_inputs."""
-    return [("--target", choice.target_path), ("--draft", choice.draft_path)]
 
 
 def _decode(engine, requests: list[Request], writer: OrderedWriter) -> bool:

@@ -11,7 +11,7 @@ from apps.chat_repl import Repl, stats_line, stop_note
 from apps.flags import (backend_options, model_choice_options, runtime_options, sampling_options, session_settings,
                         setting_option)
 from apps.terminal import note, progress_line
-from apps.text_input import as_text, read_piped_stdin
+from apps.text_input import as_text, prompt_bytes_limit, read_piped_stdin
 from pocketspec.models.catalog import models_dir
 from pocketspec.conversation.chat import Chat
 from pocketspec.conversation.chat_template import FALLBACK_NOTE
@@ -88,7 +88,7 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
 
     Every turn is appended to a JSONL transcript under POCKETSPEC_HOME/chats/.
     """
-    is_interactive = sys.stdin.isatty()
+    is_interactive = sys.stdin is not None and sys.stdin.isatty()
     if resume is not None:
         resume = find_transcript(resume)
         check_not_in_use(resume)
@@ -98,18 +98,20 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
         target, draft = replayed.header.get("target"), draft or replayed.header.get("draft")
     message = None
     if not is_interactive:
-        message = read_piped_stdin().strip()
+        message = read_piped_stdin(prompt_bytes_limit(max_context)).strip()
         if not message:
             raise UserError("stdin is empty: pipe a message in, or run `pocketspec chat` in a terminal")
-    transcript_path = resume or new_transcript_path()  # before loading: a home it cannot use stops it early
+    proposed_path = resume or new_transcript_path()  # before loading: a home it cannot use stops it early
     settings = session_settings(
         target=target, draft=draft, pair=pair, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
         gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads,
         repack=repack, exact_verify=exact_verify, max_new_tokens=max_tokens, pull_if_missing=True, **backend_args)
     with open_session(settings, on_note=note, on_progress=progress_line()) as session:
-        choice = session.choice
-        models = (_model_name(choice.target_path, "none"), _model_name(choice.draft_path, choice.drafter))
-        with TranscriptWriter(transcript_path, is_new=replayed is None) as transcript:
+        # the header names what drafts here: a pair's draft model the loader left out is not named, or a
+        # --resume would load it as one named with --draft
+        models = (_model_name(session.choice.target_path, "none"), _drafting_label(session))
+        with TranscriptWriter(proposed_path, is_new=replayed is None) as transcript:
+            transcript_path = transcript.path  # a new chat's: the proposed name, or a numbered one beside it
             if transcript.set_aside is not None:
                 note(f"{transcript_path}: its last line was cut mid-write; cut it off and kept the original "
                      f"as {transcript.set_aside}")
@@ -128,9 +130,8 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
             if not is_interactive:
                 _answer_piped(chat_, session, message, show_stats)
                 return
-            drafting = _drafting_label(session)
-            verify = "" if drafting == "none" else f", verify: {verify_label(session.engine.is_exact_verify)}"
-            note(f"chat with {models[0]} (draft: {drafting}{verify}), context {chat_.max_context} tokens; "
+            verify = "" if models[1] == "none" else f", verify: {verify_label(session.engine.is_exact_verify)}"
+            note(f"chat with {models[0]} (draft: {models[1]}{verify}), context {chat_.max_context} tokens; "
                  "/help for commands, Ctrl-D or /exit to quit")
             note(f"transcript: {transcript_path}")
             if replayed is not None:

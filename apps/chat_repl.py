@@ -7,6 +7,7 @@ Ctrl-C during a reply into a clean stop.
 from __future__ import annotations
 
 import re
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import click
 
 from apps.terminal import note
 from apps.text_input import as_text
-from pocketspec.atomic_file import is_same_file
+from pocketspec.atomic_file import is_same_file, refuse_output_onto_inputs
 from pocketspec.conversation.chat import Chat, Turn
 from pocketspec.errors import UserError
 from memplanner import format_bytes
@@ -42,7 +43,7 @@ def stop_note(turn: Turn, max_new_tokens: int) -> str | None:
 
 HELP = """\
   /help          this list
-  /stats         show or hide the stats line after each reply
+  /stats         show or hide the stats line after each reply (/stats on, /stats off)
   /reset         forget the conversation (the system prompt stays)
   /system TEXT   set the system prompt (/system alone shows it)
   /save FILE     save the conversation; continue it with --resume FILE
@@ -116,14 +117,21 @@ class Repl:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    def help(self, _argument: str) -> None:
+    def help(self, argument: str) -> None:
+        if not _takes_nothing("/help", argument):
+            return
         note("\n".join(filter(None, [HELP, self.prompt.keys_help])))
 
-    def toggle_stats(self, _argument: str) -> None:
-        self.show_stats = not self.show_stats
+    def toggle_stats(self, argument: str) -> None:
+        if argument not in ("", "on", "off"):
+            note("usage: /stats [on|off]")
+            return
+        self.show_stats = not self.show_stats if not argument else argument == "on"
         note(f"stats {'on' if self.show_stats else 'off'}")
 
-    def reset(self, _argument: str) -> None:
+    def reset(self, argument: str) -> None:
+        if not _takes_nothing("/reset", argument):
+            return
         self.chat.reset()
         note("conversation cleared" + (" (the system prompt stays)" if self.chat.conversation.system else ""))
 
@@ -131,35 +139,51 @@ class Repl:
         if not argument:
             note(f"system prompt: {self.chat.conversation.system or '(none: the template default)'}")
             return
-        self.chat.set_system(argument)
+        try:
+            self.chat.set_system(argument)
+        except UserError as error:
+            note(f"error: {error}")
+            return
         note("system prompt set")
 
     def save(self, argument: str) -> None:
         words = argument.rsplit(maxsplit=1)
         is_forced = words[-1:] == ["--force"]
         name = (words[0] if len(words) == 2 else "") if is_forced else argument
-        if not name:
+        if not name or "--force" in name.split():
             note("usage: /save FILE [--force]")
             return
         path = Path(name).expanduser()
+        resume = f"--resume {shlex.quote(str(path.absolute()))}"  # from any folder, pasted into any shell
         live = self.chat.transcript.path if self.chat.transcript is not None else None
         if live is not None and is_same_file(path, live):
             # Replacing the live file would leave the chat appending to the unlinked old one.
             note(f"{name} is this chat's transcript: every turn is already saved there as it goes; "
-                 f"continue with --resume {name}")
+                 f"continue with {resume}")
             return
         try:
+            refuse_output_onto_inputs(path, self.session.choice.files_read, flag="/save")
             save_conversation(path, self.chat.conversation, target=self.models[0], draft=self.models[1],
                               replace=is_forced)
         except UserError as error:
             note(f"error: {error}")
             return
-        note(f"saved {len(self.chat.conversation.turns)} messages to {name}; continue with --resume {name}")
+        note(f"saved {len(self.chat.conversation.turns)} messages to {name}; continue with {resume}")
 
-    def budget(self, _argument: str) -> None:
+    def budget(self, argument: str) -> None:
+        if not _takes_nothing("/budget", argument):
+            return
         plan = self.session.plan
         note(plan.describe() if plan is not None else "no --memory-budget given")
         budget = format_bytes(self.session.budget_bytes) if self.session.budget_bytes is not None else "no budget"
         note(f"context {self.chat.max_context} tokens (prompts up to {self.chat.max_prompt_tokens}, "
              f"replies up to {self.chat.max_new_tokens}); memory in use "
              f"{format_bytes(self.session.memory_in_use_bytes())} / {budget}")
+
+
+def _takes_nothing(command: str, argument: str) -> bool:
+    """False, with a note, when a command that takes nothing was given something (`/reset now please` is a
+    message to rethink, not a reset)."""
+    if argument:
+        note(f"usage: {command} (nothing after it)")
+    return not argument

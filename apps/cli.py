@@ -29,6 +29,11 @@ class PeopleFirstGroup(click.Group):
             sys.stderr = open(os.devnull, "w", encoding="utf-8")
         make_streams_safe()
         previous_sigterm = signal.signal(signal.SIGTERM, raise_terminated)
+        # a closed terminal (SIGHUP) ends a command as SIGTERM does, every `finally` run (a chat's transcript
+        # closed, a new one without a message removed); `nohup` keeps it ignored
+        previous_sighup = signal.getsignal(signal.SIGHUP)
+        if previous_sighup == signal.SIG_DFL:
+            signal.signal(signal.SIGHUP, raise_terminated)
         try:
             if sys.stdout is None:  # `pocketspec ... >&-`
                 raise UserError("stdout is closed: give the output somewhere to go (> FILE, or /dev/null)")
@@ -59,6 +64,7 @@ class PeopleFirstGroup(click.Group):
             _exit_output_failed(error)
         finally:
             signal.signal(signal.SIGTERM, previous_sigterm)
+            signal.signal(signal.SIGHUP, previous_sighup)
 
 
 # Writing stdout (a reply, a --json object) onto a full disk, /dev/full, or a device that failed: the machine's

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import click
 
-from apps.batch_generate import model_inputs, run_batch
+from apps.batch_generate import run_batch
 from apps.flags import (backend_options, batch_options, model_choice_options, runtime_options, sampling_options,
                         session_settings, setting_option, take_batch_options)
 from apps.terminal import note, progress_line
-from apps.text_input import as_text, read_text_file
+from apps.text_input import as_text, prompt_bytes_limit, read_text_file
 from pocketspec.atomic_file import check_output_folder, refuse_output_onto_inputs, replaced_on_success
 from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.errors import UserError
@@ -22,10 +22,13 @@ from pocketspec.settings import GenerationSettings
 from pocketspec.stats import drafting_text
 
 
-def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+def _read_prompt(prompt: str | None, prompt_file: Path | None, max_context: int | None) -> str:
     if (prompt is None) == (prompt_file is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-file FILE")
-    prompt = read_text_file(prompt_file, "--prompt-file") if prompt_file is not None else as_text(prompt, "--prompt")
+    if prompt_file is not None:
+        prompt = read_text_file(prompt_file, "--prompt-file", prompt_bytes_limit(max_context))
+    else:
+        prompt = as_text(prompt, "--prompt")
     if not prompt.strip():
         raise UserError("the prompt is empty: pass some text with --prompt or --prompt-file")
     return prompt
@@ -53,7 +56,7 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
     if batch_args["batch"] is not None:
         run_batch(settings, prompt=prompt, prompt_file=prompt_file, chat=chat, batch_args=batch_args)
         return
-    text = _read_prompt(prompt, prompt_file)
+    text = _read_prompt(prompt, prompt_file, settings.max_context)
     output = batch_args["output"]
     if output is not None:
         refuse_output_onto_inputs(output, [("--prompt-file", prompt_file)], flag="--output")
@@ -64,7 +67,7 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
         if output is None:
             stream = sys.stdout
         else:
-            refuse_output_onto_inputs(output, model_inputs(session.choice), flag="--output")
+            refuse_output_onto_inputs(output, session.choice.files_read, flag="--output")
             stream = outputs.enter_context(replaced_on_success(output, what="--output"))
         tokenizer = session.tokenizer
         if chat and session.template.is_fallback:

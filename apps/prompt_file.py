@@ -21,6 +21,7 @@ from pocketspec.settings import SamplingSettings
 DEFAULT_CATEGORY = "uncategorized"
 BATCH_SHAPE = 'give {"prompt": "..."} or {"turns": ["..."]}, one object per line'
 SUITE_SHAPE = "give `turns` (a list of strings) or `prompt` (a string), one object per line"
+PROMPT_FILE_MAX_BYTES = 256 * 2**20  # a file of prompts past this is refused unread (`--prompt-file /dev/zero`)
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class PromptRow:
 def read_jsonl_objects(path: Path, flag: str, shape_hint: str) -> Iterator[tuple[int, dict, str]]:
     """(line number, object, "FLAG PATH line N") for every non-blank line; `shape_hint` ends the error
     for a line that is not JSON or not an object."""
-    lines = read_text_file(path, flag).splitlines()
+    lines = read_text_file(path, flag, PROMPT_FILE_MAX_BYTES, why="more than one run reads: split it").splitlines()
     for line_number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

@@ -14,9 +14,14 @@ from pathlib import Path
 
 import click
 
+from memplanner.sizes import format_bytes
 from pocketspec.errors import UserError
+from pocketspec.settings import ModelSettings
 
 REPLACEMENT = "\ufffd"
+# no tokenizer here makes a token of more bytes (a run of spaces is at most a few dozen): a text longer than
+# the context times this cannot fit it, and is refused without reading the rest (`< /dev/zero`, a huge file)
+MAX_BYTES_PER_TOKEN = 128
 _noted_sources: set[str] = set()
 
 
@@ -47,12 +52,30 @@ def as_text(text: str, source: str) -> str:
     return decode_bytes(data, source)
 
 
-def read_text_file(path: Path, flag: str) -> str:
-    """The text of `path`; "-" reads stdin, as most tools do (a file named "-" is ./-)."""
+def prompt_bytes_limit(max_context: int | None) -> int:
+    """The most bytes a prompt for a context of max_context tokens (None: the default) can take."""
+    return (max_context or ModelSettings().max_context) * MAX_BYTES_PER_TOKEN
+
+
+PAST_THE_CONTEXT = (f"more than the context can hold (--max-context, at {MAX_BYTES_PER_TOKEN} bytes a token at "
+                    "most): give less text")
+
+
+def _read_at_most(file, max_bytes: int, source: str, why: str) -> bytes:
+    data = file.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UserError(f"{source} holds more than {format_bytes(max_bytes)}, {why}")
+    return data
+
+
+def read_text_file(path: Path, flag: str, max_bytes: int, why: str = PAST_THE_CONTEXT) -> str:
+    """The text of `path`, refused past max_bytes (`why` says why); "-" reads stdin, as most tools do (a file
+    named "-" is ./-)."""
     if str(path) == "-":
-        return read_piped_stdin()
+        return read_piped_stdin(max_bytes, why)
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as file:
+            data = _read_at_most(file, max_bytes, f"{flag} {path}", why)
     except FileNotFoundError:
         raise UserError(f"{flag} {path} does not exist") from None
     except OSError as error:
@@ -60,8 +83,11 @@ def read_text_file(path: Path, flag: str) -> str:
     return decode_bytes(data, f"{flag} {path}")
 
 
-def read_piped_stdin() -> str:
-    return decode_bytes(sys.stdin.buffer.read(), "stdin")
+def read_piped_stdin(max_bytes: int, why: str = PAST_THE_CONTEXT) -> str:
+    """stdin's text, refused past max_bytes; UserError when stdin is closed (`<&-`)."""
+    if sys.stdin is None:
+        raise UserError("stdin is closed: pipe the text in, or run in a terminal")
+    return decode_bytes(_read_at_most(sys.stdin.buffer, max_bytes, "stdin", why), "stdin")
 
 
 def make_streams_safe() -> None:

@@ -27,6 +27,11 @@ class ModelChoice:
     drafter: str  # auto (a draft model: the controller mixes it with n-grams), or one of DRAFTLESS or SELF_DRAFTS
     draft_is_explicit: bool = False  # the user named the draft model (--draft), not only a pair
 
+    @property
+    def files_read(self) -> list[tuple[str, Path | None]]:
+        """The model files a run reads, by the flags that name them (for refuse_output_onto_inputs)."""
+        return [("--target", self.target_path), ("--draft", self.draft_path)]
+
 
 def _what_to_give(flag: str) -> str:
     if flag == "--pair":

@@ -19,11 +19,11 @@ import signal
 import threading
 from collections.abc import Iterator
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Terminated(SystemExit):
-    """SIGTERM arrived; its exit code is the shell's, 128 + 15."""
+    """SIGTERM (or SIGHUP) arrived; its exit code is the shell's, 128 + the signal's number."""
 
 
 def raise_terminated(signum: int, frame) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,8 +33,9 @@ def _env(home: Path) -> dict:
     return {**os.environ, "POCKETSPEC_HOME": str(home), "TERM": "dumb"}
 
 
-def _spawn(home: Path, *args: str):
-    child = pexpect.spawn(str(POCKETSPEC), ["chat", *SMOLLM2, *args], env=_env(home), encoding="utf-8",
+def _spawn(home: Path, *args: str, target: str = "smollm2-135m-instruct"):
+    flags = ["--target", target, *SMOLLM2[2:]]
+    child = pexpect.spawn(str(POCKETSPEC), ["chat", *flags, *args], env=_env(home), encoding="utf-8",
                           timeout=TIMEOUT_SECONDS, dimensions=(50, 200))
     child.logfile_read = io.StringIO()
     child.expect("/help for commands")
@@ -271,6 +273,61 @@ def test_save_never_replaces_a_file_unless_forced(chat_home, tmp_path):
     assert _users(precious) == _users(fresh) == ["What is 2+2?"]
 
 
+def test_save_refuses_a_model_a_folder_a_device_and_another_chats_transcript(chat_home, tmp_path, smollm2_path):
+    """/save --force replaces a file the user names, never the model the chat runs on, a folder or a device,
+    nor a transcript another chat is writing (that chat would go on appending to the file it replaced); its
+    --resume hint works from any folder and in any shell. The chat runs on a copy of the model: a regression
+    replaces that one, not the models every other test reads."""
+    model = tmp_path / "model" / "smollm2.gguf"
+    model.parent.mkdir()
+    shutil.copyfile(smollm2_path, model)
+    other = _spawn(chat_home, "--max-tokens", "8")
+    _say(other, "What is 2+2?")
+    others_transcript = _only_transcript(chat_home)
+    child = _spawn(chat_home, "--max-tokens", "8", target=str(model))
+    _say(child, "What is 3+3?")
+    model_bytes = model.stat().st_size
+    for target, fragment in ((model, "is the --target file"), (tmp_path, "is a folder"),
+                             (Path("/dev/null"), "is not a plain file"),
+                             (others_transcript, "is open in another chat; save to another file")):
+        _say(child, f"/save {target} --force")
+        assert fragment in child.before, child.before
+    _say(child, f"/save {tmp_path / 'x.jsonl'} --force --force")
+    assert "usage: /save FILE [--force]" in child.before
+    spaced = tmp_path / "my chat.jsonl"
+    _say(child, f"/save {spaced}")
+    assert f"continue with --resume '{spaced}'" in child.before.replace("\r\n", "")
+    _quit(child)
+    _say(other, "And 4+4?")
+    _quit(other)
+    assert model.stat().st_size == model_bytes
+    assert _users(others_transcript) == ["What is 2+2?", "And 4+4?"] and _users(spaced) == ["What is 3+3?"]
+
+
+def test_stats_on_and_off_commands_that_take_nothing_and_a_system_prompt_past_the_context(chat_home):
+    child = _spawn(chat_home, "--max-tokens", "8", "--max-context", "256", "--no-stats")
+    for command, shown in (("/stats on", "stats on"), ("/stats on", "stats on"), ("/stats off", "stats off"),
+                           ("/stats maybe", "usage: /stats [on|off]"), ("/reset now please", "usage: /reset")):
+        _say(child, command)
+        assert shown in child.before, child.before
+    _say(child, "/system " + "Always answer in rhyme. " * 60)
+    assert "the system prompt has" in child.before and "shorten it" in child.before
+    _say(child, "/system")
+    assert "(none: the template default)" in child.before
+    _say(child, "What is 2+2?")  # room for a message still
+    _quit(child)
+    assert _users(_only_transcript(chat_home)) == ["What is 2+2?"]
+
+
+def test_a_closed_terminal_before_the_first_message_leaves_no_transcript(chat_home):
+    child = _spawn(chat_home)
+    child.kill(signal.SIGHUP)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.signalstatus is None and child.exitstatus == 128 + signal.SIGHUP, _screen(child)
+    assert not list((chat_home / "chats").glob("*.jsonl"))
+
+
 def test_resume_by_name_and_a_torn_last_line(chat_home, tmp_path):
     """--resume NAME finds the chat in POCKETSPEC_HOME/chats; a torn tail is set aside once, in one line."""
     child = _spawn(chat_home, "--max-tokens", "16")
@@ -328,12 +385,13 @@ def test_a_reader_that_leaves_cuts_the_reply_as_output_closed(chat_home):
     assert [(reply["cut"], reply["stop_reason"]) for reply in replies] == [(True, "output_closed")]
 
 
-def test_the_banner_names_the_drafter_and_the_verify_mode_that_run(tmp_path, qwen_target_path, qwen_draft_path):
+def test_the_banner_and_the_transcript_name_the_drafter_and_the_verify_mode_that_run(tmp_path, qwen_target_path, qwen_draft_path):
     """A pair whose draft model cannot pay on this machine is left unloaded (the loader says so); the banner
     then names the n-gram drafter that runs, not the pair's draft. It names the verify mode too: exact on
     llama.cpp's CPU backend with the row-exact kernels (the default there), fast without them."""
     home = home_with_measurements(tmp_path / "home")
-    child = pexpect.spawn(str(POCKETSPEC), ["chat", "--pair", "qwen-coder", "--threads", "1", "--max-context", "1024"],
+    child = pexpect.spawn(str(POCKETSPEC), ["chat", "--pair", "qwen-coder", "--threads", "1", "--max-context", "1024",
+                                            "--max-tokens", "2"],
                           env=_env(home), encoding="utf-8", timeout=300, dimensions=(50, 200))
     child.logfile_read = io.StringIO()
     child.expect("/help for commands")
@@ -346,5 +404,9 @@ def test_the_banner_names_the_drafter_and_the_verify_mode_that_run(tmp_path, qwe
         assert f"(draft: ngram, verify: {verify})" in banner, screen
     else:
         assert f"(draft: {qwen_draft_path.stem}, verify: {verify})" in banner, screen
-    child.sendeof()
-    child.expect(pexpect.EOF)
+    # the transcript's header names that drafter too: a --resume loads what ran, not the pair's draft as if named
+    child.expect("> ")
+    _say(child, "hi")
+    _quit(child)
+    drafting = banner.split("(draft: ")[1].split(",")[0]
+    assert read_records(_only_transcript(home))[0]["draft"] == drafting

@@ -217,3 +217,25 @@ def test_a_closed_stdout_is_one_line_and_a_closed_stderr_leaves_the_output(smoll
     closed_stderr = subprocess.run(args, stdout=subprocess.PIPE, text=True, timeout=300,
                                    preexec_fn=lambda: os.close(2))
     assert closed_stderr.returncode == 0 and closed_stderr.stdout.strip()
+
+
+def test_text_past_what_the_context_can_hold_is_refused_unread(smollm2_path, tmp_path):
+    """A prompt file or piped message of more bytes than --max-context tokens can take is refused after
+    reading that much, not read whole (`< /dev/zero` grew a chat to the machine's memory)."""
+    from apps.text_input import prompt_bytes_limit
+
+    huge = tmp_path / "huge.txt"
+    huge.write_bytes(b"word " * (prompt_bytes_limit(256) // 5 + 1))
+    flags = ("--target", str(smollm2_path), "--draft", "none", "--max-context", "256")
+    generated = run_cli("generate", *flags, "--prompt-file", str(huge))
+    assert_one_line_error(generated, f"--prompt-file {huge} holds more than 32.00 KiB", "more than the context")
+    with open(huge, "rb") as stdin:
+        chatted = subprocess.run([sys.executable, "-m", "apps.cli", "chat", *flags], stdin=stdin,
+                                 capture_output=True, text=True, timeout=300)
+    assert_one_line_error(chatted, "stdin holds more than 32.00 KiB")
+
+
+def test_a_chat_with_stdin_closed_is_one_line(smollm2_path):
+    closed_stdin = subprocess.run([sys.executable, "-m", "apps.cli", "chat", "--target", str(smollm2_path)],
+                                  capture_output=True, text=True, timeout=300, preexec_fn=lambda: os.close(0))
+    assert_one_line_error(closed_stdin, "stdin is closed")

@@ -20,12 +20,22 @@ def home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
-def test_new_paths_live_under_home_chats_and_never_collide(home):
-    first = new_transcript_path(now=0)
-    assert first.parent == chats_dir() == home / "chats"
-    TranscriptWriter(first).close()
-    second = new_transcript_path(now=0)
-    assert second != first and second.parent == first.parent
+def test_new_chats_started_in_the_same_second_get_files_of_their_own(home):
+    """Two chats name the same file (the second's stamp) before either creates it: each gets its own, the
+    second a numbered one; a third after the first has gone takes the next free number, never the first's."""
+    proposed = new_transcript_path(now=0)
+    assert proposed.parent == chats_dir() == home / "chats" and new_transcript_path(now=0) == proposed
+    first, second = TranscriptWriter(proposed, is_new=True), TranscriptWriter(proposed, is_new=True)
+    assert first.path == proposed and second.path == proposed.with_name(f"{proposed.stem}-2.jsonl")
+    for writer, text in ((first, "one"), (second, "two")):
+        writer.append(header_record(target="t", draft="ngram"))
+        writer.append(user_record(text))
+        writer.close()
+    third = TranscriptWriter(proposed, is_new=True)
+    assert third.path == proposed.with_name(f"{proposed.stem}-3.jsonl")
+    third.close()
+    assert not third.path.exists()  # closed before its first message
+    assert [read_records(writer.path)[1]["content"] for writer in (first, second)] == ["one", "two"]
 
 
 def test_every_record_is_on_disk_before_append_returns(tmp_path):

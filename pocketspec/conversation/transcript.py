@@ -31,15 +31,22 @@ def chats_dir() -> Path:
 
 
 def new_transcript_path(now: float | None = None) -> Path:
-    """A fresh file name, chats/chat-YYYYmmdd-HHMMSS.jsonl, with a suffix if that one is taken."""
+    """A new chat's file name, chats/chat-YYYYmmdd-HHMMSS.jsonl; TranscriptWriter(is_new=True) creates it, or
+    the first of chat-...-2.jsonl, -3, ... that no other chat has taken meanwhile."""
     writable_home_folder(chats_dir(), "chat transcripts")
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    path = chats_dir() / f"chat-{stamp}.jsonl"
-    number = 2
-    while path.exists():
-        path = chats_dir() / f"chat-{stamp}-{number}.jsonl"
-        number += 1
-    return path
+    return chats_dir() / f"chat-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now))}.jsonl"
+
+
+def _create_new(path: Path):
+    """`path` created for appending, or the first numbered name beside it that does not exist yet (each tried
+    with O_EXCL, so two chats started in the same second never share a file): (path, file)."""
+    candidate, number = path, 2
+    while True:
+        try:
+            return candidate, open(candidate, "x", encoding="utf-8")
+        except FileExistsError:
+            candidate = path.with_name(f"{path.stem}-{number}{path.suffix}")
+            number += 1
 
 
 def _torn_tail_bytes(path: Path) -> int:
@@ -114,9 +121,10 @@ def find_transcript(name: str | Path) -> Path:
 class TranscriptWriter:
     """Appends records to a transcript; `set_aside` is the copy kept when a torn last line was cut off.
 
-    is_new: a new chat's file, removed when it is closed without a user message (a chat refused or stopped
-    before its first message leaves nothing behind in the chats folder, a --system prompt or not). The file
-    is locked while it is open: a second chat cannot resume it meanwhile (check_not_in_use)."""
+    is_new: a new chat's file, created under `path` or a numbered name beside it (self.path says which), and
+    removed when it is closed without a user message (a chat refused or stopped before its first message
+    leaves nothing behind in the chats folder, a --system prompt or not). The file is locked while it is
+    open: a second chat cannot resume or /save over it meanwhile (check_not_in_use)."""
 
     def __init__(self, path: Path, *, is_new: bool = False):
         self.path = Path(path)
@@ -124,7 +132,10 @@ class TranscriptWriter:
         self._has_message = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")
+            if is_new:
+                self.path, self._file = _create_new(self.path)
+            else:
+                self._file = open(self.path, "a", encoding="utf-8")
         except OSError as error:
             raise UserError(f"cannot write the chat transcript {self.path}: {error.strerror or error}") from None
         try:
@@ -207,7 +218,7 @@ def _without_lone_surrogates(record: dict) -> dict:
     return json.loads(_LONE_SURROGATE.sub("\ufffd", text)) if _LONE_SURROGATE.search(text) else record
 
 
-def check_not_in_use(path: Path) -> None:
+def check_not_in_use(path: Path, advice: str = "resume it once that chat ends") -> None:
     """UserError when another chat holds the transcript (TranscriptWriter locks it): two chats appending to
     one file would each take the other's reply for a dead one, and leave a file that no longer resumes."""
     try:
@@ -215,16 +226,16 @@ def check_not_in_use(path: Path) -> None:
     except OSError:
         return  # missing or unreadable: load_transcript says so
     try:
-        _lock(descriptor, path)
+        _lock(descriptor, path, advice)
     finally:
         os.close(descriptor)  # the lock goes with it
 
 
-def _lock(descriptor: int, path: Path) -> None:
+def _lock(descriptor: int, path: Path, advice: str = "resume it once that chat ends") -> None:
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise UserError(f"transcript {path} is open in another chat; resume it once that chat ends") from None
+        raise UserError(f"transcript {path} is open in another chat; {advice}") from None
     except OSError:
         pass  # a filesystem without locks: chat as before
 
@@ -241,11 +252,18 @@ def save_conversation(path: Path, conversation: Conversation, *, target: str | N
                       replace: bool = False) -> None:
     """Write the conversation as a fresh transcript that --resume reads.
 
-    An existing `path` is a UserError unless `replace`; then it is replaced atomically.
+    An existing `path` is a UserError unless `replace`; then it is replaced atomically, unless it is not a
+    plain file (a folder, a device) or another chat has it open (it would go on appending to the old one).
     """
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise UserError(f"{path} is a folder: give a file name")
+    if path.exists() and not path.is_file():
+        raise UserError(f"{path} is not a plain file: give a file name")
     if path.exists() and not replace:
         raise UserError(f"{path} already exists; add --force to replace it")
+    if path.exists():
+        check_not_in_use(path, advice="save to another file")
     records = [header_record(target=target, draft=draft), *conversation.to_records()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
