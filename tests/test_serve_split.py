@@ -4,6 +4,7 @@ with the same split; concurrency on a split torch target is refused with one lin
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import openai
@@ -19,22 +20,34 @@ QUESTION = "Name three colours of the rainbow."
 SPLIT = ("--backend", "torch", "--devices", "cpu:0,cpu:1", "--max-context", "512")
 
 
+def _generated_alone(flags: tuple, max_tokens: int, question: str) -> dict:
+    """`generate --chat --json` of the question in a fresh process, on the same split."""
+    generated = run_cli("generate", "--target", MODEL, "--draft", "ngram", "--threads", "1", *flags,
+                        "--max-tokens", str(max_tokens), "--chat", "--json", "--prompt", question)
+    assert generated.returncode == 0, generated.stderr
+    return json.loads(generated.stdout)
+
+
+@contextlib.contextmanager
+def _asking(flags: tuple, max_tokens: int):
+    """ask(question) -> the chat completion of a server on `flags`, greedy; the server stops cleanly after."""
+    server = ServerProcess(*flags, "--max-tokens", str(max_tokens))
+    try:
+        client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
+        yield lambda question: client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], temperature=0)
+    finally:
+        assert server.stop() == 0, server.stderr()
+
+
 @pytest.mark.parametrize("split_mode", ["layer", "row"])
 def test_a_split_target_serves_what_generate_returns_with_the_same_split(smollm2_path, split_mode):
     flags = (*SPLIT, "--split-mode", split_mode)
-    generated = run_cli("generate", "--target", MODEL, "--draft", "ngram", "--threads", "1", *flags,
-                        "--max-tokens", "16", "--chat", "--json", "--prompt", QUESTION)
-    assert generated.returncode == 0, generated.stderr
-    expected = json.loads(generated.stdout)
-    server = ServerProcess(*flags, "--max-tokens", "16")
-    try:
-        client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
-        reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
-                                               temperature=0)
+    expected = _generated_alone(flags, 16, QUESTION)
+    with _asking(flags, 16) as ask:
+        reply = ask(QUESTION)
         assert expected["tokens"] and reply.choices[0].message.content == expected["text"]
         assert reply.usage.completion_tokens == len(expected["tokens"])
-    finally:
-        assert server.stop() == 0, server.stderr()
 
 
 def test_concurrent_requests_on_a_split_torch_target_are_refused_with_one_line(smollm2_path):
@@ -49,18 +62,9 @@ def test_a_split_target_reuses_whole_chunks_only_so_a_later_request_computes_wha
     shared = " ".join(f"item {index}" for index in range(200))  # about 900 tokens
     first, second = f"{shared}\nHow many items?", f"{shared}\nName the last item."
     flags = (*SPLIT[:-1], "1536")
-    alone = run_cli("generate", "--target", MODEL, "--draft", "ngram", "--threads", "1", *flags,
-                    "--max-tokens", "12", "--chat", "--json", "--prompt", second)
-    assert alone.returncode == 0, alone.stderr
-    expected = json.loads(alone.stdout)
-    server = ServerProcess(*flags, "--max-tokens", "12")
-    try:
-        client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
-        ask = lambda text: client.chat.completions.create(  # noqa: E731
-            model=MODEL, messages=[{"role": "user", "content": text}], temperature=0)
+    expected = _generated_alone(flags, 12, second)
+    with _asking(flags, 12) as ask:
         assert ask(first).usage.prompt_tokens_details.cached_tokens == 0
         reply = ask(second)
         assert reply.usage.prompt_tokens_details.cached_tokens == 512  # any prefix: all 915 shared
         assert reply.choices[0].message.content == expected["text"]
-    finally:
-        assert server.stop() == 0, server.stderr()
