@@ -168,7 +168,8 @@ class Repl:
         except UserError as error:
             note(f"error: {error}")
             return
-        note(f"saved {len(self.chat.conversation.turns)} messages to {name}; continue with {resume}")
+        saved = f"saved {len(self.chat.conversation.turns)} messages to {name}"
+        note(f"{saved}; continue with {resume}" if path.is_file() else saved)  # not a device
 
     def budget(self, argument: str) -> None:
         if not _takes_nothing("/budget", argument):

@@ -56,7 +56,7 @@ class PeopleFirstGroup(click.Group):
         except KeyboardInterrupt:
             _exit_interrupted()
         except Terminated:
-            click.echo("\nterminated", err=True)  # last, after what the command said while it stopped
+            _say_last("\nterminated")  # last, after what the command said while it stopped
             raise
         except OSError as error:
             if error.errno not in FULL_OUTPUT_ERRORS:
@@ -74,10 +74,23 @@ FULL_OUTPUT_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EIO)
 
 def _exit_output_failed(error: OSError) -> None:
     """One line, exit 2; stdout points at /dev/null first, so that Python's flush at exit has nowhere to fail."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    click.echo(f"error: cannot write the output: {error.strerror or error}", err=True)
+    _to_devnull(sys.stdout)
+    _say_last(f"error: cannot write the output: {error.strerror or error}")
     sys.exit(UserError.exit_code)
+
+
+def _to_devnull(stream) -> None:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
+def _say_last(line: str) -> None:
+    """`line` on stderr, where it can still go: a closed terminal takes stderr with it (EIO), and the exit
+    code is then the signal's or the error's, not Python's for a stream it could not flush."""
+    try:
+        click.echo(line, err=True)
+    except OSError:
+        _to_devnull(sys.stderr)
 
 
 def _exit_interrupted() -> None:

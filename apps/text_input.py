@@ -19,8 +19,8 @@ from pocketspec.errors import UserError
 from pocketspec.settings import ModelSettings
 
 REPLACEMENT = "\ufffd"
-# no tokenizer here makes a token of more bytes (a run of spaces is at most a few dozen): a text longer than
-# the context times this cannot fit it, and is refused without reading the rest (`< /dev/zero`, a huge file)
+# no tokenizer here makes a token of more bytes (Qwen2.5's longest is 128 spaces, SmolLM2's 81 bytes): a text
+# longer than the context times this cannot fit it, and is refused without reading the rest (`< /dev/zero`)
 MAX_BYTES_PER_TOKEN = 128
 _noted_sources: set[str] = set()
 

@@ -40,7 +40,7 @@ def check_output_folder(path: Path, *, what: str) -> None:
     """UserError when `path` could never be written because its folder is missing (or is a file): said before a
     model loads for a minute, not after."""
     path = Path(path).expanduser()
-    if _is_device_or_pipe(path):
+    if is_device_or_pipe(path):
         return
     folder = Path(os.path.realpath(path)).parent
     if not folder.is_dir():
@@ -57,7 +57,7 @@ def replaced_on_success(path: Path, *, what: str) -> Iterator[IO[str]]:
     symbolic link is followed, as the shell's `>` follows it: the file it names is replaced, not the link.
     """
     path = Path(path).expanduser()
-    if _is_device_or_pipe(path):
+    if is_device_or_pipe(path):
         with _written_through(path, what) as file:
             yield file
         return
@@ -99,7 +99,8 @@ def _cannot_write(what: str, path: Path, error: OSError) -> UserError:
     return UserError(f"cannot write {what} {path}: {error.strerror or error}")
 
 
-def _is_device_or_pipe(path: Path) -> bool:
+def is_device_or_pipe(path: Path) -> bool:
+    """A character or block device, a FIFO or a socket: written through as it is, never replaced."""
     try:
         mode = os.stat(path).st_mode
     except OSError:  # nothing there yet (or unreachable: the temporary file's creation says why)

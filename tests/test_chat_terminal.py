@@ -33,9 +33,9 @@ def _env(home: Path) -> dict:
     return {**os.environ, "POCKETSPEC_HOME": str(home), "TERM": "dumb"}
 
 
-def _spawn(home: Path, *args: str, target: str = "smollm2-135m-instruct"):
+def _spawn(home: Path, *args: str, target: str = "smollm2-135m-instruct", cwd: Path | None = None):
     flags = ["--target", target, *SMOLLM2[2:]]
-    child = pexpect.spawn(str(POCKETSPEC), ["chat", *flags, *args], env=_env(home), encoding="utf-8",
+    child = pexpect.spawn(str(POCKETSPEC), ["chat", *flags, *args], env=_env(home), encoding="utf-8", cwd=cwd,
                           timeout=TIMEOUT_SECONDS, dimensions=(50, 200))
     child.logfile_read = io.StringIO()
     child.expect("/help for commands")
@@ -274,28 +274,29 @@ def test_save_never_replaces_a_file_unless_forced(chat_home, tmp_path):
 
 
 def test_save_refuses_a_model_a_folder_a_device_and_another_chats_transcript(chat_home, tmp_path, smollm2_path):
-    """/save --force replaces a file the user names, never the model the chat runs on, a folder or a device,
-    nor a transcript another chat is writing (that chat would go on appending to the file it replaced); its
-    --resume hint works from any folder and in any shell. The chat runs on a copy of the model: a regression
-    replaces that one, not the models every other test reads."""
+    """/save --force replaces a file the user names, never the model the chat runs on, a folder, nor a
+    transcript another chat is writing (that chat would go on appending to the file it replaced); a device is
+    written through, with no --resume hint; the hint works from any folder and in any shell. The chat runs on a
+    copy of the model: a regression replaces that one, not the models every other test reads."""
     model = tmp_path / "model" / "smollm2.gguf"
     model.parent.mkdir()
     shutil.copyfile(smollm2_path, model)
     other = _spawn(chat_home, "--max-tokens", "8")
     _say(other, "What is 2+2?")
     others_transcript = _only_transcript(chat_home)
-    child = _spawn(chat_home, "--max-tokens", "8", target=str(model))
+    child = _spawn(chat_home, "--max-tokens", "8", target=str(model), cwd=tmp_path)
     _say(child, "What is 3+3?")
     model_bytes = model.stat().st_size
     for target, fragment in ((model, "is the --target file"), (tmp_path, "is a folder"),
-                             (Path("/dev/null"), "is not a plain file"),
                              (others_transcript, "is open in another chat; save to another file")):
         _say(child, f"/save {target} --force")
         assert fragment in child.before, child.before
+    _say(child, "/save /dev/null")
+    assert "saved 2 messages to /dev/null" in child.before and "--resume" not in child.before
     _say(child, f"/save {tmp_path / 'x.jsonl'} --force --force")
     assert "usage: /save FILE [--force]" in child.before
     spaced = tmp_path / "my chat.jsonl"
-    _say(child, f"/save {spaced}")
+    _say(child, "/save my chat.jsonl")  # relative: in the chat's folder, the hint absolute
     assert f"continue with --resume '{spaced}'" in child.before.replace("\r\n", "")
     _quit(child)
     _say(other, "And 4+4?")
@@ -311,7 +312,7 @@ def test_stats_on_and_off_commands_that_take_nothing_and_a_system_prompt_past_th
         _say(child, command)
         assert shown in child.before, child.before
     _say(child, "/system " + "Always answer in rhyme. " * 60)
-    assert "the system prompt has" in child.before and "shorten it" in child.before
+    assert "leaving no room for a message" in child.before and "shorten it" in child.before
     _say(child, "/system")
     assert "(none: the template default)" in child.before
     _say(child, "What is 2+2?")  # room for a message still

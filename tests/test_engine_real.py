@@ -250,3 +250,22 @@ def test_memory_report_names_weights_and_the_buffers_llama_cpp_allocated(smollm2
     assert any("KV" in name for name in report) and any("compute" in name for name in report)
     kv_bytes = sum(size for name, size in report.items() if "KV" in name)
     assert 10_000_000 < kv_bytes < 20_000_000  # 30 layers x 512 cells x 3 heads x 64 x (K+V) x f16 = 11.25 MiB
+
+
+def test_an_engine_that_reuses_whole_chunks_only_reuses_none_of_a_part_chunk(smollm2_path):
+    """A server's engine (EngineSlots) reuses the whole n_batch prefill chunks a prompt shares with the last,
+    as a fresh prefill computes them, never a part chunk; its output equals a fresh engine's."""
+    with built_engine(smollm2_path, drafter="ngram", max_context=2048) as engine:
+        engine.reuses_whole_chunks_only = True
+        n_batch = engine.target.n_batch
+        document = engine.target.tokenizer.encode(_long_document_prompt(), add_bos=False)[:n_batch + 100]
+        assert len(document) == n_batch + 100
+        engine.generate(document, 4)
+        shared = document[:n_batch + 60] + engine.target.tokenizer.encode(" Summarise it.", add_bos=False)
+        reused = engine.generate(shared, 12)
+        assert reused.stats.num_reused_tokens == n_batch  # not the n_batch + 60 shared
+        short = document[:40]
+        assert engine.generate(short, 4).stats.num_reused_tokens == 0  # a part chunk: prefilled again
+        assert engine.generate(shared, 12).stats.num_reused_tokens == 0  # the cache holds the short one now
+    with built_engine(smollm2_path, drafter="ngram", max_context=2048) as fresh_engine:
+        assert fresh_engine.generate(shared, 12).tokens == reused.tokens

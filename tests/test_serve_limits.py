@@ -70,7 +70,7 @@ def test_full_queue_gets_503_with_retry_after(keyed_server):
         assert answer.status_code == 200
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_signal_during_a_request_exits_0_in_bounded_time(smollm2_path, sig):
     server = ServerProcess("--max-context", "2048", "--shutdown-seconds", "10")
     try:

@@ -60,16 +60,28 @@ def test_without_a_ctrl_c_nothing_is_raised():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_held_sigterm_goes_to_its_own_handler_once_the_block_ends():
-    """The CLI's SIGTERM handler raises Terminated, a SystemExit: inside a ctypes callback it would be dropped too."""
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_held_sigterm_or_sighup_goes_to_its_own_handler_once_the_block_ends(signum):
+    """The CLI's SIGTERM (and SIGHUP) handler raises Terminated, a SystemExit: inside a ctypes callback it would
+    be dropped too."""
+    previous = signal.signal(signum, raise_terminated)
     try:
         with pytest.raises(Terminated) as raised:
             with stop_signals_held():
-                signal.raise_signal(signal.SIGTERM)
-                signal.raise_signal(signal.SIGTERM)  # twice: delivered once
+                signal.raise_signal(signum)
+                signal.raise_signal(signum)  # twice: delivered once
                 reached_the_end = True
-        assert reached_the_end and raised.value.code == 143
-        assert signal.getsignal(signal.SIGTERM) is raise_terminated
+        assert reached_the_end and raised.value.code == 128 + signum
+        assert signal.getsignal(signum) is raise_terminated
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signum, previous)
+
+
+def test_a_held_sighup_that_nohup_ignores_stays_ignored():
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stop_signals_held():
+            signal.raise_signal(signal.SIGHUP)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -22,7 +22,7 @@ def home(tmp_path, monkeypatch):
 
 def test_new_chats_started_in_the_same_second_get_files_of_their_own(home):
     """Two chats name the same file (the second's stamp) before either creates it: each gets its own, the
-    second a numbered one; a third after the first has gone takes the next free number, never the first's."""
+    second a numbered one; a third, after both have closed, takes the next free number, never theirs."""
     proposed = new_transcript_path(now=0)
     assert proposed.parent == chats_dir() == home / "chats" and new_transcript_path(now=0) == proposed
     first, second = TranscriptWriter(proposed, is_new=True), TranscriptWriter(proposed, is_new=True)

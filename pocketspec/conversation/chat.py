@@ -64,12 +64,13 @@ class Chat:
     def set_system(self, text: str | None) -> None:
         """UserError, the prompt unchanged, when `text` leaves no room for a message in the prompt."""
         if text:
-            num_tokens = self.count_tokens([{"role": "system", "content": text}])
+            # with an empty message after it, as a prompt renders it: a message of one token must still fit
+            num_tokens = self.count_tokens([{"role": "system", "content": text}, {"role": "user", "content": ""}])
             if num_tokens >= self.max_prompt_tokens:
-                raise UserError(f"the system prompt has {num_tokens} tokens but a prompt holds at most "
+                raise UserError(f"the system prompt takes {num_tokens} tokens of a prompt, which holds at most "
                                 f"{self.max_prompt_tokens} (context {self.max_context}, "
-                                f"{self.max_context - self.max_prompt_tokens} kept for the reply), with the "
-                                "messages: shorten it, lower --max-tokens or raise --max-context")
+                                f"{self.max_context - self.max_prompt_tokens} kept for the reply), leaving no room "
+                                "for a message: shorten it, lower --max-tokens or raise --max-context")
         self.conversation.system = text or None
         self.record(system_record(text))
 

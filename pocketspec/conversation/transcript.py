@@ -20,7 +20,7 @@ import shutil
 import time
 from pathlib import Path
 
-from pocketspec.atomic_file import replaced_on_success
+from pocketspec.atomic_file import is_device_or_pipe, replaced_on_success
 from pocketspec.models.catalog import pocketspec_home, writable_home_folder
 from pocketspec.conversation.conversation import Conversation, Replayed, TranscriptError, header_record, replay
 from pocketspec.errors import UserError
@@ -252,17 +252,16 @@ def save_conversation(path: Path, conversation: Conversation, *, target: str | N
                       replace: bool = False) -> None:
     """Write the conversation as a fresh transcript that --resume reads.
 
-    An existing `path` is a UserError unless `replace`; then it is replaced atomically, unless it is not a
-    plain file (a folder, a device) or another chat has it open (it would go on appending to the old one).
+    An existing file is a UserError unless `replace`; then it is replaced atomically, unless another chat
+    has it open (it would go on appending to the old one). A folder is refused; a device or a pipe
+    (`/dev/stdout`) is written through, as `generate --output` writes it.
     """
     path = Path(path).expanduser()
     if path.is_dir():
         raise UserError(f"{path} is a folder: give a file name")
-    if path.exists() and not path.is_file():
-        raise UserError(f"{path} is not a plain file: give a file name")
-    if path.exists() and not replace:
-        raise UserError(f"{path} already exists; add --force to replace it")
-    if path.exists():
+    if path.exists() and not is_device_or_pipe(path):
+        if not replace:
+            raise UserError(f"{path} already exists; add --force to replace it")
         check_not_in_use(path, advice="save to another file")
     records = [header_record(target=target, draft=draft), *conversation.to_records()]
     try:

@@ -1,4 +1,4 @@
-"""uvicorn serving the app until SIGTERM or Ctrl-C.
+"""uvicorn serving the app until SIGTERM, SIGHUP or Ctrl-C.
 
 A signal stops taking requests, cancels every running generation (each stops within one step),
 waits up to shutdown_seconds for the responses to end, and returns: the command then closes the
@@ -42,5 +42,14 @@ def run_server(state: ServerState, sock: socket.socket, *, shutdown_seconds: flo
     config = uvicorn.Config(build_app(state), log_level="warning", access_log=False, lifespan="off",
                             timeout_graceful_shutdown=shutdown_seconds, server_header=False,
                             http=OpenAIErrorH11Protocol, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
-    _Server(config, state).run(sockets=[sock])
+    server = _Server(config, state)
+    # uvicorn catches SIGINT and SIGTERM only: a closed terminal (SIGHUP) stops the server as they do, where
+    # `nohup` has not set it aside
+    previous_sighup = signal.getsignal(signal.SIGHUP)
+    if previous_sighup != signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, server.handle_exit)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        signal.signal(signal.SIGHUP, previous_sighup)
     state.shutting_down.set()
