@@ -1,6 +1,8 @@
-"""`pocketspec serve --devices cpu:0,cpu:1` on SmolLM2 (torch): a target split by layers, or by rows
-with rank 0 serving and a spawned rank following, answers a greedy chat exactly as `generate` does
-with the same split; concurrency on a split torch target is refused with one line."""
+"""The servers of one engine, one request at a time: `pocketspec serve --devices cpu:0,cpu:1` on SmolLM2
+(torch), a target split by layers, or by rows with rank 0 serving and a spawned rank following, and
+`--backend onnx`. Each answers a greedy chat exactly as `generate` does with the same flags; concurrency
+on them is refused with one line.
+"""
 
 from __future__ import annotations
 
@@ -68,3 +70,15 @@ def test_a_split_target_reuses_whole_chunks_only_so_a_later_request_computes_wha
         reply = ask(second)
         assert reply.usage.prompt_tokens_details.cached_tokens == 512  # any prefix: all 915 shared
         assert reply.choices[0].message.content == expected["text"]
+
+
+def test_onnx_serves_what_generate_returns_and_refuses_concurrency(smollm2_path):
+    """ONNX Runtime decodes one sequence at a time: its server runs one engine (it was refused whatever
+    --max-concurrency said)."""
+    flags = ("--backend", "onnx", "--weights", "fp32", "--max-context", "512")
+    expected = _generated_alone(flags, 12, QUESTION)
+    with _asking(flags, 12) as ask:
+        reply = ask(QUESTION)
+        assert expected["tokens"] and reply.choices[0].message.content == expected["text"]
+    result = run_cli("serve", "--target", MODEL, *flags, "--max-concurrency", "2", "--port", "0")
+    assert_one_line_error(result, "--max-concurrency 2 with --backend onnx", "--max-concurrency 1")
