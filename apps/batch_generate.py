@@ -25,7 +25,7 @@ from pocketspec.batch.sequence import BatchResult, Request
 from pocketspec.batch_session import open_batch_session
 from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.errors import UserError
-from pocketspec.session_settings import SessionSettings
+from pocketspec.session_settings import SessionSettings, model_files
 from pocketspec.setting_ranges import setting_range
 from pocketspec.settings import SamplingSettings
 from pocketspec.stats import drafting_text
@@ -70,15 +70,13 @@ def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, bat
     lines = read_batch_prompts(prompt_file)
     output = batch_args["output"]
     if output is not None:
-        refuse_output_onto_inputs(output, [("--prompt-file", prompt_file)], flag="--output")
-        check_output_folder(output, what="--output")
+        check_output_folder(output, what="--output")  # first: it needs no model resolved
+        refuse_output_onto_inputs(output, [("--prompt-file", prompt_file), *model_files(settings)], flag="--output")
     num_prompts = len(lines)  # more rows than prompts would hold (and plan) sequences no prompt fills
     batch = replace(BATCH, max_batch=min(batch_args["batch"], num_prompts),
                     num_rows=min(batch_args["pool_rows"], num_prompts), scheduler=batch_args["scheduler"],
                     is_batch_invariant=batch_args["batch_invariant"])
     with open_batch_session(settings, batch, on_note=note) as session:
-        if output is not None:
-            refuse_output_onto_inputs(output, session.choice.files_read, flag="--output")
         if chat and session.template.is_fallback:
             note(FALLBACK_NOTE)
         requests = [Request(session.encode(line.text, chat=chat), line.max_tokens or settings.max_new_tokens,

@@ -18,6 +18,7 @@ from pocketspec.atomic_file import check_output_folder, refuse_output_onto_input
 from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.errors import UserError
 from pocketspec.session import open_session
+from pocketspec.session_settings import model_files
 from pocketspec.settings import GenerationSettings
 from pocketspec.stats import drafting_text
 
@@ -59,15 +60,14 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
     text = _read_prompt(prompt, prompt_file, settings.max_context)
     output = batch_args["output"]
     if output is not None:
-        refuse_output_onto_inputs(output, [("--prompt-file", prompt_file)], flag="--output")
-        check_output_folder(output, what="--output")
+        check_output_folder(output, what="--output")  # first: it needs no model resolved
+        refuse_output_onto_inputs(output, [("--prompt-file", prompt_file), *model_files(settings)], flag="--output")
     # notes go to stderr; --json keeps stdout to one object
     with open_session(settings, on_note=note, on_progress=progress_line()) as session, \
             contextlib.ExitStack() as outputs:
         if output is None:
             stream = sys.stdout
         else:
-            refuse_output_onto_inputs(output, session.choice.files_read, flag="--output")
             stream = outputs.enter_context(replaced_on_success(output, what="--output"))
         tokenizer = session.tokenizer
         if chat and session.template.is_fallback:

@@ -164,9 +164,11 @@ def plan_command(target, draft, pair, memory_budget, devices, max_context, max_t
     if batch is not None:
         _plan_batch(settings, batch, as_json)
         return
-    if backend_args["backend"] != "llama.cpp":
-        raise UserError(f"pocketspec plan plans llama.cpp sessions, and --backend {backend_args['backend']} batches "
-                        "with --batch N; `generate --backend torch --memory-budget ...` prints one sequence's plan")
+    backend = backend_args["backend"]
+    if backend != "llama.cpp":
+        batches = " and --backend torch batches (--batch N)" if backend == "torch" else ""
+        raise UserError(f"pocketspec plan plans llama.cpp sessions{batches}; `generate --backend {backend} "
+                        "--memory-budget ...` prints one sequence's plan before it runs")
     preview = preview_plan(settings)
     if as_json:
         click.echo(json.dumps(preview.result.to_dict(), sort_keys=True))

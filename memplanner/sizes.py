@@ -34,6 +34,8 @@ def parse_size(text: str | int) -> int:
         suffix = "ib"
     if not prefix and suffix.lower() not in ("", "b"):
         raise ValueError(f"cannot read {text!r} as a size: unit {suffix!r} needs K, M, G or T before it")
+    if not prefix and not float(number).is_integer():  # "3.5": no one means three and a half bytes
+        raise ValueError(f"{text!r} is a fraction of a byte: give a unit, e.g. {number}GiB or {number}MiB")
     num_bytes = float(number) * 1024 ** _UNIT_EXPONENTS[prefix.lower()]
     if num_bytes >= MAX_BYTES:  # also a number too long for a float, which reads as inf
         raise ValueError(f"{text!r:.40} is more memory than any machine has; write e.g. 3GiB")

@@ -8,6 +8,7 @@ so every front end reaches the same engine the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Mapping
 
 from memplanner.memory_budget import MemoryBudget, parse_memory_budget
@@ -101,6 +102,13 @@ def _parse_devices(devices: str | tuple | None, device: str) -> tuple[str, ...]:
         raise UserError(f"--devices {devices}: {error}") from None
 
 
+def model_files(settings: SessionSettings) -> list[tuple[str, Path | None]]:
+    """The model files the settings name, resolved (nothing loads), by their flags: an output the run would
+    write over one of them is refused before a model loads for a minute."""
+    return choose_models(target=settings.target, draft=settings.draft, pair=settings.pair,
+                         pull_if_missing=settings.pull_if_missing).files_read
+
+
 def settings_for(settings: SessionSettings) -> tuple[ModelChoice, ModelSettings, SpeculationSettings]:
     """The models the settings name, resolved and checked, and the runtime settings before any plan."""
     choice = choose_models(target=settings.target, draft=settings.draft, pair=settings.pair,
@@ -114,8 +122,10 @@ def settings_for(settings: SessionSettings) -> tuple[ModelChoice, ModelSettings,
     speculation = replace(SPECULATION, gamma=settings.gamma, exact_verify=settings.exact_verify)
     target_settings, speculation = apply_backend_options(target_settings, speculation, settings.options)
     if target_settings.backend != "llama.cpp" and settings.kv_type is not None:
+        instead = "use --torch-kv-type" if target_settings.backend == "torch" else \
+            "ONNX Runtime keeps it in the precision of --weights; leave it out"
         raise UserError(f"--kv-type {settings.kv_type} sets llama.cpp's KV cache; with --backend "
-                        f"{target_settings.backend} use --torch-kv-type")
+                        f"{target_settings.backend} {instead}")
     return choice, with_verify_width(target_settings, speculation, choice), speculation
 
 

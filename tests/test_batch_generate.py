@@ -148,9 +148,12 @@ def test_an_output_onto_an_input_is_refused_and_the_input_kept(tiny_target, prom
     assert Path(prompt_file).read_bytes() == before
 
 
-def test_an_output_onto_the_model_is_refused(tiny_target, prompt_file):
+@pytest.mark.parametrize("batch", [["--batch", "2"], []])
+def test_an_output_onto_the_model_is_refused_before_it_loads(tiny_target, prompt_file, batch):
+    """Before a model loads, and so before a budget too small for it is refused (that one comes later)."""
     before = Path(tiny_target).stat()
-    assert_one_line_error(_batch(tiny_target, prompt_file, "--batch", "2", "--output", tiny_target), "--target")
+    refused = _batch(tiny_target, prompt_file, *batch, "--output", tiny_target, "--memory-budget", "1KiB")
+    assert_one_line_error(refused, f"--output {tiny_target} is the --target file")
     assert Path(tiny_target).stat().st_mtime_ns == before.st_mtime_ns
 
 

@@ -32,7 +32,8 @@ def test_a_budget_is_the_whole_process_or_one_per_device(text, devices, expected
 @pytest.mark.parametrize("text, devices, message", [
     ("lots", (), "--memory-budget 'lots'"),
     ("0", (), "must be positive"),
-    ("0.4", (), r"rounds to 0 bytes; write e\.g\. 512MiB"),
+    ("0.4", (), r"fraction of a byte: give a unit, e\.g\. 0\.4GiB"),
+    ("0.0001K", (), r"rounds to 0 bytes; write e\.g\. 512MiB"),
     ("6GiB,4GiB,2GiB", ("cuda:0", "cuda:1"), "2 devices"),
     ("cuda:0=6GiB,4GiB", (), "mixes"),
 ])

@@ -21,6 +21,13 @@ def test_parse_size_rejects_garbage_with_the_value_in_the_message(text):
     assert repr(text) in str(error.value) or text.strip() in str(error.value)
 
 
+@pytest.mark.parametrize("text", ["3.5", "0.5", "10.5B"])
+def test_a_fraction_of_a_byte_is_refused_asking_for_a_unit(text):
+    """`--memory-budget 3.5` read as 3.5 bytes (4 B) and was then refused as below the minimum."""
+    with pytest.raises(ValueError, match="is a fraction of a byte: give a unit"):
+        parse_size(text)
+
+
 @pytest.mark.parametrize("num_bytes, expected", [
     (0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (512 * 2**20, "512.00 MiB"),
     (int(1.23 * 2**30), "1.23 GiB"), (3 * 2**40, "3.00 TiB"), (-2048, "-2.00 KiB"),

@@ -150,6 +150,8 @@ def _export(folder: Path, gguf_path: Path, weights_format: str, notify: Notify |
         _write_manifest(partial, gguf_path, weights_format, config)
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(partial, folder)
+    except OSError as error:  # a full disk under POCKETSPEC_HOME: the export's to say, not "the output"
+        raise UserError(f"cannot write the ONNX export to {folder.parent}: {error.strerror or error}") from None
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     gguf_key, weights_format_key = folder.name.split("-")[:2]

@@ -80,7 +80,7 @@ class GGUFWeights:
         self._tensors = header.tensors
         arch = self._field("general.architecture")
         if arch not in SUPPORTED_ARCHS:
-            raise UserError(f"{path}: architecture {arch!r} is not supported by --backend torch "
+            raise UserError(f"{path}: architecture {arch!r} is not supported by --backend torch or onnx "
                             f"(use one of {', '.join(SUPPORTED_ARCHS)}, or --backend llama.cpp)")
         if "tokenizer.ggml.tokens" not in header.array_lengths:
             raise UserError(f"{path}: GGUF metadata lacks tokenizer.ggml.tokens")
