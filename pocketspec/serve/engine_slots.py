@@ -1,5 +1,5 @@
 """One slot that is a speculative engine, for what the batching pool cannot run: a torch target split
-over --devices (pocketspec/serve/open.py).
+over --devices, and ONNX Runtime (pocketspec/serve/open.py).
 
 Requests run one at a time, in the order they came, on the slot's own thread. The engine keeps
 the whole 512-token prefill chunks of its target's KV cache that the next prompt shares (those a
