@@ -33,7 +33,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 NEW_TOKENS = 24
-PAIR, PAIR_DRAFT = "qwen-coder", "qwen2.5-coder-0.5b-instruct"  # the grid's draft model: the pair's, not a named one
+PAIR = "qwen-coder"  # the grid's draft model is this pair's, not one named with --draft
+
+
+def pair_draft() -> str:
+    from pocketspec.models.catalog import resolve_pair
+
+    return resolve_pair(PAIR).draft
 
 
 def plan_as_uncalibrated() -> None:
@@ -71,7 +77,7 @@ def worker(config: dict) -> dict:
 
     # a draft model comes as the pair's, which a tight budget may give up for n-gram drafting; one named
     # with --draft (SessionSettings.draft) the plan would keep or refuse
-    is_pair_draft = config["draft"] == PAIR_DRAFT
+    is_pair_draft = config["draft"] == pair_draft()
     session = open_session(SessionSettings(
         target=config["target"], draft=None if is_pair_draft else config["draft"],
         pair=PAIR if is_pair_draft else None, memory_budget=config["budget"],
@@ -132,7 +138,7 @@ def grid(quick: bool) -> list[dict]:
                             "budget": str(budget), "budget_label": format_bytes(budget),
                             "uncalibrated": draft_shape is not None})
 
-    small, target, draft = "smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct", PAIR_DRAFT
+    small, target, draft = "smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct", pair_draft()
     for context in (512, 2048, 8192):
         add(small, "ngram", context, None, (0.0, 1.0))
     add(small, "none", 4096, None, (1.0,))
