@@ -166,11 +166,12 @@ BACKEND_OPTIONS = {  # flag -> its click option, in --help's order
     "--compile": click.option(
         "--compile/--no-compile", "compile", default=MODEL.compile,
         help="torch.compile the torch model's forward (default: on a GPU with the static decode step, whose every "
-             "step is a CUDA graph replay either way)."),
+             "step is a CUDA graph replay either way; asked for, it takes the static step unless --decode-step "
+             "dynamic: compiled, the dynamic step decodes several times slower). On a CPU it does not pay."),
     "--decode-step": click.option(
         "--decode-step", type=click.Choice(DECODE_STEPS), default=MODEL.decode_step, show_default=True,
         help="torch decode step: static (fixed shapes, tokens chosen and verified on the device, one read back "
-             "per step), dynamic, or auto (static on a GPU)."),
+             "per step), dynamic, or auto (static on a GPU or with --compile)."),
     "--max-gamma": setting_option(
         "--max-gamma", SpeculationSettings, "max_gamma", show_default=True,
         help="Longest draft of a draft model (the adaptive γ's ceiling); `pocketspec plan` takes the same flag."),

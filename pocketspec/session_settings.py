@@ -28,6 +28,9 @@ ONNX_ONLY_FIELDS = ("execution_provider", "prepack_weights")
 NOT_READ_BY = {"llama.cpp": TORCH_ONLY_FIELDS + ONNX_ONLY_FIELDS, "torch": ONNX_ONLY_FIELDS,
                "onnx": tuple(name for name in TORCH_ONLY_FIELDS if name != "weights")}
 FLAG_NAMES = {"execution_provider": "--ep"}
+# The self-draft flags, by field, and the one --draft that reads each: a flag no drafter reads is refused
+SELF_DRAFT_FIELDS = {"self_draft_window": "self-sparse", "self_draft_kv_type": "self-sparse",
+                     "self_draft_keys": "self-sparse", "self_skip_layers": "self-skip"}
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,24 @@ def settings_for(settings: SessionSettings) -> tuple[ModelChoice, ModelSettings,
             "ONNX Runtime keeps it in the precision of --weights; leave it out"
         raise UserError(f"--kv-type {settings.kv_type} sets llama.cpp's KV cache; with --backend "
                         f"{target_settings.backend} {instead}")
+    check_self_draft_flags(speculation, (choice.drafter,))
     return choice, with_verify_width(target_settings, speculation, choice), speculation
+
+
+def check_self_draft_flags(speculation: SpeculationSettings, drafters: tuple[str, ...]) -> None:
+    """Refuse a self-draft flag that none of `drafters` reads, rather than ignore it."""
+    for name, drafter in SELF_DRAFT_FIELDS.items():
+        if getattr(speculation, name) != getattr(SPECULATION, name) and drafter not in drafters:
+            flag = "--" + name.replace("_", "-")
+            raise UserError(f"{flag} applies to --draft {drafter} (--backend torch); add --draft {drafter} or "
+                            f"leave {flag} out")
+
+
+def options_read_by(drafter: str, options: Mapping[str, object]) -> dict[str, object]:
+    """`options` without the self-draft flags that `drafter` does not read (a bench passes its flags to
+    every drafter it runs)."""
+    return {name: value for name, value in options.items()
+            if name not in SELF_DRAFT_FIELDS or SELF_DRAFT_FIELDS[name] == drafter}
 
 
 def with_verify_width(target_settings: ModelSettings, speculation: SpeculationSettings,

@@ -172,12 +172,13 @@ class ModelSettings:
     @property
     def uses_static_step(self) -> bool:
         """Whether the torch backend decodes with the static step (torch_model/static_step.py). auto: on a
-        GPU, which otherwise waits for the host several times a step and cannot replay a CUDA graph; not
-        on a CPU, where the host is the device, so there is nothing to wait for, and attending over the
-        whole cache costs more than over the filled part. A split model always decodes dynamically."""
+        GPU, which otherwise waits for the host several times a step and cannot replay a CUDA graph, and
+        wherever --compile is asked for (the dynamic step compiled recompiles as its shapes change); not
+        on a CPU otherwise, where the host is the device, so there is nothing to wait for, and attending
+        over the whole cache costs more than over the filled part. A split model always decodes dynamically."""
         if self.backend != "torch" or len(self.devices) > 1:
             return False
-        return self.decode_step == "static" or (self.decode_step == AUTO and self.is_on_gpu)
+        return self.decode_step == "static" or (self.decode_step == AUTO and (self.is_on_gpu or bool(self.compile)))
 
 
 def draft_settings_for(target_settings: ModelSettings, draft_max_context: int | None = None,

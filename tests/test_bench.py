@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--peers", "llama.cpp"], ["--peers llama.cpp cannot run", "needs a draft model"]),  # SmolLM2 has none
     (["--peers", "llama.cpp-ngram-simple", "--llama-tools", "/tmp"], ["--peers llama.cpp-ngram-simple cannot run",
                                                                      "/tmp"]),
+    (["--drafters", "auto,ngram", "--self-draft-window", "64"], ["--self-draft-window applies to --draft self-sparse"]),
 ])
 def test_bad_flags(smollm2_path, args, fragments):
     assert_one_line_error(run_cli("bench", "--target", str(smollm2_path), *args), *fragments)
@@ -114,6 +115,18 @@ def test_the_worker_opens_the_jobs_kv_type_and_verify_mode():
     settings = session_settings(job)
     assert settings.kv_type == "bf16" and settings.exact_verify
     assert "kv_type" not in settings.options and "exact_verify" not in settings.options
+
+
+def test_each_worker_gets_the_self_draft_flags_its_drafter_reads():
+    """`--drafters ngram,self-sparse --self-draft-window 64`: the self-sparse worker's window, not the n-gram's."""
+    from apps.bench.worker import session_settings
+
+    options = {"backend": "torch", "self_draft_window": 64, "self_skip_layers": 2}
+    job = {"target": "t.gguf", "temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0, "max_context": 512,
+           "num_threads": 1, "max_tokens": 8, "options": options}
+    assert session_settings({**job, "draft": "ngram"}).options == {"backend": "torch"}
+    assert session_settings({**job, "draft": "self-sparse"}).options == {"backend": "torch", "self_draft_window": 64}
+    assert session_settings({**job, "draft": "self-skip"}).options == {"backend": "torch", "self_skip_layers": 2}
 
 
 @pytest.mark.real_model

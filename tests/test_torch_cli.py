@@ -59,6 +59,12 @@ def test_cuda_without_a_gpu_is_a_user_error(tiny_target):
     (["--backend", "torch", "--device", "tpu"], ["--device 'tpu'"]),
     (["--backend", "torch", "--draft", "self-sparse", "--self-draft-window", "40"], ["window 40 is too small"]),
     (["--backend", "torch", "--memory-budget", "100KiB"], ["below the torch backend's predicted peak", "weights"]),
+    # a self-draft flag no drafter reads is refused, not ignored
+    (["--backend", "torch", "--draft", "ngram", "--self-draft-window", "64"], ["--self-draft-window applies to --draft "
+                                                                             "self-sparse"]),
+    (["--backend", "torch", "--draft", "self-sparse", "--self-skip-layers", "1"], ["--self-skip-layers applies to "
+                                                                                 "--draft self-skip"]),
+    (["--self-draft-keys", "attended"], ["--self-draft-keys applies to --draft self-sparse"]),
 ])
 def test_bad_torch_flags_are_one_line_errors(tiny_target, args, fragments):
     assert_one_line_error(_generate("--target", tiny_target, *args), *fragments)

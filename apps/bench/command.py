@@ -39,7 +39,7 @@ from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_succes
 from pocketspec.signals import Terminated, stop_signals_held
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models
-from pocketspec.session_settings import apply_backend_options
+from pocketspec.session_settings import apply_backend_options, check_self_draft_flags
 from pocketspec.settings import SELF_DRAFTS, BenchSettings, default_num_threads
 
 REPO = Path(__file__).resolve().parents[2]
@@ -154,7 +154,7 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
     if categories and not _split(categories):
         raise UserError("--categories is empty: name one or more of the suite's categories, or leave it out")
     prompts = with_later_turns(select_prompts(read_suite(suite), tuple(_split(categories)), per_category), turns)
-    settings, _ = apply_backend_options(MODEL, SPECULATION, backend_args)  # refuse what every worker would refuse
+    settings, speculation = apply_backend_options(MODEL, SPECULATION, backend_args)  # refuse what every worker would
     if memory_budget is None or "=" not in memory_budget:  # a budget naming devices is checked as a split
         check_devices(settings)
     backend = backend_args["backend"]
@@ -163,6 +163,7 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
         drafters = draft if draft in DRAFTERS[1:] else BENCH.drafters
     pair_name = resolve_pair(pair).name if draft is None and choice.draft_path is not None else None
     drafter_specs = _parse_drafters(drafters, backend, choice.draft_path, draft_from_pair=pair_name is not None)
+    check_self_draft_flags(speculation, tuple(drafter for drafter, _, _ in drafter_specs))
     budgets = _parse_budgets(memory_budget)
     peers = parse_peers(peers_text, backend)
     num_threads = threads or default_num_threads()

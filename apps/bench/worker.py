@@ -52,7 +52,7 @@ def session_settings(job: dict):
     """The job's PocketSpec system as the SessionSettings every front end opens (options: the bench's
     backend flags, its --memory-budget, --gamma, --exact-verify, --repack and --kv-type)."""
     from apps.flags import parse_gamma
-    from pocketspec.session_settings import SessionSettings
+    from pocketspec.session_settings import SessionSettings, options_read_by
     from pocketspec.settings import SamplingSettings
 
     options = dict(job["options"])
@@ -63,7 +63,7 @@ def session_settings(job: dict):
         gamma=parse_gamma(options.pop("gamma", "auto")), memory_budget=options.pop("memory_budget", None),
         max_context=job["max_context"], threads=job["num_threads"], max_new_tokens=job["max_tokens"],
         repack=options.pop("repack", None), kv_type=options.pop("kv_type", None),
-        exact_verify=options.pop("exact_verify", None), options=options)
+        exact_verify=options.pop("exact_verify", None), options=options_read_by(job["draft"], options))
 
 
 def run_pocketspec(job: dict) -> None:
