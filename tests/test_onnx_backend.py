@@ -224,7 +224,7 @@ def test_a_gguf_without_a_pull_stamp_is_hashed_once_while_it_is_unchanged(tmp_pa
     (["--backend", "onnx", "--device", "cuda"], ["--device applies to --backend torch"]),
     (["--backend", "onnx", "--devices", "cpu:0,cpu:1"], ["--backend onnx runs on one device"]),
     (["--backend", "onnx", "--memory-budget", "100MiB"], ["--memory-budget 100.00 MiB is below the ONNX backend's",
-                                                         "weights"]),
+                                                         "weights", "even --weights int4 --max-context 512 need"]),
     (["--backend", "onnx", "--draft", "self-sparse"], ["needs --backend torch"]),
     (["--backend", "onnx", "--ep", "npu"], ["'npu' is not one of"]),
 ])

@@ -70,6 +70,26 @@ def test_bad_torch_flags_are_one_line_errors(tiny_target, args, fragments):
     assert_one_line_error(_generate("--target", tiny_target, *args), *fragments)
 
 
+def test_a_budget_below_every_setting_names_what_the_lightest_need_and_that_budget_runs(tiny_target):
+    """Too small for any weights, KV type and context: the refusal names the lightest settings and their
+    budget instead of lighter settings that would not fit either; given that budget, they run."""
+    import math
+    import re
+
+    refused = _generate("--target", tiny_target, "--backend", "torch", "--memory-budget", "100KiB")
+    assert_one_line_error(refused, "even --weights int4 --torch-kv-type int8 --max-context 512 need",
+                          "raise --memory-budget")
+    assert "try --weights" not in refused.stderr
+    need_mib = float(re.search(r"need ([\d.]+) MiB", refused.stderr).group(1))
+    lightest = ["--weights", "int4", "--torch-kv-type", "int8", "--max-context", "512"]
+    fits = _generate("--target", tiny_target, "--backend", "torch", *lightest,
+                     "--memory-budget", f"{math.ceil(need_mib)}MiB")
+    assert fits.returncode == 0, fits.stderr
+    short = _generate("--target", tiny_target, "--backend", "torch", *lightest,
+                      "--memory-budget", f"{math.floor(need_mib) - 1}MiB")
+    assert_one_line_error(short, "below the torch backend's predicted peak")
+
+
 @pytest.mark.gpu
 def test_cuda_generation_equals_its_own_plain_decoding(tiny_target):
     if not torch.cuda.is_available():

@@ -45,3 +45,15 @@ def peak_line(scope: str, peak_bytes: int, budget_bytes: int, details: str, kept
     scope_text = f" ({scope})" if scope else ""
     return (f"memory plan{scope_text}: predicted peak {format_bytes(peak_bytes)}{kept_free} of "
             f"{format_bytes(budget_bytes)} ({details})")
+
+
+# The shortest context the lightest settings a refusal names keep: a prompt and its reply
+LIGHTEST_CONTEXT = 512
+
+
+def lighter_advice(advice: str, lightest_flags: str, lightest_bytes: int, budget_bytes: int) -> str:
+    """What a refusal suggests: `advice` (lighter settings to try) with what the lightest of them all need,
+    or, where the budget is below even that, only the budget they need."""
+    if budget_bytes < lightest_bytes:
+        return f"even {lightest_flags} need {format_bytes(lightest_bytes)}: raise --memory-budget"
+    return f"{advice} (the lightest, {lightest_flags}, need {format_bytes(lightest_bytes)})"

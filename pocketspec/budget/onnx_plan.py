@@ -19,7 +19,7 @@ from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
 from memplanner.torch_peak import heap_reserve_bytes
 from memplanner.torch_sizes import gguf_layout
-from pocketspec.budget.memory_plan import MemoryPlan, peak_line, sizes_text
+from pocketspec.budget.memory_plan import LIGHTEST_CONTEXT, MemoryPlan, lighter_advice, peak_line, sizes_text
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import ModelSettings, SpeculationSettings
@@ -68,7 +68,11 @@ def apply_onnx_plan(choice: ModelChoice, budget_bytes: int, target_settings: Mod
                 lines.append(f"memory plan (onnx): prompt chunks n_batch {target_settings.n_batch} -> {n_batch}: "
                              "smaller activations, slower prompt processing")
             return MemoryPlan(choice, sized, speculation, budget_bytes, lines, predicted_peak_bytes=total)
+    lightest = replace(target_settings, weights="int4", prepack_weights=False, n_batch=N_BATCH_CHOICES[-1],
+                       n_ubatch=N_BATCH_CHOICES[-1], max_context=min(target_settings.max_context, LIGHTEST_CONTEXT))
+    advice = "try " + ("a smaller --max-context" if target_settings.weights == "int4" else
+                       "--weights int4 or a smaller --max-context")
     raise UserError(f"--memory-budget {format_bytes(budget_bytes)} is below the ONNX backend's predicted peak "
-                    f"{format_bytes(total)} + {format_bytes(reserve)} kept free ({sizes_text(terms)}); try "
-                    + ("a smaller --max-context" if target_settings.weights == "int4" else
-                       "--weights int4 or a smaller --max-context"))
+                    f"{format_bytes(total)} + {format_bytes(reserve)} kept free ({sizes_text(terms)}); "
+                    + lighter_advice(advice, f"--weights int4 --max-context {lightest.max_context}",
+                                     sum(onnx_peak(choice, lightest, speculation).values()) + reserve, budget_bytes))
