@@ -18,7 +18,7 @@ from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.conversation.conversation import Conversation, Replayed, assistant_record, header_record
 from pocketspec.errors import UserError
 from pocketspec.session import open_session
-from pocketspec.settings import GenerationSettings
+from pocketspec.settings import BACKENDS, GenerationSettings
 from pocketspec.speculation.verify_mode import verify_label
 from pocketspec.conversation.transcript import (TranscriptWriter, check_not_in_use, find_transcript, load_transcript,
                                                new_transcript_path)
@@ -40,6 +40,20 @@ def _drafting_label(session) -> str:
     if engine.model is not None:
         return _model_name(session.choice.draft_path, session.choice.drafter)
     return "ngram" if engine.ngram is not None else "none"
+
+
+def _is_given(name: str) -> bool:
+    """Whether the command line gave the parameter `name`, rather than its default."""
+    return click.get_current_context().get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+
+
+def _resumed_backend(replayed: Replayed, path: Path, default: str) -> str:
+    """The backend the transcript's chat ran on (a self-draft, say, runs on torch only); older ones name none."""
+    backend = (replayed.header or {}).get("backend", default)
+    if backend not in BACKENDS:
+        raise UserError(f"{path}: its header names backend {backend!r}, not one of {', '.join(BACKENDS)}; "
+                        "give --backend")
+    return backend
 
 
 def _show_history(replayed: Replayed, path: Path) -> None:
@@ -96,6 +110,8 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
     if replayed is not None and replayed.header and target is None and pair is None:
         # the transcript's target, and its draft unless --draft names another (the draft was the target's)
         target, draft = replayed.header.get("target"), draft or replayed.header.get("draft")
+    if replayed is not None and not _is_given("backend"):
+        backend_args["backend"] = _resumed_backend(replayed, resume, backend_args["backend"])
     message = None
     if not is_interactive:
         message = read_piped_stdin(prompt_bytes_limit(max_context)).strip()
@@ -109,14 +125,15 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
     with open_session(settings, on_note=note, on_progress=progress_line()) as session:
         # the header names what drafts here: a pair's draft model the loader left out is not named, or a
         # --resume would load it as one named with --draft
-        models = (_model_name(session.choice.target_path, "none"), _drafting_label(session))
+        header = header_record(target=_model_name(session.choice.target_path, "none"), draft=_drafting_label(session),
+                               backend=backend_args["backend"])
         with TranscriptWriter(proposed_path, is_new=replayed is None) as transcript:
             transcript_path = transcript.path  # a new chat's: the proposed name, or a numbered one beside it
             if transcript.set_aside is not None:
                 note(f"{transcript_path}: its last line was cut mid-write; cut it off and kept the original "
                      f"as {transcript.set_aside}")
             if replayed is None:
-                transcript.append(header_record(target=models[0], draft=models[1]))
+                transcript.append(header)
             elif replayed.unfinished_reply is not None:
                 # The process died mid-reply: what was shown stays in the history, marked cut.
                 transcript.append(assistant_record(replayed.unfinished_reply, is_cut=True, stop_reason="killed"))
@@ -130,15 +147,15 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
             if not is_interactive:
                 _answer_piped(chat_, session, message, show_stats)
                 return
-            verify = "" if models[1] == "none" else f", verify: {verify_label(session.engine.is_exact_verify)}"
-            note(f"chat with {models[0]} (draft: {models[1]}{verify}), context {chat_.max_context} tokens; "
+            verify = "" if header["draft"] == "none" else f", verify: {verify_label(session.engine.is_exact_verify)}"
+            note(f"chat with {header['target']} (draft: {header['draft']}{verify}), context {chat_.max_context} tokens; "
                  "/help for commands, Ctrl-D or /exit to quit")
             note(f"transcript: {transcript_path}")
             if replayed is not None:
                 _show_history(replayed, transcript_path)
             from apps.chat_prompt import terminal_prompt  # only here: piped stdin needs no prompt_toolkit
 
-            Repl(chat_, session, terminal_prompt(note), show_stats=show_stats, models=models).run()
+            Repl(chat_, session, terminal_prompt(note), show_stats=show_stats, header=header).run()
 
 
 COMMANDS = [chat]

@@ -53,12 +53,12 @@ HELP = """\
 
 
 class Repl:
-    def __init__(self, chat: Chat, session, prompt, *, show_stats: bool = True, models: tuple[str, str] = ("", "")):
+    def __init__(self, chat: Chat, session, prompt, *, show_stats: bool = True, header: dict | None = None):
         self.chat = chat
         self.prompt = prompt  # read() -> one message, raising EOFError / KeyboardInterrupt; keys_help
         self.session = session
         self.show_stats = show_stats
-        self.models = models  # target and draft, as the transcript header names them
+        self.header = header or {}  # the transcript's header record, which /save writes too
         self._is_interrupted = False
         self.commands = {"/help": self.help, "/stats": self.toggle_stats, "/reset": self.reset, "/system": self.system,
                          "/save": self.save, "/budget": self.budget, "/exit": None, "/quit": None}
@@ -163,8 +163,7 @@ class Repl:
             return
         try:
             refuse_output_onto_inputs(path, self.session.choice.files_read, flag="/save")
-            save_conversation(path, self.chat.conversation, target=self.models[0], draft=self.models[1],
-                              replace=is_forced)
+            save_conversation(path, self.chat.conversation, header=self.header, replace=is_forced)
         except UserError as error:
             note(f"error: {error}")
             return

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import home_with_measurements
+from test_cli_errors import assert_one_line_error
 from pocketspec.conversation.transcript import load_transcript, read_records
 
 pexpect = pytest.importorskip("pexpect")
@@ -213,6 +214,22 @@ def test_resume_with_only_draft_keeps_the_transcripts_target(chat_home, tmp_path
                              "--resume", str(path)], input="hi", capture_output=True, text=True,
                             env=_env(chat_home), timeout=TIMEOUT_SECONDS)
     assert result.returncode == 2 and "no-such-model" in result.stderr, result.stderr
+
+
+def test_resume_runs_on_the_transcripts_backend(chat_home):
+    """A self-sparse chat runs on torch only: --resume takes the header's backend unless --backend names one."""
+    def chat(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(POCKETSPEC), "chat", "--threads", "1", "--max-tokens", "3", *args], input="hi",
+                              capture_output=True, text=True, env=_env(chat_home), timeout=TIMEOUT_SECONDS)
+
+    first = chat("--target", "smollm2-135m-instruct", "--backend", "torch", "--draft", "self-sparse")
+    assert first.returncode == 0, first.stderr
+    (path,) = (chat_home / "chats").glob("*.jsonl")
+    assert read_records(path)[0]["backend"] == "torch"
+    resumed = chat("--resume", str(path))
+    assert resumed.returncode == 0, resumed.stderr
+    assert _users(path) == ["hi", "hi"]
+    assert_one_line_error(chat("--resume", str(path), "--backend", "llama.cpp"), "--draft self-sparse", "--backend torch")
 
 
 def _quit(child) -> str:

@@ -139,9 +139,9 @@ def test_save_never_replaces_a_file_unless_asked(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("precious")
     with pytest.raises(UserError, match="already exists; add --force"):
-        save_conversation(path, conversation, target="t", draft="d")
+        save_conversation(path, conversation, header=header_record(target="t", draft="d"))
     assert path.read_text() == "precious"
-    save_conversation(path, conversation, target="t", draft="d", replace=True)
+    save_conversation(path, conversation, header=header_record(target="t", draft="d"), replace=True)
     assert load_transcript(path).conversation == conversation
     assert list(tmp_path.iterdir()) == [path]
 
@@ -151,9 +151,10 @@ def test_save_writes_a_resumable_file(tmp_path):
     conversation.add_user("hi")
     conversation.add_assistant("hel", is_cut=True)
     path = tmp_path / "saved.jsonl"
-    save_conversation(path, conversation, target="t", draft="ngram")
+    save_conversation(path, conversation, header=header_record(target="t", draft="ngram", backend="torch"))
     replayed = load_transcript(path)
     assert replayed.conversation == conversation and replayed.header["draft"] == "ngram"
+    assert replayed.header["backend"] == "torch"
     assert not list(tmp_path.glob("*.partial"))
 
 

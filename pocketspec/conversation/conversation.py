@@ -105,8 +105,10 @@ class Conversation:
         return records
 
 
-def header_record(*, target: str | None, draft: str | None) -> dict:
-    return {"type": "header", "version": TRANSCRIPT_VERSION, "target": target, "draft": draft}
+def header_record(*, target: str | None, draft: str | None, backend: str | None = None) -> dict:
+    """backend: the one the chat ran on, which --resume runs on again (older transcripts have none)."""
+    record = {"type": "header", "version": TRANSCRIPT_VERSION, "target": target, "draft": draft}
+    return {**record, "backend": backend} if backend is not None else record
 
 
 def system_record(text: str | None) -> dict:

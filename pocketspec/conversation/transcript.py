@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pocketspec.atomic_file import is_device_or_pipe, replaced_on_success
 from pocketspec.models.catalog import pocketspec_home, writable_home_folder
-from pocketspec.conversation.conversation import Conversation, Replayed, TranscriptError, header_record, replay
+from pocketspec.conversation.conversation import Conversation, Replayed, TranscriptError, replay
 from pocketspec.errors import UserError
 
 
@@ -248,9 +248,8 @@ def load_transcript(path: Path) -> Replayed:
         raise UserError(f"transcript {path} is corrupt: {error}") from None
 
 
-def save_conversation(path: Path, conversation: Conversation, *, target: str | None, draft: str | None,
-                      replace: bool = False) -> None:
-    """Write the conversation as a fresh transcript that --resume reads.
+def save_conversation(path: Path, conversation: Conversation, *, header: dict, replace: bool = False) -> None:
+    """Write the conversation, after `header` (header_record), as a fresh transcript that --resume reads.
 
     An existing file is a UserError unless `replace`; then it is replaced atomically, unless another chat
     has it open (it would go on appending to the old one). A folder is refused; a device or a pipe
@@ -263,7 +262,7 @@ def save_conversation(path: Path, conversation: Conversation, *, target: str | N
         if not replace:
             raise UserError(f"{path} already exists; add --force to replace it")
         check_not_in_use(path, advice="save to another file")
-    records = [header_record(target=target, draft=draft), *conversation.to_records()]
+    records = [header, *conversation.to_records()]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
