@@ -148,8 +148,8 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
                 _answer_piped(chat_, session, message, show_stats)
                 return
             verify = "" if header["draft"] == "none" else f", verify: {verify_label(session.engine.is_exact_verify)}"
-            note(f"chat with {header['target']} (draft: {header['draft']}{verify}), context {chat_.max_context} tokens; "
-                 "/help for commands, Ctrl-D or /exit to quit")
+            note(f"chat with {header['target']} (draft: {header['draft']}{verify}), context {chat_.max_context} "
+                 "tokens; /help for commands, Ctrl-D or /exit to quit")
             note(f"transcript: {transcript_path}")
             if replayed is not None:
                 _show_history(replayed, transcript_path)

@@ -229,7 +229,8 @@ def test_resume_runs_on_the_transcripts_backend(chat_home):
     resumed = chat("--resume", str(path))
     assert resumed.returncode == 0, resumed.stderr
     assert _users(path) == ["hi", "hi"]
-    assert_one_line_error(chat("--resume", str(path), "--backend", "llama.cpp"), "--draft self-sparse", "--backend torch")
+    assert_one_line_error(chat("--resume", str(path), "--backend", "llama.cpp"), "--draft self-sparse",
+                          "--backend torch")
 
 
 def _quit(child) -> str:
