@@ -66,20 +66,23 @@ def replaced_on_success(path: Path, *, what: str) -> Iterator[IO[str]]:
         descriptor, temporary = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent)
     except OSError as error:
         raise _cannot_write(what, path, error) from None
+    file = os.fdopen(descriptor, "w", encoding="utf-8")
     is_done = False
     try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            yield _CheckedWrites(file, what, path)
-            try:
-                file.flush()
-                os.fsync(file.fileno())
-                _keep_mode(final, temporary)
-                os.replace(temporary, final)
-            except OSError as error:
-                raise _cannot_write(what, path, error) from None
+        yield _CheckedWrites(file, what, path)
+        try:
+            file.flush()
+            os.fsync(file.fileno())
+            file.close()
+            _keep_mode(final, temporary)
+            os.replace(temporary, final)
+        except OSError as error:
+            raise _cannot_write(what, path, error) from None
         is_done = True
     finally:
         if not is_done:
+            with contextlib.suppress(OSError):  # a full disk fails the buffer's last flush again: keep the first error
+                file.close()
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
 
