@@ -4,7 +4,8 @@ Outputs are JSONL, one line per prompt in input order, each written as soon as i
 every prompt before it are done. The first Ctrl-C stops after the current forward:
 prompts not finished are written with what they have and stop reason `interrupted`,
 then the command exits with 130. An --output file appears under its name only once every
-line is in it (see pocketspec/atomic_file.py), and is never one of the inputs.
+line is in it (see pocketspec/atomic_file.py), and is never one of the inputs; an interrupted
+run never replaces an earlier file: its lines go beside it, as FILE.interrupted.jsonl.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ import signal
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import click
 
 from apps.flags import BATCH
 from apps.prompt_file import read_batch_prompts
 from apps.terminal import note
-from pocketspec.atomic_file import check_output_folder, refuse_output_onto_inputs, replaced_on_success
+from pocketspec.atomic_file import (check_output_folder, refuse_output_onto_inputs, replaced_on_success,
+                                   unused_name_beside)
 from pocketspec.batch.sequence import BatchResult, Request
 from pocketspec.batch_session import open_batch_session
 from pocketspec.conversation.chat_template import FALLBACK_NOTE
@@ -91,8 +94,13 @@ def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, bat
         if output is None:
             is_interrupted = _decode(session.engine, requests, OrderedWriter(sys.stdout, session.tokenizer, seeds))
         else:
+            is_earlier = Path(output).expanduser().is_file()  # which an interrupted run never replaces
             with replaced_on_success(output, what="--output") as stream:
                 is_interrupted = _decode(session.engine, requests, OrderedWriter(stream, session.tokenizer, seeds))
+                if is_interrupted and is_earlier:
+                    stream.keep_as(unused_name_beside(output, "interrupted"))
+            if stream.kept_as is not None:
+                note(f"{output} is left as it was; this run's lines are in {stream.kept_as}")
     if is_interrupted:
         raise click.Abort()
 

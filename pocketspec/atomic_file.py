@@ -49,7 +49,8 @@ def check_output_folder(path: Path, *, what: str) -> None:
 
 @contextlib.contextmanager
 def replaced_on_success(path: Path, *, what: str) -> Iterator[IO[str]]:
-    """Yields a text file that becomes `path` when the block ends without an exception.
+    """Yields a text file that becomes `path` when the block ends without an exception (or the file the block
+    named with keep_as).
 
     `what` names the file in errors ("--output", "the chat transcript").
 
@@ -69,7 +70,9 @@ def replaced_on_success(path: Path, *, what: str) -> Iterator[IO[str]]:
     file = os.fdopen(descriptor, "w", encoding="utf-8")
     is_done = False
     try:
-        yield _CheckedWrites(file, what, path)
+        checked = _CheckedWrites(file, what, path)
+        yield checked
+        final = checked.kept_as or final
         try:
             file.flush()
             os.fsync(file.fileno())
@@ -100,6 +103,17 @@ def _keep_mode(path: Path, temporary: str) -> None:
 
 def _cannot_write(what: str, path: Path, error: OSError) -> UserError:
     return UserError(f"cannot write {what} {path}: {error.strerror or error}")
+
+
+def unused_name_beside(path: Path, tag: str) -> Path:
+    """`out.jsonl` -> `out.TAG.jsonl`, or `out.TAG-2.jsonl` and so on where that exists: a name beside `path`
+    that holds nothing yet."""
+    path = Path(os.path.realpath(Path(path).expanduser()))
+    for number in range(1, 10_000):
+        name = f"{path.stem}.{tag}{'' if number == 1 else f'-{number}'}{path.suffix}"
+        if not os.path.lexists(path.with_name(name)):
+            return path.with_name(name)
+    raise UserError(f"cannot find a free name beside {path}: remove some of its .{tag} files")
 
 
 def is_device_or_pipe(path: Path) -> bool:
@@ -136,6 +150,11 @@ class _CheckedWrites:
 
     def __init__(self, file: IO[str], what: str, path: Path):
         self._file, self._what, self._path = file, what, path
+        self.kept_as: Path | None = None
+
+    def keep_as(self, path: Path) -> None:
+        """Once whole, the file becomes `path` (in the same folder), and the named one is left as it was."""
+        self.kept_as = path
 
     def _failed(self, error: OSError) -> UserError:
         return _cannot_write(self._what, self._path, error)

@@ -207,6 +207,23 @@ def test_ctrl_c_with_output_writes_the_whole_file(tiny_target, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl", "out.jsonl"]
 
 
+def test_ctrl_c_never_replaces_an_earlier_output_and_writes_its_lines_beside_it(tiny_target, tmp_path):
+    output = tmp_path / "out.jsonl"
+    output.write_text("the previous run's outputs\n")
+    (tmp_path / "out.interrupted.jsonl").write_text("an earlier interrupted run's\n")
+    process = _batch_writing_its_output(tiny_target, tmp_path, output)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr
+    beside = tmp_path / "out.interrupted-2.jsonl"
+    assert f"{output} is left as it was; this run's lines are in {beside}" in stderr
+    assert output.read_text() == "the previous run's outputs\n"
+    assert (tmp_path / "out.interrupted.jsonl").read_text() == "an earlier interrupted run's\n"
+    lines = [json.loads(line) for line in beside.read_text().splitlines()]
+    assert [line["index"] for line in lines] == list(range(len(PROMPTS) * 3))
+    assert lines[-1]["stop_reason"] == "interrupted"
+
+
 @pytest.mark.parametrize("batch", [[], ["--batch", "2"]])
 def test_an_output_in_a_missing_folder_is_refused_before_the_model_loads(tiny_target, prompt_file, tmp_path, batch):
     missing = tmp_path / "missing" / "out.jsonl"
