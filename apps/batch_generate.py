@@ -5,7 +5,7 @@ every prompt before it are done. The first Ctrl-C stops after the current forwar
 prompts not finished are written with what they have and stop reason `interrupted`,
 then the command exits with 130. An --output file appears under its name only once every
 line is in it (see pocketspec/atomic_file.py), and is never one of the inputs; an interrupted
-run never replaces an earlier file: its lines go beside it, as FILE.interrupted.jsonl.
+run never replaces an earlier file: its lines go beside it (out.jsonl: out.interrupted.jsonl).
 """
 
 from __future__ import annotations

@@ -222,7 +222,7 @@ def batch_options(function):
                      callback=_dash_is_stdout,
                      help="Write the output here instead of stdout (the JSONL lines with --batch); "
                           "the file appears once it is complete ('-': stdout). A Ctrl-C'd --batch writes what it "
-                          "has, beside an earlier FILE as FILE.interrupted.jsonl."),
+                          "has, beside an earlier out.jsonl as out.interrupted.jsonl."),
         click.option("--scheduler", type=click.Choice(SCHEDULERS), default=BATCH.scheduler, show_default=True,
                      help="--batch: step the longest-waiting rows together (pad) or equal-length rows (group)."),
         click.option("--batch-invariant/--fast-batch", "batch_invariant", default=BATCH.is_batch_invariant,
