@@ -22,16 +22,23 @@ def require_serve_packages() -> None:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether every address `host` names is a loopback one (127.0.0.0/8, ::1, localhost)."""
+    """Whether every address `host` names is a loopback one (127.0.0.0/8, ::1, localhost); UserError for a name
+    that does not resolve."""
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         pass
-    try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
-    except OSError:
-        return False
+    addresses = {info[4][0] for info in _address_info(host, None)}
     return bool(addresses) and all(ipaddress.ip_address(address.split("%")[0]).is_loopback for address in addresses)
+
+
+def _address_info(host: str, port: int | None) -> list[tuple]:
+    """socket.getaddrinfo for a TCP socket; UserError naming --host where the name does not resolve."""
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise UserError(f"--host {host} does not resolve ({error.strerror or error}); give an address, such as "
+                        f"{LOOPBACK_HOST} or 0.0.0.0, or a name this machine resolves") from None
 
 
 def check_exposure(host: str, api_key: str | None) -> None:
@@ -47,8 +54,8 @@ def check_exposure(host: str, api_key: str | None) -> None:
 
 def bind_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to host:port (0: a free port), not yet listening; UserError when it cannot be had."""
+    family, kind, protocol, _, address = _address_info(host, port)[0]
     try:
-        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, protocol)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
