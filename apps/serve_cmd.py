@@ -75,7 +75,8 @@ def serve(target, draft, pair, max_tokens, temperature, top_p, top_k, seed, gamm
         gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads,
         repack=repack, exact_verify=exact_verify, max_new_tokens=max_tokens, **backend_args)
     with contextlib.closing(bind_socket(host, port)) as sock:  # before loading, so a taken port fails at once
-        slots = open_slots(settings, max_concurrency=max_concurrency, on_note=note, on_progress=progress_line())
+        slots = open_slots(settings, max_concurrency=max_concurrency, on_note=note, on_progress=progress_line(),
+                           server=serve_settings)
         try:
             state = new_server_state(slots, settings, serve_settings, max_tokens=max_tokens, api_key=api_key)
 

@@ -52,6 +52,9 @@ class SessionSettings:
     options: Mapping[str, object] = field(default_factory=dict)
     draft_window: int | None = None  # the draft model's KV cache in tokens; None: the plan's, else the target's
     pull_if_missing: bool = False
+    # What the front end itself holds beside the models (a server: memplanner/server_terms.py), taken off a
+    # whole-process --memory-budget: the models plan within what is left
+    kept_bytes: int = 0
     # memory_budget parsed for the devices asked for, once, as the settings are made; None without one
     budget: MemoryBudget | None = field(init=False, default=None, repr=False, compare=False)
 
@@ -61,6 +64,8 @@ class SessionSettings:
                 budget = parse_memory_budget(self.memory_budget, requested_devices(self))
             except ValueError as error:
                 raise UserError(str(error)) from None
+            if self.kept_bytes and not budget.per_device:
+                budget = MemoryBudget(budget.total_bytes - self.kept_bytes)
             object.__setattr__(self, "budget", budget)
 
 

@@ -25,7 +25,8 @@ LONG_REQUEST = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 1500, "stream": True}
 
 @pytest.fixture(scope="module")
 def keyed_server(smollm2_path):
-    server = ServerProcess("--max-queue", "0", "--max-context", "2048", env={"POCKETSPEC_API_KEY": API_KEY})
+    server = ServerProcess("--max-queue", "0", "--max-context", "2048", "--memory-budget", "1GiB",
+                           env={"POCKETSPEC_API_KEY": API_KEY})
     yield server
     assert server.stop() == 0
     assert API_KEY not in server.stderr()
@@ -50,6 +51,13 @@ def test_the_key_opens_the_api_and_health_needs_none(keyed_server):
         openai.OpenAI(base_url=keyed_server.api_url, api_key="nope", max_retries=0).models.list()
     with keyed_server.client() as http:
         assert http.get("/health").status_code == 200
+
+
+def test_the_budget_keeps_the_servers_own_memory_beside_the_models(keyed_server):
+    """Its libraries and one request (--max-queue 0) of up to 4 MiB, three copies, come off the budget."""
+    assert ("memory plan (serve): the server keeps 38.00 MiB of --memory-budget 1.00 GiB (server libraries 24.00 MiB, "
+            "requests held 14.00 MiB: 1 request, running and queued, of up to --max-body 4MiB)") in keyed_server.stderr()
+    assert "of 986.00 MiB" in keyed_server.stderr()  # the models' plan, within what is left
 
 
 def test_full_queue_gets_503_with_retry_after(keyed_server):
@@ -131,7 +139,11 @@ def test_taken_port_is_refused():
     (["--max-concurrency", "0"], "--max-concurrency"),
     (["--max-queue", "-1"], "--max-queue"),
     (["--port", "70000"], "--port"),
-    (["--max-concurrency", "16", "--max-context", "4096", "--memory-budget", "400MiB"], "--max-concurrency 16"),
+    (["--max-concurrency", "16", "--max-context", "4096", "--memory-budget", "400MiB", "--max-body", "64KiB",
+      "--max-queue", "0"], "--max-concurrency 16"),
+    # the server's own libraries and the requests it holds come off the budget before the models plan
+    (["--memory-budget", "200MiB"], "the server keeps 262.00 MiB of --memory-budget 200.00 MiB"),
+    (["--memory-budget", "400MiB"], "what is left for the models: the server keeps 262.00 MiB"),
     (["--max-concurrency", "300"], "at most 256 sequences; lower --max-concurrency"),  # llama.cpp's LLAMA_MAX_SEQ
 ])
 def test_bad_flags_get_one_line(flags, fragment):

@@ -6,19 +6,59 @@ serves, its other ranks follow)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
+from memplanner.server_terms import server_terms
+from memplanner.sizes import format_bytes
+from pocketspec.budget.memory_plan import sizes_text
 from pocketspec.errors import UserError
 from pocketspec.serve.generation import Slots
+from pocketspec.serve.serve_settings import ServeSettings
 from pocketspec.session_settings import SessionSettings, requested_devices
 
 Notify = Callable[[str], None]
 
 
 def open_slots(settings: SessionSettings, *, max_concurrency: int, on_note: Notify | None = None,
-               on_progress: Notify | None = None) -> Slots:
+               on_progress: Notify | None = None, server: ServeSettings | None = None) -> Slots:
     """The slots for `max_concurrency` requests at once; UserError when that many cannot run (the backend,
-    the drafter, or the memory budget)."""
+    the drafter, or the memory budget). server: the settings of the server they run in, whose own memory
+    (server_terms) a whole-process --memory-budget keeps beside the models."""
+    terms = server_terms(server.max_held, server.max_body_bytes) if _bounds_this_process(settings, server) else {}
+    if not terms:
+        return _open_slots(settings, max_concurrency=max_concurrency, on_note=on_note, on_progress=on_progress)
+    budget_bytes, kept_bytes = settings.budget.total_bytes, sum(terms.values())
+    kept = (f"the server keeps {format_bytes(kept_bytes)} of --memory-budget {format_bytes(budget_bytes)} "
+            f"({sizes_text(terms)}: {server.max_held} request{'s' if server.max_held != 1 else ''}, running and "
+            f"queued, of up to --max-body {server.max_body})")
+    if kept_bytes >= budget_bytes:
+        raise UserError(f"{kept}, which leaves nothing for the models: raise --memory-budget, or lower --max-body "
+                        "or --max-queue")
+    try:
+        slots = _open_slots(replace(settings, kept_bytes=kept_bytes), max_concurrency=max_concurrency,
+                            on_note=on_note, on_progress=on_progress)
+    except UserError as error:
+        raise UserError(f"{error} (the budget above is what is left for the models: {kept}; add that, or lower "
+                        "--max-body or --max-queue)") from None
+    if on_note is not None:
+        on_note(f"memory plan (serve): {kept}; the models plan within the rest")
+    return slots
+
+
+def _bounds_this_process(settings: SessionSettings, server: ServeSettings | None) -> bool:
+    """Whether --memory-budget bounds the memory the server's own objects take: one budget for the whole process
+    (not one per device), with the models in host memory (not a GPU's)."""
+    if server is None or settings.budget is None or settings.budget.per_device:
+        return False
+    backend = settings.options.get("backend", "llama.cpp")
+    if backend == "torch":
+        return str(settings.options.get("device", "cpu")).startswith("cpu")
+    return backend == "llama.cpp" or settings.options.get("execution_provider", "cpu") == "cpu"
+
+
+def _open_slots(settings: SessionSettings, *, max_concurrency: int, on_note: Notify | None,
+                on_progress: Notify | None) -> Slots:
     backend = settings.options.get("backend")
     is_split = len(requested_devices(settings)) > 1
     if backend == "torch" and is_split and max_concurrency > 1:
