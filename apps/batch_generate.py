@@ -22,8 +22,7 @@ import click
 from apps.flags import BATCH
 from apps.prompt_file import read_batch_prompts
 from apps.terminal import note
-from pocketspec.atomic_file import (check_output_folder, refuse_output_onto_inputs, replaced_on_success,
-                                   unused_name_beside)
+from pocketspec.atomic_file import check_output_folder, refuse_output_onto_inputs, replaced_on_success
 from pocketspec.batch.sequence import BatchResult, Request
 from pocketspec.batch_session import open_batch_session
 from pocketspec.conversation.chat_template import FALLBACK_NOTE
@@ -94,11 +93,10 @@ def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, bat
         if output is None:
             is_interrupted = _decode(session.engine, requests, OrderedWriter(sys.stdout, session.tokenizer, seeds))
         else:
-            is_earlier = Path(output).expanduser().is_file()  # which an interrupted run never replaces
             with replaced_on_success(output, what="--output") as stream:
                 is_interrupted = _decode(session.engine, requests, OrderedWriter(stream, session.tokenizer, seeds))
-                if is_interrupted and is_earlier:
-                    stream.keep_as(unused_name_beside(output, "interrupted"))
+                if is_interrupted and Path(output).expanduser().is_file():  # an earlier file: kept
+                    stream.keep_beside("interrupted")
             if stream.kept_as is not None:
                 note(f"{output} is left as it was; this run's lines are in {stream.kept_as}")
     if is_interrupted:

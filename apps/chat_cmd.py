@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from apps.chat_repl import Repl, stats_line, stop_note
-from apps.flags import (backend_options, model_choice_options, runtime_options, sampling_options, session_settings,
-                        setting_option)
+from apps.flags import (backend_options, is_given, model_choice_options, runtime_options, sampling_options,
+                        session_settings, setting_option)
 from apps.terminal import note, progress_line
 from apps.text_input import as_text, prompt_bytes_limit, read_piped_stdin
 from pocketspec.models.catalog import models_dir
@@ -42,14 +42,9 @@ def _drafting_label(session) -> str:
     return "ngram" if engine.ngram is not None else "none"
 
 
-def _is_given(name: str) -> bool:
-    """Whether the command line gave the parameter `name`, rather than its default."""
-    return click.get_current_context().get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
-
-
 def _resumed_backend(replayed: Replayed, path: Path, default: str) -> str:
-    """The backend the transcript's chat ran on (a self-draft, say, runs on torch only); older ones name none."""
-    backend = (replayed.header or {}).get("backend", default)
+    """The backend the transcript's chat ran on; older transcripts name none."""
+    backend = replayed.header.get("backend", default)
     if backend not in BACKENDS:
         raise UserError(f"{path}: its header names backend {backend!r}, not one of {', '.join(BACKENDS)}; "
                         "give --backend")
@@ -89,7 +84,8 @@ def _answer_piped(chat: Chat, session, message: str, show_stats: bool) -> None:
 @model_choice_options
 @click.option("--system", "system_prompt", default=None, help="System prompt (default: the chat template's own, if any).")
 @click.option("--resume", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Continue a transcript: a path, or a file name in POCKETSPEC_HOME/chats/ (.jsonl may be left off).")
+              help="Continue a transcript: a path, or a file name in POCKETSPEC_HOME/chats/ (.jsonl may be left off). "
+                   "Its models and backend run again unless --target, --pair or --backend name others.")
 @setting_option("--max-tokens", GenerationSettings, "max_reply_tokens", show_default=True,
                 help="Longest reply, in tokens.")
 @sampling_options
@@ -108,10 +104,11 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
         check_not_in_use(resume)
     replayed = load_transcript(resume) if resume is not None else None
     if replayed is not None and replayed.header and target is None and pair is None:
-        # the transcript's target, and its draft unless --draft names another (the draft was the target's)
+        # the transcript's target, and its draft unless --draft names another (the draft was the target's), on
+        # its backend unless --backend names another (a self-draft runs on torch only)
         target, draft = replayed.header.get("target"), draft or replayed.header.get("draft")
-    if replayed is not None and not _is_given("backend"):
-        backend_args["backend"] = _resumed_backend(replayed, resume, backend_args["backend"])
+        if not is_given("backend"):
+            backend_args["backend"] = _resumed_backend(replayed, resume, backend_args["backend"])
     message = None
     if not is_interactive:
         message = read_piped_stdin(prompt_bytes_limit(max_context)).strip()

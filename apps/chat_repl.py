@@ -53,12 +53,12 @@ HELP = """\
 
 
 class Repl:
-    def __init__(self, chat: Chat, session, prompt, *, show_stats: bool = True, header: dict | None = None):
+    def __init__(self, chat: Chat, session, prompt, *, header: dict, show_stats: bool = True):
         self.chat = chat
         self.prompt = prompt  # read() -> one message, raising EOFError / KeyboardInterrupt; keys_help
         self.session = session
         self.show_stats = show_stats
-        self.header = header or {}  # the transcript's header record, which /save writes too
+        self.header = header  # the transcript's header record, which /save writes too
         self._is_interrupted = False
         self.commands = {"/help": self.help, "/stats": self.toggle_stats, "/reset": self.reset, "/system": self.system,
                          "/save": self.save, "/budget": self.budget, "/exit": None, "/quit": None}

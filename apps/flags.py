@@ -167,7 +167,8 @@ BACKEND_OPTIONS = {  # flag -> its click option, in --help's order
         "--compile/--no-compile", "compile", default=MODEL.compile,
         help="torch.compile the torch model's forward (default: on a GPU with the static decode step, whose every "
              "step is a CUDA graph replay either way; asked for, it takes the static step unless --decode-step "
-             "dynamic: compiled, the dynamic step decodes several times slower). On a CPU it does not pay."),
+             "dynamic or --devices: compiled, the dynamic step decodes several times slower). On a CPU it does not "
+             "pay."),
     "--decode-step": click.option(
         "--decode-step", type=click.Choice(DECODE_STEPS), default=MODEL.decode_step, show_default=True,
         help="torch decode step: static (fixed shapes, tokens chosen and verified on the device, one read back "
@@ -236,6 +237,11 @@ def batch_options(function):
     return function
 
 
+def is_given(name: str) -> bool:
+    """Whether the running command's line gave the parameter `name`, rather than leaving its default."""
+    return click.get_current_context().get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
+
+
 def take_batch_options(options: dict) -> dict:
     """Remove the batch flags from a command's keyword arguments and return them; without --batch, a flag
     that only --batch reads is refused rather than ignored."""
@@ -243,7 +249,7 @@ def take_batch_options(options: dict) -> dict:
     if taken["batch"] is None:
         context = click.get_current_context()
         for name in BATCH_ONLY_OPTIONS:
-            if context.get_parameter_source(name) not in (None, ParameterSource.DEFAULT):
+            if is_given(name):
                 flag = "/".join(next(param.opts + param.secondary_opts for param in context.command.params
                                      if param.name == name))
                 raise UserError(f"{flag} applies to --batch; add --batch N or leave it out")

@@ -10,6 +10,7 @@ file over it would replace the device itself: it is written as the text comes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -49,8 +50,8 @@ def check_output_folder(path: Path, *, what: str) -> None:
 
 @contextlib.contextmanager
 def replaced_on_success(path: Path, *, what: str) -> Iterator[IO[str]]:
-    """Yields a text file that becomes `path` when the block ends without an exception (or the file the block
-    named with keep_as).
+    """Yields a text file that becomes `path` when the block ends without an exception (or, where the block
+    asked for it with keep_beside, a new file beside `path`, which is left as it was).
 
     `what` names the file in errors ("--output", "the chat transcript").
 
@@ -72,13 +73,15 @@ def replaced_on_success(path: Path, *, what: str) -> Iterator[IO[str]]:
     try:
         checked = _CheckedWrites(file, what, path)
         yield checked
-        final = checked.kept_as or final
         try:
             file.flush()
             os.fsync(file.fileno())
             file.close()
             _keep_mode(final, temporary)
-            os.replace(temporary, final)
+            if checked.beside_tag is None:
+                os.replace(temporary, final)
+            else:
+                checked.kept_as = _link_beside(temporary, final, checked.beside_tag)
         except OSError as error:
             raise _cannot_write(what, path, error) from None
         is_done = True
@@ -105,15 +108,18 @@ def _cannot_write(what: str, path: Path, error: OSError) -> UserError:
     return UserError(f"cannot write {what} {path}: {error.strerror or error}")
 
 
-def unused_name_beside(path: Path, tag: str) -> Path:
-    """`out.jsonl` -> `out.TAG.jsonl`, or `out.TAG-2.jsonl` and so on where that exists: a name beside `path`
-    that holds nothing yet."""
-    path = Path(os.path.realpath(Path(path).expanduser()))
+def _link_beside(temporary: str, final: Path, tag: str) -> Path:
+    """The finished temporary file under the first free name of `out.TAG.jsonl`, `out.TAG-2.jsonl`, ... beside
+    `final`, claimed with a hard link: unlike a rename, it never replaces a file that took the name meanwhile."""
     for number in range(1, 10_000):
-        name = f"{path.stem}.{tag}{'' if number == 1 else f'-{number}'}{path.suffix}"
-        if not os.path.lexists(path.with_name(name)):
-            return path.with_name(name)
-    raise UserError(f"cannot find a free name beside {path}: remove some of its .{tag} files")
+        name = final.with_name(f"{final.stem}.{tag}{'' if number == 1 else f'-{number}'}{final.suffix}")
+        try:
+            os.link(temporary, name)
+        except FileExistsError:
+            continue
+        os.unlink(temporary)
+        return name
+    raise OSError(errno.EEXIST, f"every name for its .{tag} files is taken")
 
 
 def is_device_or_pipe(path: Path) -> bool:
@@ -150,11 +156,13 @@ class _CheckedWrites:
 
     def __init__(self, file: IO[str], what: str, path: Path):
         self._file, self._what, self._path = file, what, path
-        self.kept_as: Path | None = None
+        self.beside_tag: str | None = None  # keep_beside's tag
+        self.kept_as: Path | None = None  # where keep_beside's file went, once written
 
-    def keep_as(self, path: Path) -> None:
-        """Once whole, the file becomes `path` (in the same folder), and the named one is left as it was."""
-        self.kept_as = path
+    def keep_beside(self, tag: str) -> None:
+        """Once whole, the file goes beside the one named (out.jsonl: out.TAG.jsonl, or out.TAG-2.jsonl where that
+        is taken), which is left as it was (a link: beside the file it names)."""
+        self.beside_tag = tag
 
     def _failed(self, error: OSError) -> UserError:
         return _cannot_write(self._what, self._path, error)

@@ -37,7 +37,7 @@ def _build_identity(settings) -> dict:
 
         return {"backend": "torch", "torch": torch.__version__, "device": settings.device,
                 "devices": list(settings.devices), "weights": settings.weights, "compile": settings.compiles,
-                "decode_step": settings.decode_step}
+                "decode_step": "static" if settings.uses_static_step else "dynamic"}
     if settings.backend == "onnx":
         import onnxruntime
 

@@ -138,13 +138,15 @@ def settings_for(settings: SessionSettings) -> tuple[ModelChoice, ModelSettings,
     return choice, with_verify_width(target_settings, speculation, choice), speculation
 
 
-def check_self_draft_flags(speculation: SpeculationSettings, drafters: tuple[str, ...]) -> None:
-    """Refuse a self-draft flag that none of `drafters` reads, rather than ignore it."""
+def check_self_draft_flags(speculation: SpeculationSettings, drafters: tuple[str, ...],
+                           how_to_add: str = "--draft {drafter}") -> None:
+    """Refuse a self-draft flag that none of `drafters` (those that will run) reads, rather than ignore it;
+    how_to_add: how the command asks for the drafter that reads it (bench: "{drafter} in --drafters")."""
     for name, drafter in SELF_DRAFT_FIELDS.items():
         if getattr(speculation, name) != getattr(SPECULATION, name) and drafter not in drafters:
             flag = "--" + name.replace("_", "-")
-            raise UserError(f"{flag} applies to --draft {drafter} (--backend torch); add --draft {drafter} or "
-                            f"leave {flag} out")
+            raise UserError(f"{flag} applies to --draft {drafter} (--backend torch); add "
+                            f"{how_to_add.format(drafter=drafter)} or leave {flag} out")
 
 
 def options_read_by(drafter: str, options: Mapping[str, object]) -> dict[str, object]:

@@ -172,3 +172,34 @@ def test_a_device_that_refuses_the_text_is_one_user_error(tmp_path, streams):
             if streams:
                 file.flush()
     assert "\n" not in str(raised.value) and stat.S_ISCHR(os.stat(full).st_mode)
+
+
+@pytest.mark.parametrize("name, taken, kept", [
+    ("out.jsonl", [], "out.interrupted.jsonl"),
+    ("out.jsonl", ["out.interrupted.jsonl"], "out.interrupted-2.jsonl"),
+    ("out", ["out.interrupted", "out.interrupted-2"], "out.interrupted-3"),
+])
+def test_a_file_kept_beside_leaves_the_named_one_and_every_taken_name_as_they_were(tmp_path, name, taken, kept):
+    """A name taken while the block ran (here: inside it) is skipped too, never replaced."""
+    path = tmp_path / name
+    path.write_text("earlier\n")
+    with replaced_on_success(path, what="--output") as file:
+        file.write("this run's\n")
+        for other in taken:
+            (tmp_path / other).write_text(f"{other}\n")
+        file.keep_beside("interrupted")
+    assert file.kept_as == tmp_path / kept and (tmp_path / kept).read_text() == "this run's\n"
+    assert path.read_text() == "earlier\n" and all((tmp_path / other).read_text() == f"{other}\n" for other in taken)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, kept, *taken])
+
+
+def test_a_link_keeps_beside_the_file_it_names(tmp_path):
+    (tmp_path / "sub").mkdir()
+    target = tmp_path / "sub" / "real.jsonl"
+    target.write_text("earlier\n")
+    link = tmp_path / "out.jsonl"
+    link.symlink_to(target)
+    with replaced_on_success(link, what="--output") as file:
+        file.write("this run's\n")
+        file.keep_beside("interrupted")
+    assert file.kept_as == tmp_path / "sub" / "real.interrupted.jsonl" and link.read_text() == "earlier\n"

@@ -30,7 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
     (["--peers", "llama.cpp"], ["--peers llama.cpp cannot run", "needs a draft model"]),  # SmolLM2 has none
     (["--peers", "llama.cpp-ngram-simple", "--llama-tools", "/tmp"], ["--peers llama.cpp-ngram-simple cannot run",
                                                                      "/tmp"]),
-    (["--drafters", "auto,ngram", "--self-draft-window", "64"], ["--self-draft-window applies to --draft self-sparse"]),
+    (["--drafters", "auto,ngram", "--self-draft-window", "64"], ["--self-draft-window applies to --draft self-sparse",
+                                                                  "add self-sparse to --drafters"]),
+    # a self-draft skipped (it runs on torch only) reads nothing either
+    (["--drafters", "ngram,self-sparse", "--self-draft-window", "64"], ["--self-draft-window applies"]),
 ])
 def test_bad_flags(smollm2_path, args, fragments):
     assert_one_line_error(run_cli("bench", "--target", str(smollm2_path), *args), *fragments)

@@ -229,6 +229,9 @@ def test_resume_runs_on_the_transcripts_backend(chat_home):
     resumed = chat("--resume", str(path))
     assert resumed.returncode == 0, resumed.stderr
     assert _users(path) == ["hi", "hi"]
+    # --target names the models, and with them the backend: the default one, which reads --kv-type
+    other = chat("--resume", str(path), "--target", "smollm2-135m-instruct", "--draft", "ngram", "--kv-type", "q8_0")
+    assert other.returncode == 0, other.stderr
     assert_one_line_error(chat("--resume", str(path), "--backend", "llama.cpp"), "--draft self-sparse",
                           "--backend torch")
 

@@ -194,7 +194,8 @@ def test_is_loopback(host, expected):
     ("0.0.0.0", None, "not a loopback address"), ("0.0.0.0", "", "not a loopback address"),
     ("0.0.0.0", " ", "no client could send it"), ("127.0.0.1", "key ", "no client could send it"),
     ("0.0.0.0", "key", None), ("127.0.0.1", "", None), ("127.0.0.1", None, None),
-    ("no.such.host.invalid", None, "--host no.such.host.invalid does not resolve"),  # RFC 6761: never resolves
+    ("no.such.host.invalid", None, "--host 'no.such.host.invalid' does not resolve"),  # RFC 6761: never resolves
+    ("a" * 70 + ".com", None, "does not resolve"),  # a label past 63 characters: a UnicodeError from idna
 ])
 def test_an_exposed_server_needs_a_key_that_a_client_can_send(host, api_key, refusal):
     from pocketspec.serve.listen import check_exposure

@@ -163,7 +163,8 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
         drafters = draft if draft in DRAFTERS[1:] else BENCH.drafters
     pair_name = resolve_pair(pair).name if draft is None and choice.draft_path is not None else None
     drafter_specs = _parse_drafters(drafters, backend, choice.draft_path, draft_from_pair=pair_name is not None)
-    check_self_draft_flags(speculation, tuple(drafter for drafter, _, _ in drafter_specs))
+    check_self_draft_flags(speculation, tuple(drafter for drafter, _, reason in drafter_specs if reason is None),
+                           how_to_add="{drafter} to --drafters (--backend torch)")
     budgets = _parse_budgets(memory_budget)
     peers = parse_peers(peers_text, backend)
     num_threads = threads or default_num_threads()

@@ -101,9 +101,14 @@ def apply_torch_plan(choice: ModelChoice, budget_bytes: int, target_settings: Mo
     lightest = replace(target_settings, weights="int4", torch_kv_type="int8", n_batch=N_BATCH_CHOICES[-1],
                        n_ubatch=N_BATCH_CHOICES[-1], max_context=min(target_settings.max_context, LIGHTEST_CONTEXT))
     lightest_flags = f"--weights int4 --torch-kv-type int8 --max-context {lightest.max_context}"
+    lightest_speculation = speculation
+    if choice.drafter == "self-sparse":  # its window's KV too
+        lightest_speculation = replace(speculation, self_draft_kv_type="int8")
+        lightest_flags += " --self-draft-kv-type int8"
     advice = lighter_torch_settings(resolve_weights_format(target_settings.weights, target_settings.is_on_gpu),
                                     target_settings.torch_kv_type)
     raise UserError(f"--memory-budget {format_bytes(budget_bytes)} is below the torch backend's predicted peak "
                     f"{format_bytes(total)}{kept_free} ({sizes_text(peak_terms)}); "
-                    + lighter_advice(advice, lightest_flags, sum(torch_peak(choice, lightest, speculation).values())
-                                     + reserve, budget_bytes))
+                    + lighter_advice(advice, lightest_flags,
+                                     sum(torch_peak(choice, lightest, lightest_speculation).values()) + reserve,
+                                     budget_bytes))

@@ -5,7 +5,7 @@ alternate user, assistant, user, ... Trimming drops whole exchanges (a user mess
 its reply), oldest first, and never the system prompt or the newest user message.
 
 Transcript records are JSON objects, one per line, each with a "type":
-  header     {"version", "target", "draft"}            first line of a file
+  header     {"version", "target", "draft", "backend"} first line of a file (older ones have no backend)
   system     {"content"}                               the system prompt was set ("" clears it)
   user       {"content"}
   chunk      {"text"}                                  reply text as it was shown, streamed

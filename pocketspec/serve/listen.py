@@ -36,9 +36,10 @@ def _address_info(host: str, port: int | None) -> list[tuple]:
     """socket.getaddrinfo for a TCP socket; UserError naming --host where the name does not resolve."""
     try:
         return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as error:
-        raise UserError(f"--host {host} does not resolve ({error.strerror or error}); give an address, such as "
-                        f"{LOOPBACK_HOST} or 0.0.0.0, or a name this machine resolves") from None
+    except (socket.gaierror, UnicodeError) as error:  # UnicodeError: a label past 63 characters (idna)
+        reason = error.strerror if isinstance(error, socket.gaierror) else "not a host name"
+        raise UserError(f"--host {host!r} does not resolve ({reason}); give an address, such as "
+                        f"{LOOPBACK_HOST} or 0.0.0.0 (IPv6 without brackets), or a name this machine resolves") from None
 
 
 def check_exposure(host: str, api_key: str | None) -> None:
