@@ -56,7 +56,8 @@ def test_the_key_opens_the_api_and_health_needs_none(keyed_server):
 def test_the_budget_keeps_the_servers_own_memory_beside_the_models(keyed_server):
     """Its libraries and one request (--max-queue 0) of up to 4 MiB, three copies, come off the budget."""
     assert ("memory plan (serve): the server keeps 38.00 MiB of --memory-budget 1.00 GiB (server libraries 24.00 MiB, "
-            "requests held 14.00 MiB: 1 request, running and queued, of up to --max-body 4MiB)") in keyed_server.stderr()
+            "requests held 14.00 MiB: 1 request, running and queued, of up to --max-body 4MiB)"
+            ) in keyed_server.stderr()
     assert "of 986.00 MiB" in keyed_server.stderr()  # the models' plan, within what is left
 
 

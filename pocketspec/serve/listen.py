@@ -38,8 +38,8 @@ def _address_info(host: str, port: int | None) -> list[tuple]:
         return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as error:  # UnicodeError: a label past 63 characters (idna)
         reason = error.strerror if isinstance(error, socket.gaierror) else "not a host name"
-        raise UserError(f"--host {host!r} does not resolve ({reason}); give an address, such as "
-                        f"{LOOPBACK_HOST} or 0.0.0.0 (IPv6 without brackets), or a name this machine resolves") from None
+        raise UserError(f"--host {host!r} does not resolve ({reason}); give an address, such as {LOOPBACK_HOST} or "
+                        "0.0.0.0 (IPv6 without brackets), or a name this machine resolves") from None
 
 
 def check_exposure(host: str, api_key: str | None) -> None:
