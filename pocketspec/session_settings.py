@@ -141,7 +141,7 @@ def settings_for(settings: SessionSettings) -> tuple[ModelChoice, ModelSettings,
 def check_self_draft_flags(speculation: SpeculationSettings, drafters: tuple[str, ...],
                            how_to_add: str = "--draft {drafter}") -> None:
     """Refuse a self-draft flag that none of `drafters` (those that will run) reads, rather than ignore it;
-    how_to_add: how the command asks for the drafter that reads it (bench: "{drafter} in --drafters")."""
+    how_to_add: how the command asks for the drafter that reads it (bench: "{drafter} to --drafters")."""
     for name, drafter in SELF_DRAFT_FIELDS.items():
         if getattr(speculation, name) != getattr(SPECULATION, name) and drafter not in drafters:
             flag = "--" + name.replace("_", "-")

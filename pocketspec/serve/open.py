@@ -15,7 +15,7 @@ from pocketspec.budget.memory_plan import sizes_text
 from pocketspec.errors import UserError
 from pocketspec.serve.generation import Slots
 from pocketspec.serve.serve_settings import ServeSettings
-from pocketspec.session_settings import SessionSettings, requested_devices
+from pocketspec.session_settings import MODEL, SessionSettings, requested_devices
 
 Notify = Callable[[str], None]
 
@@ -51,10 +51,10 @@ def _bounds_this_process(settings: SessionSettings, server: ServeSettings | None
     (not one per device), with the models in host memory (not a GPU's)."""
     if server is None or settings.budget is None or settings.budget.per_device:
         return False
-    backend = settings.options.get("backend", "llama.cpp")
+    backend = settings.options.get("backend", MODEL.backend)
     if backend == "torch":
-        return str(settings.options.get("device", "cpu")).startswith("cpu")
-    return backend == "llama.cpp" or settings.options.get("execution_provider", "cpu") == "cpu"
+        return str(settings.options.get("device", MODEL.device)).startswith("cpu")
+    return backend == "llama.cpp" or settings.options.get("execution_provider", MODEL.execution_provider) == "cpu"
 
 
 def _open_slots(settings: SessionSettings, *, max_concurrency: int, on_note: Notify | None,
