@@ -4,7 +4,9 @@ order that equal decoding each prompt alone, one-line errors, and a clean Ctrl-C
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -312,3 +314,9 @@ def test_sequences_that_do_not_fit_the_budget_name_the_flag_that_asked_for_them(
                       "--draft", "none", "--memory-budget", "269MiB")
     assert_one_line_error(refused, "--batch 6 with 4096 tokens each", "or lower --batch")
     assert "--max-concurrency" not in refused.stderr
+    # the minimum it names, with the rows it says they add, is enough: no second refusal for the rows
+    minimum, rows = (float(number) for number in
+                     re.search(r"minimum ([\d.]+) MiB.*rows add up to ([\d.]+) MiB", refused.stderr).groups())
+    fits = run_cli("generate", "--target", str(smollm2_path), "--prompt-file", prompt_file, "--batch", "6",
+                   "--draft", "none", "--max-tokens", "2", "--memory-budget", f"{math.ceil(minimum + rows)}MiB")
+    assert fits.returncode == 0, fits.stderr

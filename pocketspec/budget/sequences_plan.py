@@ -17,14 +17,19 @@ from pocketspec.budget.memory_plan import MemoryPlan
 from pocketspec.errors import UserError
 
 
+def sequences_rows_bytes(target_path, num_sequences: int, rows: int) -> int:
+    """What num_sequences' logits rows (`rows` each) add to one sequence's plan: llama.cpp's output buffer for
+    all of them, and each one's copy."""
+    shape = shape_from_gguf(target_path)
+    return output_buffer_bytes(shape, num_sequences * rows) * 2 - output_buffer_bytes(shape, rows)
+
+
 def per_sequence_plan(plan: MemoryPlan, num_sequences: int, count_flag: str = "--max-concurrency") -> MemoryPlan:
     """The plan made for num_sequences x the context, as each sequence's settings; UserError, naming
     count_flag (the flag that asked for the sequences), when their logits rows do not fit beside it."""
     if num_sequences == 1:
         return plan
-    rows = plan.target_settings.max_logits_rows
-    shape = shape_from_gguf(plan.choice.target_path)
-    added_bytes = output_buffer_bytes(shape, num_sequences * rows) * 2 - output_buffer_bytes(shape, rows)
+    added_bytes = sequences_rows_bytes(plan.choice.target_path, num_sequences, plan.target_settings.max_logits_rows)
     context = plan.target_settings.max_context // num_sequences
     peak_bytes = (plan.predicted_peak_bytes or 0) + added_bytes
     line = (f"memory plan: {num_sequences} sequences of {context} tokens share the context; their logits rows "
