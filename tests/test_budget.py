@@ -83,6 +83,21 @@ def test_peak_memory_is_the_whole_process_high_water_mark():
     assert seen_peak > 100 * 2**20 and seen_peak - after_the_report <= reported <= budget
 
 
+def test_a_budget_below_even_a_short_context_says_so_and_that_need_plans():
+    """Where no --max-context would fit, the refusal does not suggest one: it names what 512 tokens need."""
+    import math
+    import re
+
+    refused = run_cli("generate", "--target", "smollm2-135m-instruct", "--draft", "none", "--memory-budget",
+                      "100MiB", "--prompt", "hi")
+    assert_one_line_error(refused, "even --max-context 512 needs", "choose a smaller model")
+    assert "lower --max-context" not in refused.stderr
+    need_mib = float(re.search(r"needs ([\d.]+) MiB", refused.stderr).group(1))
+    planned = run_cli("plan", "--target", "smollm2-135m-instruct", "--draft", "none", "--max-context", "512",
+                      "--memory-budget", f"{math.ceil(need_mib)}MiB")
+    assert planned.returncode == 0, planned.stderr
+
+
 def test_a_budget_that_fits_only_a_quantized_target_kv_is_refused_and_names_the_flag():
     from dataclasses import replace
 

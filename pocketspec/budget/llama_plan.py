@@ -6,11 +6,11 @@ from dataclasses import dataclass, replace
 
 from memplanner.device import DeviceInfo
 from memplanner.options import PlanSettings
-from memplanner.planner import REPACK_EITHER, Plan, Workload, plan
+from memplanner.planner import REPACK_EITHER, Plan, Workload, min_budget_any, plan
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
 from pocketspec.budget.device_memory import read_device
-from pocketspec.budget.memory_plan import MemoryPlan, peak_line
+from pocketspec.budget.memory_plan import LIGHTEST_CONTEXT, MemoryPlan, peak_line
 from pocketspec.calibrate import machine_costs
 from pocketspec.speculation.draft_limits import requested_draft_limits
 from pocketspec.errors import UserError
@@ -93,6 +93,12 @@ def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_setting
                  alpha=speculation.expected_acceptance, repack=repack, costs=costs)
     if not plan_.feasible:
         without_draft = ", or pass --draft ngram" if plan_.min_budget_loads_draft else ""
+        shortest = replace(workload, max_context=min(workload.max_context, LIGHTEST_CONTEXT))
+        shortest_bytes = min_budget_any(target_shape, shortest, device, repack, draft_shape)
+        if budget_bytes < shortest_bytes:  # a shorter context would not fit either
+            raise UserError(f"{plan_.reason}; even --max-context {shortest.max_context} needs "
+                            f"{format_bytes(shortest_bytes)}: raise --memory-budget{without_draft}, or choose a "
+                            "smaller model")
         raise UserError(f"{plan_.reason}; raise --memory-budget or lower --max-context{without_draft}")
     return DevicePlan(plan_, device, budget_bytes, costs is not None, notes)
 
