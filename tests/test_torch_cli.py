@@ -90,6 +90,25 @@ def test_a_budget_below_every_setting_names_what_the_lightest_need_and_that_budg
     assert_one_line_error(short, "below the torch backend's predicted peak")
 
 
+def test_a_budget_refused_on_the_cpu_is_refused_before_torch_loads(tiny_target):
+    """torch alone is about 180 MiB resident: a refusal that imported it first would exceed the budget it refuses."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from pocketspec.errors import UserError\n"
+            "from pocketspec.session import open_session\n"
+            "from pocketspec.session_settings import SessionSettings\n"
+            f"settings = SessionSettings(target={tiny_target!r}, draft='none', memory_budget='100MiB', "
+            "options={'backend': 'torch'})\n"
+            "try:\n"
+            "    open_session(settings)\n"
+            "except UserError as error:\n"
+            "    print('refused', 'torch' in sys.modules)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "refused False", run.stdout + run.stderr
+
+
 @pytest.mark.gpu
 def test_cuda_generation_equals_its_own_plain_decoding(tiny_target):
     if not torch.cuda.is_available():

@@ -35,7 +35,8 @@ def check_devices(settings: ModelSettings) -> None:
         from pocketspec.backends.onnx_backend import check_provider
 
         check_provider(settings.execution_provider)
-    elif settings.backend == "torch":
+    elif settings.backend == "torch" and settings.all_devices != ("cpu",):
+        # the CPU needs no check: torch (180 MiB resident) is imported only once the memory plan has fitted
         from pocketspec.torch_model.device import resolve_device, resolve_devices
 
         if settings.devices:
