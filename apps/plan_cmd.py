@@ -14,8 +14,8 @@ from pocketspec.budget.batch_preview import BatchPreview, preview_batch_plan
 from pocketspec.budget.preview import preview_plan
 from pocketspec.errors import UserError
 from pocketspec.session_settings import SessionSettings
-from pocketspec.settings import (ACCEPTANCE_PRIORS, LLAMA_KV_TYPES, BatchSettings, GenerationSettings, ModelSettings,
-                                 SamplingSettings, SpeculationSettings)
+from pocketspec.settings import (ACCEPTANCE_PRIORS, LLAMA_KV_TYPES, SELF_DRAFTS, BatchSettings, GenerationSettings,
+                                 ModelSettings, SamplingSettings, SpeculationSettings)
 
 
 def _settings_line(plan_) -> str:
@@ -169,6 +169,9 @@ def plan_command(target, draft, pair, memory_budget, devices, max_context, max_t
         batches = " and --backend torch batches (--batch N)" if backend == "torch" else ""
         raise UserError(f"pocketspec plan plans llama.cpp sessions{batches}; `generate --backend {backend} "
                         "--memory-budget ...` prints one sequence's plan before it runs")
+    if draft in SELF_DRAFTS:  # planned as n-grams otherwise: llama.cpp cannot run it
+        raise UserError(f"--draft {draft} drafts with the target's own weights and needs --backend torch; pocketspec "
+                        "plan plans it for --backend torch batches (--batch N)")
     preview = preview_plan(settings)
     if as_json:
         click.echo(json.dumps(preview.result.to_dict(), sort_keys=True))

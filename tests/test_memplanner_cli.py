@@ -69,12 +69,13 @@ def test_pair_preset_prints_terms_for_both_models(tmp_path, monkeypatch):
 
 
 @needs_smollm2
-@pytest.mark.parametrize("budget, message", [
-    ("3X", "cannot read '3X' as a size"),
-    ("10MiB", "is below the minimum"),
+@pytest.mark.parametrize("budget, message, draft", [
+    ("3X", "cannot read '3X' as a size", "none"),
+    ("10MiB", "is below the minimum", "none"),
+    ("1GiB", "--draft self-sparse drafts with the target's own weights and needs --backend torch", "self-sparse"),
 ])
-def test_bad_budgets_are_one_line_with_exit_code_2(budget, message):
-    result = run("--target", str(SMOLLM2), "--draft", "none", "--memory-budget", budget)
+def test_what_cannot_be_planned_is_one_line_with_exit_code_2(budget, message, draft):
+    result = run("--target", str(SMOLLM2), "--draft", draft, "--memory-budget", budget)
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
