@@ -22,12 +22,12 @@ import click
 from apps.flags import BATCH
 from apps.prompt_file import read_batch_prompts
 from apps.terminal import note
-from pocketspec.atomic_file import check_output_folder, refuse_output_onto_inputs, replaced_on_success
+from pocketspec.atomic_file import replaced_on_success
 from pocketspec.batch.sequence import BatchResult, Request
 from pocketspec.batch_session import open_batch_session
 from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.errors import UserError
-from pocketspec.session_settings import SessionSettings, model_files
+from pocketspec.session_settings import SessionSettings, check_output
 from pocketspec.setting_ranges import setting_range
 from pocketspec.settings import SamplingSettings
 from pocketspec.stats import drafting_text
@@ -72,8 +72,7 @@ def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, bat
     lines = read_batch_prompts(prompt_file)
     output = batch_args["output"]
     if output is not None:
-        check_output_folder(output, what="--output")  # first: it needs no model resolved
-        refuse_output_onto_inputs(output, [("--prompt-file", prompt_file), *model_files(settings)], flag="--output")
+        check_output(output, settings, prompt_file)
     num_prompts = len(lines)  # more rows than prompts would hold (and plan) sequences no prompt fills
     batch = replace(BATCH, max_batch=min(batch_args["batch"], num_prompts),
                     num_rows=min(batch_args["pool_rows"], num_prompts), scheduler=batch_args["scheduler"],

@@ -14,11 +14,11 @@ from apps.flags import (backend_options, batch_options, model_choice_options, ru
                         session_settings, setting_option, take_batch_options)
 from apps.terminal import note, progress_line
 from apps.text_input import as_text, prompt_bytes_limit, read_text_file
-from pocketspec.atomic_file import check_output_folder, refuse_output_onto_inputs, replaced_on_success
+from pocketspec.atomic_file import replaced_on_success
 from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.errors import UserError
 from pocketspec.session import open_session
-from pocketspec.session_settings import model_files
+from pocketspec.session_settings import check_output
 from pocketspec.settings import GenerationSettings
 from pocketspec.stats import drafting_text
 
@@ -60,8 +60,7 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
     text = _read_prompt(prompt, prompt_file, settings.max_context)
     output = batch_args["output"]
     if output is not None:
-        check_output_folder(output, what="--output")  # first: it needs no model resolved
-        refuse_output_onto_inputs(output, [("--prompt-file", prompt_file), *model_files(settings)], flag="--output")
+        check_output(output, settings, prompt_file)
     # notes go to stderr; --json keeps stdout to one object
     with open_session(settings, on_note=note, on_progress=progress_line()) as session, \
             contextlib.ExitStack() as outputs:

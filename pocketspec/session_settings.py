@@ -13,6 +13,7 @@ from typing import Mapping
 
 from memplanner.memory_budget import MemoryBudget, parse_memory_budget
 from memplanner.split import parse_devices
+from pocketspec.atomic_file import check_output_folder, refuse_output_onto_inputs
 from pocketspec.speculation.draft_limits import requested_draft_limits
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, choose_models, trained_context_limit
@@ -110,11 +111,14 @@ def _parse_devices(devices: str | tuple | None, device: str) -> tuple[str, ...]:
         raise UserError(f"--devices {devices}: {error}") from None
 
 
-def model_files(settings: SessionSettings) -> list[tuple[str, Path | None]]:
-    """The model files the settings name, resolved (nothing loads), by their flags: an output the run would
-    write over one of them is refused before a model loads for a minute."""
-    return choose_models(target=settings.target, draft=settings.draft, pair=settings.pair,
-                         pull_if_missing=settings.pull_if_missing).files_read
+def check_output(output: Path, settings: SessionSettings, prompt_file: Path | None) -> None:
+    """UserError for an --output that could never be written (its folder is missing) or that would write over an
+    input (the prompt file, or a model the settings name: resolved, nothing loads), before a model loads for a
+    minute."""
+    check_output_folder(output, what="--output")  # first: it needs no model resolved
+    models = choose_models(target=settings.target, draft=settings.draft, pair=settings.pair,
+                           pull_if_missing=settings.pull_if_missing).files_read
+    refuse_output_onto_inputs(output, [("--prompt-file", prompt_file), *models], flag="--output")
 
 
 def settings_for(settings: SessionSettings) -> tuple[ModelChoice, ModelSettings, SpeculationSettings]:

@@ -15,7 +15,7 @@ from pocketspec.budget.memory_plan import sizes_text
 from pocketspec.errors import UserError
 from pocketspec.serve.generation import Slots
 from pocketspec.serve.serve_settings import ServeSettings
-from pocketspec.session_settings import MODEL, SessionSettings, requested_devices
+from pocketspec.session_settings import MODEL, SPECULATION, SessionSettings, apply_backend_options, requested_devices
 
 Notify = Callable[[str], None]
 
@@ -51,10 +51,8 @@ def _bounds_this_process(settings: SessionSettings, server: ServeSettings | None
     (not one per device), with the models in host memory (not a GPU's)."""
     if server is None or settings.budget is None or settings.budget.per_device:
         return False
-    backend = settings.options.get("backend", MODEL.backend)
-    if backend == "torch":
-        return str(settings.options.get("device", MODEL.device)).startswith("cpu")
-    return backend == "llama.cpp" or settings.options.get("execution_provider", MODEL.execution_provider) == "cpu"
+    model, _ = apply_backend_options(MODEL, SPECULATION, settings.options)
+    return not model.is_on_gpu and (model.backend != "onnx" or model.execution_provider == "cpu")
 
 
 def _open_slots(settings: SessionSettings, *, max_concurrency: int, on_note: Notify | None,
