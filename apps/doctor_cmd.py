@@ -7,8 +7,8 @@ import json
 
 import click
 
-from apps.flags import (SettingValue, backend_options, kv_type_option, model_choice_options, repack_option,
-                        setting_option, threads_option)
+from apps.flags import (SettingValue, backend_options, is_given, kv_type_option, model_choice_options,
+                        repack_option, setting_option, threads_option)
 from pocketspec.errors import UserError
 from pocketspec.machine_report import collect_report
 from pocketspec.settings import BatchSettings, ModelSettings
@@ -112,6 +112,17 @@ def _refuse_calibration_flags(ctx: click.Context) -> None:
                             "settings); add --calibrate, or leave it out for the machine's report")
 
 
+def _refuse_self_draft_flags() -> None:
+    """--calibrate alone measures the models' forward costs, which no self-draft flag changes: refuse one given."""
+    from pocketspec.session_settings import SELF_DRAFT_FIELDS
+
+    given = next((name for name in SELF_DRAFT_FIELDS if is_given(name)), None)
+    if given is not None:
+        flag = "--" + given.replace("_", "-")
+        raise UserError(f"{flag} sets what --calibrate --batch N prices a self-draft with; add --batch N, or "
+                        f"leave {flag} out (--calibrate alone measures the models' forward costs)")
+
+
 @click.command(name="doctor")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--calibrate", is_flag=True,
@@ -141,6 +152,7 @@ def doctor(as_json: bool, calibrate: bool, target, draft, pair, threads, kv_type
                                          max_context=max_context, options=backend_args), batch)
         return
     if calibrate:
+        _refuse_self_draft_flags()
         _calibrate(SessionSettings(target=target, draft=draft, pair=pair, threads=threads, kv_type=kv_type,
                                    repack=repack, options=backend_args))
         return

@@ -105,6 +105,15 @@ def test_doctor_refuses_a_cost_table_choice_it_cannot_use(smollm2_path):
     assert_one_line_error(result, "--torch-kv-type")
 
 
+@pytest.mark.parametrize("flag, value", [("--self-draft-window", "128"), ("--self-draft-kv-type", "int8"),
+                                         ("--self-draft-keys", "attended")])
+def test_doctor_calibrate_without_batch_refuses_the_self_draft_flags_it_would_ignore(smollm2_path, flag, value):
+    """--calibrate alone measures the forward costs; only --calibrate --batch N prices a self-draft's window."""
+    result = run_cli("doctor", "--calibrate", "--target", str(smollm2_path), "--backend", "torch", "--draft",
+                     "self-sparse", flag, value)
+    assert_one_line_error(result, flag, "add --batch N")
+
+
 @pytest.mark.parametrize("flags, flag", [
     (["--target", "nosuch"], "--target"), (["--pair", "nosuch"], "--pair"), (["--draft", "ngram"], "--draft"),
     (["--kv-type", "bf16"], "--kv-type"), (["--no-repack"], "--repack"), (["--backend", "torch"], "--backend"),
