@@ -320,3 +320,17 @@ def test_sequences_that_do_not_fit_the_budget_name_the_flag_that_asked_for_them(
     fits = run_cli("generate", "--target", str(smollm2_path), "--prompt-file", prompt_file, "--batch", "6",
                    "--draft", "none", "--max-tokens", "2", "--memory-budget", f"{math.ceil(minimum + rows)}MiB")
     assert fits.returncode == 0, fits.stderr
+
+
+def test_sequences_that_no_context_fits_name_the_need_of_the_shortest_context_each(smollm2_path, prompt_file):
+    """'even --max-context 512' means 512 tokens for every sequence: that context, with the rows the refusal
+    says they add, is enough."""
+    refused = run_cli("generate", "--target", str(smollm2_path), "--prompt-file", prompt_file, "--batch", "4",
+                      "--draft", "none", "--memory-budget", "100MiB")
+    assert_one_line_error(refused, "--batch 4 with 4096 tokens each", "even --max-context 512 needs")
+    need, rows = (float(number) for number in
+                  re.search(r"needs ([\d.]+) MiB.*rows add up to ([\d.]+) MiB", refused.stderr).groups())
+    fits = run_cli("generate", "--target", str(smollm2_path), "--prompt-file", prompt_file, "--batch", "4",
+                   "--draft", "none", "--max-tokens", "2", "--max-context", "512",
+                   "--memory-budget", f"{math.ceil(need + rows)}MiB")
+    assert fits.returncode == 0, fits.stderr

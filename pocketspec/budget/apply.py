@@ -11,8 +11,9 @@ from pocketspec.settings import ModelSettings, SpeculationSettings
 
 def apply_budget(choice: ModelChoice, budget: MemoryBudget | None, target_settings: ModelSettings,
                  speculation: SpeculationSettings, *, max_new_tokens: int, temperature: float,
-                 repack: tuple[bool, ...] = REPACK_EITHER) -> MemoryPlan | None:
-    """The plan for these settings (None: no budget and no split); UserError when nothing fits."""
+                 repack: tuple[bool, ...] = REPACK_EITHER, num_sequences: int = 1) -> MemoryPlan | None:
+    """The plan for these settings (None: no budget and no split); UserError when nothing fits.
+    num_sequences: how many sequences share target_settings' context (llama.cpp's refusal names each one's)."""
     if is_split(target_settings.devices, budget):
         from pocketspec.budget.split_plan import apply_split
 
@@ -31,4 +32,4 @@ def apply_budget(choice: ModelChoice, budget: MemoryBudget | None, target_settin
     from pocketspec.budget.llama_plan import apply_plan
 
     return apply_plan(choice, budget.total_bytes, target_settings, speculation, max_new_tokens, temperature,
-                      repack=repack)
+                      repack=repack, num_sequences=num_sequences)

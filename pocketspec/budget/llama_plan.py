@@ -69,9 +69,11 @@ class DevicePlan:
 
 def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_settings: ModelSettings,
                    speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
-                   repack: tuple[bool, ...] = REPACK_EITHER, device: DeviceInfo | None = None) -> DevicePlan:
+                   repack: tuple[bool, ...] = REPACK_EITHER, device: DeviceInfo | None = None,
+                   num_sequences: int = 1) -> DevicePlan:
     """The plan for the device the settings run on (or `device` as described), within `budget_bytes`
-    (None: what is free there). `pocketspec plan` shows this; `apply_plan` runs it."""
+    (None: what is free there). `pocketspec plan` shows this; `apply_plan` runs it. num_sequences: how many
+    sequences share the settings' context (a refusal names the shortest context each could have)."""
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
     workload = workload_for(choice, target_settings, speculation, max_new_tokens, temperature)
@@ -93,10 +95,10 @@ def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_setting
                  alpha=speculation.expected_acceptance, repack=repack, costs=costs)
     if not plan_.feasible:
         without_draft = ", or pass --draft ngram" if plan_.min_budget_loads_draft else ""
-        shortest = replace(workload, max_context=min(workload.max_context, LIGHTEST_CONTEXT))
+        shortest = replace(workload, max_context=min(workload.max_context, LIGHTEST_CONTEXT * num_sequences))
         shortest_bytes = min_budget_any(target_shape, shortest, device, repack, draft_shape)
         if budget_bytes < shortest_bytes:  # a shorter context would not fit either
-            raise UserError(f"{plan_.reason}; even --max-context {shortest.max_context} needs "
+            raise UserError(f"{plan_.reason}; even --max-context {shortest.max_context // num_sequences} needs "
                             f"{format_bytes(shortest_bytes)}: raise --memory-budget{without_draft}, or choose a "
                             "smaller model")
         raise UserError(f"{plan_.reason}; raise --memory-budget or lower --max-context{without_draft}")
@@ -105,11 +107,12 @@ def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_setting
 
 def apply_plan(choice: ModelChoice, budget_bytes: int, target_settings: ModelSettings,
                speculation: SpeculationSettings, max_new_tokens: int, temperature: float,
-               repack: tuple[bool, ...] = REPACK_EITHER, device: DeviceInfo | None = None) -> MemoryPlan:
+               repack: tuple[bool, ...] = REPACK_EITHER, device: DeviceInfo | None = None,
+               num_sequences: int = 1) -> MemoryPlan:
     """The plan for one device put into the runtime's settings: `device` as described, or the one the settings
     name, read now."""
     planned = plan_on_device(choice, budget_bytes, target_settings, speculation, max_new_tokens,
-                             temperature, repack, device)
+                             temperature, repack, device, num_sequences)
     plan_ = planned.plan
     notes = planned.notes + [describe(plan_)] + [f"memory plan: {step}" for step in plan_.degradations]
     choice, target_settings, speculation, draft_max_context = settings_from_plan(
