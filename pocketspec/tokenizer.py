@@ -10,12 +10,29 @@ from typing import Sequence
 import llama_cpp
 
 
+# encode(max_tokens=N) first reads a part of N x this many characters (English runs 3-5 a token), and stops at a
+# part that has more than N + the margin tokens: cutting a text mid-word or mid-special-token adds a few at most
+FIRST_PART_CHARS_PER_TOKEN = 8
+PART_TOKENS_MARGIN = 64
+
+
 class Tokenizer:
     def __init__(self, llama_model):
         self._model = llama_model
         self._vocab = llama_model.vocab
 
-    def encode(self, text: str, *, add_bos: bool = True, parse_special: bool = False) -> list[int]:
+    def encode(self, text: str, *, add_bos: bool = True, parse_special: bool = False,
+               max_tokens: int | None = None) -> list[int]:
+        """The text's tokens. max_tokens: a text whose first part already has more tokens than that (and a
+        margin) returns that part's tokens, which the caller refuses as too long, rather than being read whole:
+        llama.cpp's search for special tokens takes time that grows with their count times the text's length."""
+        if max_tokens is not None:
+            part_chars = FIRST_PART_CHARS_PER_TOKEN * max(1, max_tokens)
+            while part_chars < len(text):
+                part_tokens = self._model.tokenize(text[:part_chars].encode("utf-8"), add_bos, parse_special)
+                if len(part_tokens) > max_tokens + PART_TOKENS_MARGIN:
+                    return part_tokens
+                part_chars *= 4
         return self._model.tokenize(text.encode("utf-8"), add_bos, parse_special)
 
     def decode(self, tokens: Sequence[int]) -> str:

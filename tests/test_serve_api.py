@@ -185,6 +185,15 @@ def test_prompt_longer_than_the_context_gets_400(client):
     assert refused.value.code == "context_length_exceeded"
 
 
+def test_a_conversation_far_over_the_context_is_refused_from_its_first_part(client):
+    """Thousands of short turns: refused once a first part has more tokens than the context, not read whole
+    (llama.cpp's search for special tokens grows with their count times the text's length)."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a"}] * 2000)
+    assert refused.value.code == "context_length_exceeded"
+    assert f"more than {MAX_CONTEXT} tokens" in refused.value.message
+
+
 def test_body_over_max_body_gets_413(server):
     with server.client() as http:
         response = http.post("/v1/completions", json={"prompt": "x" * 100_000, "max_tokens": 1})

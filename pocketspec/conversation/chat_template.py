@@ -65,15 +65,19 @@ def template_for(tokenizer) -> ChatTemplate:
     )
 
 
-def encode_chat(tokenizer, template: ChatTemplate, messages: list[dict[str, str]]) -> list[int]:
-    """Tokens of the rendered conversation, ending with the assistant's generation prompt."""
+def encode_chat(tokenizer, template: ChatTemplate, messages: list[dict[str, str]],
+                max_tokens: int | None = None) -> list[int]:
+    """Tokens of the rendered conversation, ending with the assistant's generation prompt. max_tokens: the most
+    the caller accepts; a longer conversation may return only its first part's tokens (Tokenizer.encode)."""
     text = template.render(messages)
     add_bos = tokenizer.adds_bos and not (template.bos_token and text.startswith(template.bos_token))
-    return tokenizer.encode(text, add_bos=add_bos, parse_special=True)
+    return tokenizer.encode(text, add_bos=add_bos, parse_special=True, max_tokens=max_tokens)
 
 
-def encode_prompt(tokenizer, template: ChatTemplate, text: str, *, chat: bool) -> list[int]:
-    """Prompt tokens for `text`: one user message in the chat template, or the raw text."""
+def encode_prompt(tokenizer, template: ChatTemplate, text: str, *, chat: bool,
+                  max_tokens: int | None = None) -> list[int]:
+    """Prompt tokens for `text`: one user message in the chat template, or the raw text (max_tokens: as
+    encode_chat's)."""
     if chat:
-        return encode_chat(tokenizer, template, [{"role": "user", "content": text}])
-    return tokenizer.encode(text, add_bos=tokenizer.adds_bos, parse_special=False)
+        return encode_chat(tokenizer, template, [{"role": "user", "content": text}], max_tokens)
+    return tokenizer.encode(text, add_bos=tokenizer.adds_bos, parse_special=False, max_tokens=max_tokens)

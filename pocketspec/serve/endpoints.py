@@ -38,9 +38,10 @@ def check_model(model: str | None, model_id: str) -> None:
 def check_prompt(prompt_tokens: list[int], max_context: int, param: str) -> None:
     if not prompt_tokens:
         raise bad_request("the prompt is empty", param=param)
-    if len(prompt_tokens) >= max_context:
-        raise bad_request(f"the prompt has {len(prompt_tokens)} tokens, which leaves no room for a reply in a "
-                          f"context of {max_context}: shorten it", param=param, code="context_length_exceeded")
+    if len(prompt_tokens) >= max_context:  # more than max_context: only a first part's tokens (Tokenizer.encode)
+        count = f"more than {max_context}" if len(prompt_tokens) > max_context else str(max_context)
+        raise bad_request(f"the prompt has {count} tokens, which leaves no room for a reply in a context of "
+                          f"{max_context}: shorten it", param=param, code="context_length_exceeded")
 
 
 def generation_error(error: BaseException) -> APIError:
@@ -72,7 +73,8 @@ async def chat_completions(request: Request, state: ServerState):
     messages = chat_messages(body)
     slots = state.slots
     try:
-        prompt_tokens = await asyncio.to_thread(encode_chat, slots.tokenizer, slots.template, messages)
+        prompt_tokens = await asyncio.to_thread(encode_chat, slots.tokenizer, slots.template, messages,
+                                                slots.max_context)
     except UserError as error:  # the template refused the conversation
         raise bad_request(str(error), param="messages") from None
     check_prompt(prompt_tokens, slots.max_context, "messages")
@@ -85,7 +87,8 @@ async def completions(request: Request, state: ServerState):
     slots = state.slots
     prompt = completion_prompt(body)
     if isinstance(prompt, str):
-        prompt_tokens = await asyncio.to_thread(encode_prompt, slots.tokenizer, slots.template, prompt, chat=False)
+        prompt_tokens = await asyncio.to_thread(encode_prompt, slots.tokenizer, slots.template, prompt, chat=False,
+                                                max_tokens=slots.max_context)
     else:
         prompt_tokens = checked_token_ids(prompt, slots.tokenizer.vocab_size)
     check_prompt(prompt_tokens, slots.max_context, "prompt")
