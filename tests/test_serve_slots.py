@@ -189,3 +189,26 @@ def test_serving_on_llama_cpp_loads_no_torch(smollm2_path):
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
+
+
+def test_a_waiting_request_whose_client_left_is_answered_while_another_runs(one_torch_thread):
+    """One slot (a torch target split over two devices, as ONNX serves): a request that waits in the queue and
+    whose client leaves is answered as cancelled within a step of the running one, freeing its place at once."""
+    settings = replace(_settings("torch"), draft="none", options={"backend": "torch", "devices": "cpu:0,cpu:1"})
+    slots = open_slots(settings, max_concurrency=1)
+    try:
+        counting = slots.tokenizer.encode(", ".join(str(number) for number in range(1, 30)) + ",")
+        running, running_streamed = _generate(slots, counting, max_new_tokens=100)  # counts on, far past a step
+        client_gone = threading.Event()
+        waiting, waiting_streamed = _generate(slots, _prompt(slots, QUESTIONS[1]), is_cancelled=client_gone.is_set)
+        deadline = time.monotonic() + 120
+        while not running_streamed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running_streamed and slots.queued() == 1
+        client_gone.set()
+        outcome = waiting.result(timeout=60)
+        assert not running.done() and slots.queued() == 0
+        assert outcome.stop_reason == "cancelled" and outcome.tokens == [] and waiting_streamed == []
+        assert running.result(timeout=600).stop_reason == "max_tokens"
+    finally:
+        slots.close()

@@ -36,6 +36,8 @@ class EngineSlots(Slots):
             pending = self._incoming.get()
             if pending is _STOP:
                 return
+            if pending.future.done():  # its client left while it waited (_answer_those_gone)
+                continue
             self._is_generating = True
             try:
                 if pending.future.set_running_or_notify_cancel():
@@ -52,11 +54,11 @@ class EngineSlots(Slots):
         engine.use_sampling(request.sampling)
 
         def should_stop() -> bool:
+            self._answer_those_gone()
             return self._is_closing.is_set() or pending.is_cancelled()
 
         if should_stop():
-            return GenerationOutcome([], "cancelled", len(request.prompt_tokens),
-                                     queued_seconds=started - pending.submitted_at)
+            return _cancelled(pending, started)
         result = engine.generate(request.prompt_tokens, request.max_new_tokens, on_tokens=pending.on_tokens,
                                  should_stop=should_stop)
         stats = result.stats
@@ -65,11 +67,22 @@ class EngineSlots(Slots):
             len(request.prompt_tokens), stats.num_drafted, stats.num_accepted, stats.num_reused_tokens,
             time.perf_counter() - started, started - pending.submitted_at)
 
+    def _answer_those_gone(self) -> None:
+        """Answer the waiting requests whose clients left as cancelled now, between the running one's steps, so
+        that their places in the queue are free at once (a batching pool takes every request in as it comes)."""
+        for pending in self._waiting():
+            if pending.is_cancelled() and pending.future.set_running_or_notify_cancel():
+                pending.future.set_result(_cancelled(pending, time.perf_counter()))
+
+    def _waiting(self) -> list[PendingGeneration]:
+        with self._incoming.mutex:
+            return [pending for pending in self._incoming.queue if pending is not _STOP and not pending.future.done()]
+
     def in_use(self) -> int:
         return int(self._is_generating)
 
     def queued(self) -> int:
-        return self._incoming.qsize()
+        return len(self._waiting())
 
     def close(self, timeout_seconds: float = 30.0) -> None:
         """Cancel what runs and what waits (the running request stops within one step), then close the engine."""
@@ -79,3 +92,9 @@ class EngineSlots(Slots):
         self._cancel_incoming()
         if not self._thread.is_alive():
             self.session.close()
+
+
+def _cancelled(pending: PendingGeneration, started: float) -> GenerationOutcome:
+    """The outcome of a request stopped before it generated anything."""
+    return GenerationOutcome([], "cancelled", len(pending.request.prompt_tokens),
+                             queued_seconds=started - pending.submitted_at)
