@@ -92,7 +92,8 @@ def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int,
     draft_window: a self-sparse draft's positions per row (every layer, in draft_kv_dtype, else kv_dtype).
     On a CPU the plan keeps torch_peak.heap_reserve_bytes free under the budget.
     """
-    usable_bytes = budget_bytes - heap_reserve_bytes(on_gpu)
+    reserve_bytes = heap_reserve_bytes(on_gpu)
+    usable_bytes = budget_bytes - reserve_bytes
     fixed = {"weights": torch_weight_bytes(shape, weights_format, is_tied=is_tied, has_qkv_bias=has_qkv_bias,
                                            on_gpu=on_gpu)}
     per_row = {"target KV": torch_kv_bytes(shape, kv_dtype, workload.max_context)}
@@ -128,8 +129,9 @@ def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int,
         parts = ", ".join(f"{name} {format_bytes(size)}" for name, size in {**fixed, **per_row}.items())
         return BatchPlan(False, reason=f"--memory-budget {format_bytes(budget_bytes)} cannot hold even one sequence "
                                        f"({parts}, activations {format_bytes(sequence_bytes)}, or while loading "
-                                       f"{format_bytes(loading)} beside the weights: "
-                                       f"{format_bytes(one_row)}); lower --max-context or try --weights int8")
+                                       f"{format_bytes(loading)} beside the weights: {format_bytes(one_row)}"
+                                       f"{f' + {format_bytes(reserve_bytes)} kept free' if reserve_bytes else ''}); "
+                                       "lower --max-context or try --weights int8")
     terms = {**fixed, **{f"{name} × {num_rows} rows": size * num_rows for name, size in per_row.items()},
              f"activations × {max_batch}": sequence_bytes * max_batch}
     terms["loading_excess"] = max(0, loading - sum(terms.values()) + fixed_bytes - fixed["prefill activations"])

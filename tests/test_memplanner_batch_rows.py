@@ -11,6 +11,7 @@ import torch
 from memplanner.batch_rows import BatchWorkload, forward_bytes_per_sequence, kv_dtype_for, plan_batch
 from memplanner.gpu_terms import TORCH_CUDA_CONTEXT_BYTES
 from memplanner.shapes import shape_from_gguf
+from memplanner.sizes import format_bytes
 from memplanner.torch_peak import CPU_HEAP_RESERVE_BYTES
 from memplanner.torch_sizes import gguf_layout, torch_kv_bytes, torch_weight_bytes
 from tiny_models import write_tiny_pair
@@ -77,6 +78,8 @@ def test_a_budget_below_one_sequence_is_refused_with_the_terms(tiny):
     assert _plan(tiny, one.total_bytes).feasible
     plan = _plan(tiny, one.total_bytes - 1)
     assert not plan.feasible and "cannot hold even one sequence" in plan.reason and "target KV" in plan.reason
+    # the need it names, with what it keeps free, is the budget that fits (one more byte than the one refused)
+    assert f"{format_bytes(one.total_bytes)} + {format_bytes(CPU_HEAP_RESERVE_BYTES)} kept free)" in plan.reason
 
 
 def test_drafts_add_their_rows_and_weights(tiny):
