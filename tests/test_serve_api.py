@@ -169,6 +169,9 @@ def test_unknown_model_gets_404(client):
     (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', 422, "stream"),
     (b'[1, 2]', 422, None),
     (b'{"messages": [{"role": "tool", "content": "hi"}]}', 400, "messages[0].role"),
+    (b'{"messages": [{"role": "user", "content": "hi", "name": 3}]}', 422, "messages[0].name"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "user": 5}', 422, "user"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "metadata": [1]}', 422, "metadata"),
     (b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}', 400,
      "messages[0].content[0]"),
 ])

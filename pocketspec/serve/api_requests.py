@@ -26,6 +26,7 @@ class TextPart(_Body):
 class ChatMessage(_Body):
     role: str
     content: str | list[TextPart] | None = None
+    name: str | None = None  # a participant's name: accepted and unused (no chat template here shows it)
 
 
 class SamplingFields(_Body):
@@ -41,6 +42,9 @@ class SamplingFields(_Body):
     n: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    # accepted and unused: an end-user id for abuse monitoring, and tags for OpenAI's dashboard
+    user: str | None = None
+    metadata: dict[str, str] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):

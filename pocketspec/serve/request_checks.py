@@ -2,10 +2,9 @@
 
 A field the server does not support is refused by name, never ignored, unless its value asks for
 nothing (`logprobs: false`, `n: 1`, `tools: []`, `frequency_penalty: 0`, any field set to null):
-clients that spell out OpenAI's defaults still work. `user` (an end-user id for abuse monitoring),
-`metadata` (tags for OpenAI's dashboard) and a message's `name` (a participant's name, which no chat
-template here shows the model) are accepted and unused. Numeric ranges are SamplingSettings' and
-GenerationSettings' own.
+clients that spell out OpenAI's defaults still work. `user`, `metadata` and a message's `name` are
+declared in api_requests.py, typed as OpenAI types them, and unused. Numeric ranges are
+SamplingSettings' and GenerationSettings' own.
 """
 
 from __future__ import annotations
@@ -18,8 +17,6 @@ from pocketspec.setting_ranges import setting_range
 from pocketspec.settings import GenerationSettings, SamplingSettings
 
 MAX_STOP_STRINGS = 4  # as OpenAI
-ACCEPTED_UNUSED = ("user", "metadata")
-MESSAGE_ACCEPTED_UNUSED = ("name",)
 _PENALTIES = {"frequency_penalty": (0,), "presence_penalty": (0,), "logit_bias": ({},)}
 CHAT_NEUTRAL = {**_PENALTIES, "logprobs": (False,), "top_logprobs": (0,), "tools": ([],), "functions": ([],),
                 # with no tools, "auto" chooses none of them (a tool given is refused as `tools`)
@@ -49,11 +46,10 @@ class GenerationOptions:
     include_usage: bool = False
 
 
-def refuse_extra(extra: dict | None, neutral: dict[str, tuple], prefix: str = "",
-                 accepted_unused: tuple[str, ...] = ()) -> None:
+def refuse_extra(extra: dict | None, neutral: dict[str, tuple], prefix: str = "") -> None:
     """400 naming the first field in `extra` that asks for something this server does not do."""
     for name, value in (extra or {}).items():
-        if value is None or name in accepted_unused or _asks_for_nothing(value, neutral.get(name, ())):
+        if value is None or _asks_for_nothing(value, neutral.get(name, ())):
             continue
         what = "is not supported by this server" if name in neutral else "is not a field this server knows"
         raise bad_request(f"`{prefix}{name}` {what}; leave it out", param=prefix + name, code="unsupported_parameter")
@@ -67,7 +63,7 @@ def _asks_for_nothing(value, neutral_values: tuple) -> bool:
 
 def refuse_unsupported(body: SamplingFields) -> None:
     is_chat = isinstance(body, ChatCompletionRequest)
-    refuse_extra(body.model_extra, CHAT_NEUTRAL if is_chat else COMPLETION_NEUTRAL, accepted_unused=ACCEPTED_UNUSED)
+    refuse_extra(body.model_extra, CHAT_NEUTRAL if is_chat else COMPLETION_NEUTRAL)
     if body.stream_options is not None:
         refuse_extra(body.stream_options.model_extra, {}, "stream_options.")
     if body.n not in (None, 1):
@@ -75,7 +71,7 @@ def refuse_unsupported(body: SamplingFields) -> None:
                           param="n", code="unsupported_parameter")
     for index, message in enumerate(body.messages if is_chat else []):
         check_role(message.role, index)  # before its fields, which depend on the role (`tool_call_id`)
-        refuse_extra(message.model_extra, {}, f"messages[{index}].", accepted_unused=MESSAGE_ACCEPTED_UNUSED)
+        refuse_extra(message.model_extra, {}, f"messages[{index}].")
 
 
 def _in_range(settings_class, field_name: str, param: str, value):
