@@ -114,11 +114,11 @@ def _refuse_calibration_flags(ctx: click.Context) -> None:
 
 def _refuse_self_draft_flags() -> None:
     """--calibrate alone measures the models' forward costs, which no self-draft flag changes: refuse one given."""
-    from pocketspec.session_settings import SELF_DRAFT_FIELDS
+    from pocketspec.session_settings import SELF_DRAFT_FIELDS, flag_for
 
     given = next((name for name in SELF_DRAFT_FIELDS if is_given(name)), None)
     if given is not None:
-        flag = "--" + given.replace("_", "-")
+        flag = flag_for(given)
         raise UserError(f"{flag} sets what --calibrate --batch N prices a self-draft with; add --batch N, or "
                         f"leave {flag} out (--calibrate alone measures the models' forward costs)")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from memplanner.defaults import MAX_GAMMA, N_BATCH
 from memplanner.gpu_terms import cuda_context_bytes
 from memplanner.shapes import ModelShape
-from memplanner.sizes import format_bytes
+from memplanner.sizes import format_bytes, kept_free_text
 from memplanner.torch_peak import (CPU_ACTIVATION_FACTOR, activation_bytes, heap_reserve_bytes, loading_bytes,
                                    process_terms)
 from memplanner.torch_sizes import (AUTO, KV_DTYPE_BYTES, compute_dtype_bytes, compute_format, torch_kv_bytes,
@@ -130,7 +130,7 @@ def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int,
         return BatchPlan(False, reason=f"--memory-budget {format_bytes(budget_bytes)} cannot hold even one sequence "
                                        f"({parts}, activations {format_bytes(sequence_bytes)}, or while loading "
                                        f"{format_bytes(loading)} beside the weights: {format_bytes(one_row)}"
-                                       f"{f' + {format_bytes(reserve_bytes)} kept free' if reserve_bytes else ''}); "
+                                       f"{kept_free_text(reserve_bytes)}); "
                                        "lower --max-context or try --weights int8")
     terms = {**fixed, **{f"{name} × {num_rows} rows": size * num_rows for name, size in per_row.items()},
              f"activations × {max_batch}": sequence_bytes * max_batch}

@@ -60,6 +60,11 @@ def format_bytes(num_bytes: int, *, round_up: bool = False) -> str:
     raise AssertionError("unreachable")
 
 
+def kept_free_text(kept_free_bytes: int) -> str:
+    """" + 48.00 MiB kept free" after a predicted peak (empty when nothing is kept free beside it)."""
+    return f" + {format_bytes(kept_free_bytes)} kept free" if kept_free_bytes else ""
+
+
 def round_up(value: int, multiple: int) -> int:
     """`value` rounded up to a whole number of `multiple`s."""
     return -(-value // multiple) * multiple

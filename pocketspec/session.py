@@ -18,7 +18,7 @@ from typing import Callable
 
 import psutil
 
-from memplanner.memory_budget import MemoryBudget, is_split
+from memplanner.memory_budget import is_split
 from memplanner.sizes import format_bytes
 from pocketspec.backends.device_check import check_devices
 from pocketspec.budget import MemoryPlan, apply_budget
@@ -119,26 +119,19 @@ def plan_sequences(settings: SessionSettings, num_sequences: int = 1,
     if not is_split(target_settings.devices, settings.budget):
         check_devices(target_settings)  # a split checks the devices its budget may name
     all_sequences = replace(target_settings, max_context=target_settings.max_context * num_sequences)
-    rows_bytes = sequences_rows_bytes(choice.target_path, num_sequences, target_settings.max_logits_rows) \
-        if num_sequences > 1 else 0
-    budget = settings.budget
-    if rows_bytes and budget is not None and not budget.per_device:  # the sequences' rows first, the plan in the rest
-        budget = MemoryBudget(max(1, budget.total_bytes - rows_bytes))
     try:
-        plan = apply_budget(choice, budget, all_sequences, speculation,
+        plan = apply_budget(choice, settings.budget, all_sequences, speculation,
                             max_new_tokens=settings.max_new_tokens, temperature=settings.sampling.temperature,
                             repack=repack_allowed(settings.repack), num_sequences=num_sequences)
     except UserError as error:
         if num_sequences == 1:
             raise
-        kept = "" if budget is settings.budget else \
-            f"after their logits rows' {format_bytes(rows_bytes)} of {format_bytes(settings.budget.total_bytes)}, "
-        raise UserError(f"{count_flag} {num_sequences} with {target_settings.max_context} tokens each: {kept}"
-                        f"{error}; or lower {count_flag} (their logits rows add up to {format_bytes(rows_bytes)} to "
-                        "that minimum)") from None
+        rows_bytes = sequences_rows_bytes(choice.target_path, num_sequences, target_settings.max_logits_rows)
+        raise UserError(f"{count_flag} {num_sequences} with {target_settings.max_context} tokens each: {error}; "
+                        f"or lower {count_flag} (their logits rows add up to {format_bytes(rows_bytes)} to that "
+                        "minimum)") from None
     if plan is not None:
-        whole_budget = settings.budget.total_bytes if budget is not settings.budget else None
-        plan = per_sequence_plan(plan, num_sequences, count_flag, whole_budget)
+        plan = per_sequence_plan(plan, num_sequences, count_flag)
         choice, target_settings, speculation = plan.choice, plan.target_settings, plan.speculation
     draft_max_context = plan.draft_max_context if plan is not None else settings.draft_window
     draft_device = plan.draft_device if plan is not None else None

@@ -85,7 +85,7 @@ def apply_backend_options(target_settings: ModelSettings, speculation: Speculati
     changed = [name for name in NOT_READ_BY[target_settings.backend]
                if getattr(target_settings, name) != getattr(MODEL, name)]
     if changed:
-        flag = FLAG_NAMES.get(changed[0], "--" + changed[0].replace("_", "-"))
+        flag = flag_for(changed[0])
         owner = "onnx" if changed[0] in ONNX_ONLY_FIELDS else "torch"
         raise UserError(f"{flag} applies to --backend {owner}; add --backend {owner} or leave {flag} out")
     if target_settings.backend == "onnx" and target_settings.devices:
@@ -142,13 +142,18 @@ def settings_for(settings: SessionSettings) -> tuple[ModelChoice, ModelSettings,
     return choice, with_verify_width(target_settings, speculation, choice), speculation
 
 
+def flag_for(field_name: str) -> str:
+    """The command-line flag that sets a settings field: --self-draft-window for self_draft_window."""
+    return FLAG_NAMES.get(field_name, "--" + field_name.replace("_", "-"))
+
+
 def check_self_draft_flags(speculation: SpeculationSettings, drafters: tuple[str, ...],
                            how_to_add: str = "--draft {drafter}") -> None:
     """Refuse a self-draft flag that none of `drafters` (those that will run) reads, rather than ignore it;
     how_to_add: how the command asks for the drafter that reads it (bench: "{drafter} to --drafters")."""
     for name, drafter in SELF_DRAFT_FIELDS.items():
         if getattr(speculation, name) != getattr(SPECULATION, name) and drafter not in drafters:
-            flag = "--" + name.replace("_", "-")
+            flag = flag_for(name)
             raise UserError(f"{flag} applies to --draft {drafter} (--backend torch); add "
                             f"{how_to_add.format(drafter=drafter)} or leave {flag} out")
 

@@ -188,9 +188,8 @@ def test_prompt_longer_than_the_context_gets_400(client):
     assert refused.value.code == "context_length_exceeded"
 
 
-def test_a_conversation_far_over_the_context_is_refused_from_its_first_part(client):
-    """Thousands of short turns: refused once a first part has more tokens than the context, not read whole
-    (llama.cpp's search for special tokens grows with their count times the text's length)."""
+def test_a_conversation_of_thousands_of_turns_is_refused_as_over_the_context(client):
+    """(Tokenizer.encode stops at a first part over the context: tests/test_tokenizer.py.)"""
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a"}] * 2000)
     assert refused.value.code == "context_length_exceeded"

@@ -26,7 +26,8 @@ class ByteTokenizer:
 
     adds_bos = False
 
-    def encode(self, text: str, *, add_bos: bool = True, parse_special: bool = False) -> list[int]:
+    def encode(self, text: str, *, add_bos: bool = True, parse_special: bool = False,
+               max_tokens: int | None = None) -> list[int]:
         return list(text.encode())
 
     def piece(self, token: int, special: bool = False) -> bytes:

@@ -197,18 +197,19 @@ def test_a_waiting_request_whose_client_left_is_answered_while_another_runs(one_
     settings = replace(_settings("torch"), draft="none", options={"backend": "torch", "devices": "cpu:0,cpu:1"})
     slots = open_slots(settings, max_concurrency=1)
     try:
-        counting = slots.tokenizer.encode(", ".join(str(number) for number in range(1, 30)) + ",")
-        running, running_streamed = _generate(slots, counting, max_new_tokens=100)  # counts on, far past a step
         client_gone = threading.Event()
-        waiting, waiting_streamed = _generate(slots, _prompt(slots, QUESTIONS[1]), is_cancelled=client_gone.is_set)
-        deadline = time.monotonic() + 120
-        while not running_streamed and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert running_streamed and slots.queued() == 1
-        client_gone.set()
-        outcome = waiting.result(timeout=60)
-        assert not running.done() and slots.queued() == 0
+        counting = slots.tokenizer.encode(", ".join(str(number) for number in range(1, 30)) + ",")
+        running = slots.submit(GenerationRequest(counting, 100, SamplingSettings()),  # counts on, far past a step
+                               lambda tokens: client_gone.set(), lambda: False)
+        waiting_streamed: list[int] = []
+        waiting = slots.submit(GenerationRequest(_prompt(slots, QUESTIONS[1]), 24, SamplingSettings()),
+                               waiting_streamed.extend, client_gone.is_set)
+        was_running_done = []
+        waiting.add_done_callback(lambda _: was_running_done.append(running.done()))  # on the engine's thread
+        outcome = waiting.result(timeout=300)
+        assert was_running_done == [False]  # answered between the running request's steps
         assert outcome.stop_reason == "cancelled" and outcome.tokens == [] and waiting_streamed == []
         assert running.result(timeout=600).stop_reason == "max_tokens"
+        assert slots.queued() == 0 and slots.in_use() == 0
     finally:
         slots.close()

@@ -11,6 +11,7 @@ from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
 from pocketspec.budget.device_memory import read_device
 from pocketspec.budget.memory_plan import LIGHTEST_CONTEXT, MemoryPlan, peak_line
+from pocketspec.budget.sequences_plan import sequences_rows_bytes
 from pocketspec.calibrate import machine_costs
 from pocketspec.speculation.draft_limits import requested_draft_limits
 from pocketspec.errors import UserError
@@ -91,17 +92,24 @@ def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_setting
                      f"{format_bytes(device.free_bytes)} free now; planning for what is free")
         budget_bytes = device.free_bytes
     costs = machine_costs(choice.target_path, choice.draft_path, target_settings, draft_settings_for(target_settings))
-    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device,
+    # several sequences' logits rows (added to the plan by sequences_plan.per_sequence_plan) come off first
+    rows_bytes = sequences_rows_bytes(choice.target_path, num_sequences, target_settings.max_logits_rows) \
+        if num_sequences > 1 else 0
+    plan_ = plan(max(1, budget_bytes - rows_bytes), target_shape, draft_shape, workload, device=device,
                  alpha=speculation.expected_acceptance, repack=repack, costs=costs)
+    if rows_bytes:
+        plan_ = replace(plan_, budget_bytes=budget_bytes)
     if not plan_.feasible:
         without_draft = ", or pass --draft ngram" if plan_.min_budget_loads_draft else ""
+        reason = plan_.reason if not rows_bytes else \
+            f"after {num_sequences} sequences' logits rows ({format_bytes(rows_bytes)}), {plan_.reason}"
         shortest = replace(workload, max_context=min(workload.max_context, LIGHTEST_CONTEXT * num_sequences))
         shortest_bytes = min_budget_any(target_shape, shortest, device, repack, draft_shape)
-        if budget_bytes < shortest_bytes:  # a shorter context would not fit either
-            raise UserError(f"{plan_.reason}; even --max-context {shortest.max_context // num_sequences} needs "
+        if budget_bytes - rows_bytes < shortest_bytes:  # a shorter context would not fit either
+            raise UserError(f"{reason}; even --max-context {shortest.max_context // num_sequences} needs "
                             f"{format_bytes(shortest_bytes)}: raise --memory-budget{without_draft}, or choose a "
                             "smaller model")
-        raise UserError(f"{plan_.reason}; raise --memory-budget or lower --max-context{without_draft}")
+        raise UserError(f"{reason}; raise --memory-budget or lower --max-context{without_draft}")
     return DevicePlan(plan_, device, budget_bytes, costs is not None, notes)
 
 

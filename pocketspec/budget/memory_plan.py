@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memplanner.sizes import format_bytes
+from memplanner.sizes import format_bytes, kept_free_text
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import BatchSettings, ModelSettings, SpeculationSettings
 
@@ -41,9 +41,8 @@ def sizes_text(terms: dict[str, int]) -> str:
 
 def peak_line(scope: str, peak_bytes: int, budget_bytes: int, details: str, kept_free_bytes: int = 0) -> str:
     """The plan's headline: `memory plan (scope): predicted peak P [+ R kept free] of B (details)`."""
-    kept_free = f" + {format_bytes(kept_free_bytes)} kept free" if kept_free_bytes else ""
     scope_text = f" ({scope})" if scope else ""
-    return (f"memory plan{scope_text}: predicted peak {format_bytes(peak_bytes)}{kept_free} of "
+    return (f"memory plan{scope_text}: predicted peak {format_bytes(peak_bytes)}{kept_free_text(kept_free_bytes)} of "
             f"{format_bytes(budget_bytes)} ({details})")
 
 

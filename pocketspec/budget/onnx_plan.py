@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from memplanner.onnx_sizes import onnx_peak_terms, resolve_onnx_format
 from memplanner.shapes import shape_from_gguf
-from memplanner.sizes import format_bytes
+from memplanner.sizes import format_bytes, kept_free_text
 from memplanner.torch_peak import heap_reserve_bytes
 from memplanner.torch_sizes import gguf_layout
 from pocketspec.budget.memory_plan import LIGHTEST_CONTEXT, MemoryPlan, lighter_advice, peak_line, sizes_text
@@ -73,6 +73,6 @@ def apply_onnx_plan(choice: ModelChoice, budget_bytes: int, target_settings: Mod
     advice = "try " + ("a smaller --max-context" if target_settings.weights == "int4" else
                        "--weights int4 or a smaller --max-context")
     raise UserError(f"--memory-budget {format_bytes(budget_bytes)} is below the ONNX backend's predicted peak "
-                    f"{format_bytes(total)} + {format_bytes(reserve)} kept free ({sizes_text(terms)}); "
+                    f"{format_bytes(total)}{kept_free_text(reserve)} ({sizes_text(terms)}); "
                     + lighter_advice(advice, f"--weights int4 --max-context {lightest.max_context}",
                                      sum(onnx_peak(choice, lightest, speculation).values()) + reserve, budget_bytes))

@@ -3,9 +3,9 @@
 The one-sequence planner sizes a context of num_sequences times the context asked for: the KV
 cache is the same bytes whether one sequence or several hold the tokens (a stream each, of an
 equal share). What several sequences add are logits rows: llama.cpp's output buffer holds
-every sequence's verify rows, and each round hands every sequence a copy of its own. Those rows
-are kept off a whole-process budget first (pocketspec/session.py), so that the plan, made within
-the rest, never needs a second refusal for them.
+every sequence's verify rows, and each round hands every sequence a copy of its own. On one
+device, the plan is made within what their rows leave of the budget (llama_plan.plan_on_device),
+so per_sequence_plan does not refuse them a second time; a budget per device is checked here only.
 """
 
 from __future__ import annotations
@@ -26,26 +26,21 @@ def sequences_rows_bytes(target_path, num_sequences: int, rows: int) -> int:
     return output_buffer_bytes(shape, num_sequences * rows) * 2 - output_buffer_bytes(shape, rows)
 
 
-def per_sequence_plan(plan: MemoryPlan, num_sequences: int, count_flag: str = "--max-concurrency",
-                      budget_bytes: int | None = None) -> MemoryPlan:
+def per_sequence_plan(plan: MemoryPlan, num_sequences: int, count_flag: str = "--max-concurrency") -> MemoryPlan:
     """The plan made for num_sequences x the context, as each sequence's settings; UserError, naming
-    count_flag (the flag that asked for the sequences), when their logits rows do not fit beside it.
-    budget_bytes: the whole budget, where the plan was made within what their rows left of it."""
+    count_flag (the flag that asked for the sequences), when their logits rows do not fit beside it."""
     if num_sequences == 1:
         return plan
-    budget_bytes = plan.budget_bytes if budget_bytes is None else budget_bytes
     added_bytes = sequences_rows_bytes(plan.choice.target_path, num_sequences, plan.target_settings.max_logits_rows)
     context = plan.target_settings.max_context // num_sequences
     peak_bytes = (plan.predicted_peak_bytes or 0) + added_bytes
     line = (f"memory plan: {num_sequences} sequences of {context} tokens share the context; their logits rows "
-            f"add {format_bytes(added_bytes)}, predicted peak {format_bytes(peak_bytes)}"
-            + (f" of {format_bytes(budget_bytes)}" if budget_bytes is not None else ""))
-    if budget_bytes is not None and peak_bytes > budget_bytes:
+            f"add {format_bytes(added_bytes)}, predicted peak {format_bytes(peak_bytes)}")
+    if plan.budget_bytes is not None and peak_bytes > plan.budget_bytes:
         raise UserError(f"{count_flag} {num_sequences} does not fit --memory-budget "
-                        f"{format_bytes(budget_bytes)}: {num_sequences} sequences' logits rows add "
+                        f"{format_bytes(plan.budget_bytes)}: {num_sequences} sequences' logits rows add "
                         f"{format_bytes(added_bytes)} to a predicted {format_bytes(plan.predicted_peak_bytes or 0)}; "
                         f"lower {count_flag} or --max-context, or raise the budget")
     draft_context = plan.draft_max_context // num_sequences if plan.draft_max_context else None
     return replace(plan, target_settings=replace(plan.target_settings, max_context=context),
-                   draft_max_context=draft_context, lines=[*plan.lines, line], predicted_peak_bytes=peak_bytes,
-                   budget_bytes=budget_bytes)
+                   draft_max_context=draft_context, lines=[*plan.lines, line], predicted_peak_bytes=peak_bytes)

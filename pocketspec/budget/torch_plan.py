@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from memplanner.batch_rows import kv_dtype_for
 from memplanner.shapes import ModelShape, shape_from_gguf
-from memplanner.sizes import format_bytes
+from memplanner.sizes import format_bytes, kept_free_text
 from pocketspec.budget.memory_plan import LIGHTEST_CONTEXT, MemoryPlan, lighter_advice, peak_line, sizes_text
 from memplanner.torch_peak import heap_reserve_bytes, torch_peak_terms
 from memplanner.torch_sizes import (gguf_layout, lighter_torch_settings, resolve_weights_format, torch_memory_terms,
@@ -97,7 +97,6 @@ def apply_torch_plan(choice: ModelChoice, budget_bytes: int, target_settings: Mo
                 lines.append(f"memory plan (torch): prompt chunks n_batch {target_settings.n_batch} -> {n_batch}: "
                              "smaller activations, slower prompt processing")
             return MemoryPlan(choice, sized, speculation, budget_bytes, lines, predicted_peak_bytes=total)
-    kept_free = f" + {format_bytes(reserve)} kept free" if reserve else ""
     lightest = replace(target_settings, weights="int4", torch_kv_type="int8", n_batch=N_BATCH_CHOICES[-1],
                        n_ubatch=N_BATCH_CHOICES[-1], max_context=min(target_settings.max_context, LIGHTEST_CONTEXT))
     lightest_flags = f"--weights int4 --torch-kv-type int8 --max-context {lightest.max_context}"
@@ -108,7 +107,7 @@ def apply_torch_plan(choice: ModelChoice, budget_bytes: int, target_settings: Mo
     advice = lighter_torch_settings(resolve_weights_format(target_settings.weights, target_settings.is_on_gpu),
                                     target_settings.torch_kv_type)
     raise UserError(f"--memory-budget {format_bytes(budget_bytes)} is below the torch backend's predicted peak "
-                    f"{format_bytes(total)}{kept_free} ({sizes_text(peak_terms)}); "
+                    f"{format_bytes(total)}{kept_free_text(reserve)} ({sizes_text(peak_terms)}); "
                     + lighter_advice(advice, lightest_flags,
                                      sum(torch_peak(choice, lightest, lightest_speculation).values()) + reserve,
                                      budget_bytes))

@@ -1,7 +1,8 @@
 """The bodies of OpenAI's /v1/chat/completions and /v1/completions that the server reads, as strict
 pydantic models: a value of the wrong type is refused (422), never coerced ("0.5" is not a number).
 
-Only the supported fields are declared. Everything else a client sends lands in `model_extra`,
+Only the supported fields are declared, and three that are accepted and unused (`user`, `metadata`,
+a message's `name`), so that they are typed. Everything else a client sends lands in `model_extra`,
 where pocketspec/serve/request_checks.py refuses it by name unless its value asks for nothing.
 """
 

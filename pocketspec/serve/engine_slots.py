@@ -36,8 +36,6 @@ class EngineSlots(Slots):
             pending = self._incoming.get()
             if pending is _STOP:
                 return
-            if pending.future.done():  # its client left while it waited (_answer_those_gone)
-                continue
             self._is_generating = True
             try:
                 if pending.future.set_running_or_notify_cancel():
@@ -68,21 +66,22 @@ class EngineSlots(Slots):
             time.perf_counter() - started, started - pending.submitted_at)
 
     def _answer_those_gone(self) -> None:
-        """Answer the waiting requests whose clients left as cancelled now, between the running one's steps, so
-        that their places in the queue are free at once (a batching pool takes every request in as it comes)."""
-        for pending in self._waiting():
-            if pending.is_cancelled() and pending.future.set_running_or_notify_cancel():
+        """Take the waiting requests whose clients left out of the queue and answer them as cancelled, between the
+        running one's steps, so that their places are free at once (a batching pool takes requests in as they come)."""
+        with self._incoming.mutex:  # taken out under the queue's lock: close() may be taking what waits too
+            waiting = self._incoming.queue
+            gone = [pending for pending in waiting if pending is not _STOP and pending.is_cancelled()]
+            for pending in gone:
+                waiting.remove(pending)
+        for pending in gone:
+            if pending.future.set_running_or_notify_cancel():
                 pending.future.set_result(_cancelled(pending, time.perf_counter()))
-
-    def _waiting(self) -> list[PendingGeneration]:
-        with self._incoming.mutex:
-            return [pending for pending in self._incoming.queue if pending is not _STOP and not pending.future.done()]
 
     def in_use(self) -> int:
         return int(self._is_generating)
 
     def queued(self) -> int:
-        return len(self._waiting())
+        return self._incoming.qsize()
 
     def close(self, timeout_seconds: float = 30.0) -> None:
         """Cancel what runs and what waits (the running request stops within one step), then close the engine."""

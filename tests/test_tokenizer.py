@@ -21,6 +21,7 @@ def tokenizer(smollm2_path):
     "Write a Python function that adds two numbers.",
     "word " * 900,  # about 900 tokens in 4,500 characters
     " " * 20000 + "end",  # about 300 tokens in 20,000 characters: read in growing parts, then whole
+    " " * 20000 + MANY_TURNS[:1500],  # the same, then special tokens
     MANY_TURNS[:2000],
 ])
 def test_a_text_within_the_bound_is_tokenized_as_without_it(tokenizer, text):
