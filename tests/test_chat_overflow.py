@@ -106,3 +106,20 @@ def test_a_message_that_cannot_fit_names_every_way_to_make_it_fit(smollm2_path):
             chat.reply(" ".join(QUESTIONS * 2))
         assert "shorten the message, lower --max-tokens or raise --max-context" in str(raised.value)
         assert chat.conversation.turns == []
+
+
+def test_each_reply_samples_with_its_own_seed_so_a_reset_chat_does_not_copy_its_first(smollm2_path):
+    """Draws are keyed by position: a reset (or trimmed) chat comes back to its first reply's positions, and with
+    one seed for every reply it would copy that reply. The first reply is still the session's seed's."""
+    question = "Name one animal, picked at random, and say one thing about it."
+    with _engine(smollm2_path, drafter="ngram", temperature=1.0, seed=7, max_context=512) as engine:
+        chat = Chat(engine, Conversation(), max_new_tokens=16)
+        replies = []
+        for _ in range(3):
+            replies.append(tuple(chat.reply(question).tokens))
+            chat.reset()
+        assert len(set(replies)) == 3
+        engine.reseed(7)
+        alone = engine.generate(encode_chat(chat.tokenizer, chat.template, [{"role": "user", "content": question}]),
+                                16)
+        assert tuple(alone.tokens) == replies[0]

@@ -16,6 +16,7 @@ from pocketspec.conversation.conversation import (
     Conversation, PromptTooLong, assistant_record, chunk_record, reset_record, system_record, user_record)
 from pocketspec.errors import UserError
 from pocketspec.signals import Terminated
+from pocketspec.speculation.draws import reply_seed
 from pocketspec.conversation.transcript import TranscriptWriter
 
 CUT_STOP_REASONS = ("interrupted", "context_full")
@@ -50,6 +51,9 @@ class Chat:
         self.max_context = engine.max_context
         # The prompt leaves room for a reply; a longer reply stops with "context_full".
         self.max_prompt_tokens = self.max_context - min(max_new_tokens, self.max_context // 2)
+        # each reply samples with its own seed (draws.reply_seed), counted on from the replies already there
+        self.seed = engine.sampling.seed
+        self.num_replies = sum(message["role"] == "assistant" for message in conversation.messages())
 
     def count_tokens(self, messages: list[dict[str, str]]) -> int:
         return len(encode_chat(self.tokenizer, self.template, messages))
@@ -101,6 +105,8 @@ class Chat:
                 if on_text is not None:
                     on_text(piece)
 
+        self.engine.reseed(reply_seed(self.seed, self.num_replies))
+        self.num_replies += 1
         try:
             result = self.engine.generate(prompt, self.max_new_tokens, should_stop=should_stop,
                                           on_tokens=lambda tokens: show(streamer.push(tokens)))

@@ -51,6 +51,16 @@ def position_key(seed: int, position: int) -> int:
     return int(position_keys(seed, np.array([position]))[0])
 
 
+def reply_seed(seed: int, reply_index: int) -> int:
+    """The seed of a conversation's reply_index-th reply: its first reply's is `seed` (a one-turn chat samples
+    as `generate --chat` does), each later one's its own. Draws are keyed by position, and a trimmed or
+    reset conversation comes back to positions its earlier replies were drawn at: with one seed for every
+    reply, a reply would reuse those draws and copy them."""
+    if reply_index == 0:
+        return seed
+    return int(mix64(np.uint64(seed) ^ mix64(np.array([reply_index], dtype=np.uint64)))[0] >> np.uint64(1))
+
+
 def unit_interval(bits: np.ndarray) -> np.ndarray:
     """uint64 bits to float64 in (0, 1): the top 52 bits and a half, exact in float64 (53 bits and a half
     would round 2**53 - 0.5 up to 1.0, a race time of 0)."""
