@@ -136,7 +136,8 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
                 transcript.append(assistant_record(replayed.unfinished_reply, is_cut=True, stop_reason="killed"))
             conversation = replayed.conversation if replayed is not None else Conversation()
             chat_ = Chat(session.engine, conversation, max_new_tokens=max_tokens, transcript=transcript,
-                         stats_for=session.stats_dict)
+                         stats_for=session.stats_dict,
+                         num_earlier_replies=replayed.num_replies if replayed is not None else 0)
             if chat_.template.is_fallback:
                 note(FALLBACK_NOTE)
             if system_prompt is not None:

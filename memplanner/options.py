@@ -35,6 +35,8 @@ class Workload:
     max_context: int  # prompt + generated tokens per sequence
     max_new_tokens: int = MAX_NEW_TOKENS
     batch_size: int = 1
+    # sequences that share max_context in one llama.cpp context (a server's, --batch): each adds its logits rows
+    num_sequences: int = 1
     max_gamma: int = MAX_GAMMA  # a draft model's longest draft
     temperature: float = 0.0
     target_kv_type: str = "f16"  # the user's --kv-type: the plan never changes it
@@ -108,6 +110,8 @@ def settings_terms(settings: PlanSettings, target: ModelShape, draft: ModelShape
         "target_compute": terms.compute_buffer_bytes(target, s.n_ubatch, s.target_n_ctx, s.logits_rows * batch),
         "target_probs": batch * terms.target_probs_bytes(target, s.logits_rows - 1, workload.temperature),
     }
+    if workload.num_sequences > 1:
+        found["sequences_logits"] = terms.sequences_logits_bytes(target, workload.num_sequences, s.logits_rows)
     if s.drafter != "none":  # a draft model's runtime drafts n-grams beside it (drafter auto)
         found["ngram_index"] = batch * terms.ngram_index_bytes(workload.max_context)
         found["ngram_corpus"] = terms.ngram_corpus_bytes()

@@ -90,6 +90,12 @@ def output_buffer_bytes(shape: ModelShape, logits_rows: int) -> int:
     return max(1, logits_rows) * shape.vocab_size * FLOAT32_BYTES
 
 
+def sequences_logits_bytes(shape: ModelShape, num_sequences: int, logits_rows: int) -> int:
+    """What num_sequences sharing one llama.cpp context add to one sequence's logits_rows: the output buffer
+    holds every sequence's rows, and each round hands every sequence a copy of its own."""
+    return output_buffer_bytes(shape, num_sequences * logits_rows) * 2 - output_buffer_bytes(shape, logits_rows)
+
+
 def logits_all_bytes(shape: ModelShape, n_ctx: int) -> int:
     """llama-cpp-python's `scores` with logits_all=True: n_ctx x vocab float32 (the naive way)."""
     return n_ctx * shape.vocab_size * FLOAT32_BYTES

@@ -19,10 +19,9 @@ from typing import Callable
 import psutil
 
 from memplanner.memory_budget import is_split
-from memplanner.sizes import format_bytes
 from pocketspec.backends.device_check import check_devices
 from pocketspec.budget import MemoryPlan, apply_budget
-from pocketspec.budget.sequences_plan import per_sequence_plan, sequences_rows_bytes
+from pocketspec.budget.sequences_plan import per_sequence_plan
 from pocketspec.conversation.prompt_encoding import PromptEncoding
 from pocketspec.errors import UserError
 from pocketspec.learned_costs import adopt_learned_costs, keep_learned_costs
@@ -126,10 +125,8 @@ def plan_sequences(settings: SessionSettings, num_sequences: int = 1,
     except UserError as error:
         if num_sequences == 1:
             raise
-        rows_bytes = sequences_rows_bytes(choice.target_path, num_sequences, target_settings.max_logits_rows)
         raise UserError(f"{count_flag} {num_sequences} with {target_settings.max_context} tokens each: {error}; "
-                        f"or lower {count_flag} (their logits rows add up to {format_bytes(rows_bytes)} to that "
-                        "minimum)") from None
+                        f"or lower {count_flag} (the need counts each one's logits rows)") from None
     if plan is not None:
         plan = per_sequence_plan(plan, num_sequences, count_flag)
         choice, target_settings, speculation = plan.choice, plan.target_settings, plan.speculation

@@ -101,6 +101,16 @@ def test_replay_system_and_reset():
     assert replay([system_record("x"), system_record("")]).conversation.system is None
 
 
+def test_replay_counts_every_reply_asked_for_also_before_a_reset():
+    """A resumed chat's next reply seed counts on from these (draws.reply_seed): after a /reset its history is
+    empty, yet its replies were drawn."""
+    records = [user_record("a"), assistant_record("b"), reset_record(), user_record("c"), user_record("d"),
+               assistant_record("e")]
+    replayed = replay(records)
+    assert replayed.num_replies == 3
+    assert [message.content for message in replayed.conversation.turns] == ["c", "", "d", "e"]
+
+
 def test_replay_closes_a_user_message_that_got_no_reply():
     conversation = replay([user_record("a"), user_record("b"), assistant_record("c")]).conversation
     assert [(message.content, message.is_cut) for message in conversation.turns] == [

@@ -11,7 +11,6 @@ from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
 from pocketspec.budget.device_memory import read_device
 from pocketspec.budget.memory_plan import LIGHTEST_CONTEXT, MemoryPlan, peak_line
-from pocketspec.budget.sequences_plan import sequences_rows_bytes
 from pocketspec.calibrate import machine_costs
 from pocketspec.speculation.draft_limits import requested_draft_limits
 from pocketspec.errors import UserError
@@ -39,14 +38,15 @@ def keeps_draft_model(choice: ModelChoice, speculation: SpeculationSettings) -> 
 
 
 def workload_for(choice: ModelChoice, target_settings: ModelSettings, speculation: SpeculationSettings,
-                 max_new_tokens: int, temperature: float) -> Workload:
-    """What the user asked for, the target's KV type included (the plan keeps it as it is)."""
+                 max_new_tokens: int, temperature: float, num_sequences: int = 1) -> Workload:
+    """What the user asked for, the target's KV type included (the plan keeps it as it is); num_sequences:
+    how many share target_settings' context."""
     # `--draft none` asks for plain decoding: plan no draft buffers at all (γ = 0); a fixed --gamma caps both
     limits = requested_draft_limits(speculation, drafts=choice.drafter != "none")
     return Workload(max_context=target_settings.max_context, max_new_tokens=max_new_tokens,
                     max_gamma=limits.model, temperature=temperature, target_kv_type=target_settings.kv_type,
                     max_draftless_gamma=limits.draftless,
-                    keeps_draft_model=keeps_draft_model(choice, speculation))
+                    keeps_draft_model=keeps_draft_model(choice, speculation), num_sequences=num_sequences)
 
 
 def planned_device_name(settings: ModelSettings) -> str:
@@ -77,7 +77,7 @@ def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_setting
     sequences share the settings' context (a refusal names the shortest context each could have)."""
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
-    workload = workload_for(choice, target_settings, speculation, max_new_tokens, temperature)
+    workload = workload_for(choice, target_settings, speculation, max_new_tokens, temperature, num_sequences)
     device = device or read_device(planned_device_name(target_settings))
     notes = []
     if budget_bytes is None:
@@ -92,24 +92,17 @@ def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_setting
                      f"{format_bytes(device.free_bytes)} free now; planning for what is free")
         budget_bytes = device.free_bytes
     costs = machine_costs(choice.target_path, choice.draft_path, target_settings, draft_settings_for(target_settings))
-    # several sequences' logits rows (added to the plan by sequences_plan.per_sequence_plan) come off first
-    rows_bytes = sequences_rows_bytes(choice.target_path, num_sequences, target_settings.max_logits_rows) \
-        if num_sequences > 1 else 0
-    plan_ = plan(max(1, budget_bytes - rows_bytes), target_shape, draft_shape, workload, device=device,
+    plan_ = plan(budget_bytes, target_shape, draft_shape, workload, device=device,
                  alpha=speculation.expected_acceptance, repack=repack, costs=costs)
-    if rows_bytes:
-        plan_ = replace(plan_, budget_bytes=budget_bytes)
     if not plan_.feasible:
         without_draft = ", or pass --draft ngram" if plan_.min_budget_loads_draft else ""
-        reason = plan_.reason if not rows_bytes else \
-            f"after {num_sequences} sequences' logits rows ({format_bytes(rows_bytes)}), {plan_.reason}"
         shortest = replace(workload, max_context=min(workload.max_context, LIGHTEST_CONTEXT * num_sequences))
         shortest_bytes = min_budget_any(target_shape, shortest, device, repack, draft_shape)
-        if budget_bytes - rows_bytes < shortest_bytes:  # a shorter context would not fit either
-            raise UserError(f"{reason}; even --max-context {shortest.max_context // num_sequences} needs "
+        if budget_bytes < shortest_bytes:  # a shorter context would not fit either
+            raise UserError(f"{plan_.reason}; even --max-context {shortest.max_context // num_sequences} needs "
                             f"{format_bytes(shortest_bytes)}: raise --memory-budget{without_draft}, or choose a "
                             "smaller model")
-        raise UserError(f"{reason}; raise --memory-budget or lower --max-context{without_draft}")
+        raise UserError(f"{plan_.reason}; raise --memory-budget or lower --max-context{without_draft}")
     return DevicePlan(plan_, device, budget_bytes, costs is not None, notes)
 
 

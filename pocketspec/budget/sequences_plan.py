@@ -1,11 +1,12 @@
 """`--memory-budget` for several sequences of one llama.cpp context (a server's concurrent requests).
 
-The one-sequence planner sizes a context of num_sequences times the context asked for: the KV
-cache is the same bytes whether one sequence or several hold the tokens (a stream each, of an
-equal share). What several sequences add are logits rows: llama.cpp's output buffer holds
-every sequence's verify rows, and each round hands every sequence a copy of its own. On one
-device, the plan is made within what their rows leave of the budget (llama_plan.plan_on_device),
-so per_sequence_plan does not refuse them a second time; a budget per device is checked here only.
+The planner sizes a context of num_sequences times the context asked for: the KV cache is the
+same bytes whether one sequence or several hold the tokens (a stream each, of an equal share).
+What several sequences add are logits rows: llama.cpp's output buffer holds every sequence's
+verify rows, and each round hands every sequence a copy of its own. On one device the planner
+counts them for every configuration it weighs (memplanner's `sequences_logits` term); a plan split
+over devices is planned for one sequence, and per_sequence_plan adds them to its predicted peak where
+it has one.
 """
 
 from __future__ import annotations
@@ -14,16 +15,14 @@ from dataclasses import replace
 
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
-from memplanner.terms import output_buffer_bytes
+from memplanner.terms import sequences_logits_bytes
 from pocketspec.budget.memory_plan import MemoryPlan
 from pocketspec.errors import UserError
 
 
 def sequences_rows_bytes(target_path, num_sequences: int, rows: int) -> int:
-    """What num_sequences' logits rows (`rows` each) add to one sequence's plan: llama.cpp's output buffer for
-    all of them, and each one's copy."""
-    shape = shape_from_gguf(target_path)
-    return output_buffer_bytes(shape, num_sequences * rows) * 2 - output_buffer_bytes(shape, rows)
+    """What num_sequences' logits rows (`rows` each) add to one sequence's plan (memplanner.terms)."""
+    return sequences_logits_bytes(shape_from_gguf(target_path), num_sequences, rows)
 
 
 def per_sequence_plan(plan: MemoryPlan, num_sequences: int, count_flag: str = "--max-concurrency") -> MemoryPlan:
@@ -31,8 +30,15 @@ def per_sequence_plan(plan: MemoryPlan, num_sequences: int, count_flag: str = "-
     count_flag (the flag that asked for the sequences), when their logits rows do not fit beside it."""
     if num_sequences == 1:
         return plan
-    added_bytes = sequences_rows_bytes(plan.choice.target_path, num_sequences, plan.target_settings.max_logits_rows)
     context = plan.target_settings.max_context // num_sequences
+    draft_context = plan.draft_max_context // num_sequences if plan.draft_max_context else None
+    planned_rows_bytes = plan.planner_result.terms.get("sequences_logits", 0) if plan.planner_result else 0
+    if planned_rows_bytes:  # in the predicted peak already
+        line = (f"memory plan: {num_sequences} sequences of {context} tokens share the context; their logits rows, "
+                f"{format_bytes(planned_rows_bytes)}, are in the predicted peak")
+        return replace(plan, target_settings=replace(plan.target_settings, max_context=context),
+                       draft_max_context=draft_context, lines=[*plan.lines, line])
+    added_bytes = sequences_rows_bytes(plan.choice.target_path, num_sequences, plan.target_settings.max_logits_rows)
     peak_bytes = (plan.predicted_peak_bytes or 0) + added_bytes
     line = (f"memory plan: {num_sequences} sequences of {context} tokens share the context; their logits rows "
             f"add {format_bytes(added_bytes)}, predicted peak {format_bytes(peak_bytes)}")
@@ -41,6 +47,5 @@ def per_sequence_plan(plan: MemoryPlan, num_sequences: int, count_flag: str = "-
                         f"{format_bytes(plan.budget_bytes)}: {num_sequences} sequences' logits rows add "
                         f"{format_bytes(added_bytes)} to a predicted {format_bytes(plan.predicted_peak_bytes or 0)}; "
                         f"lower {count_flag} or --max-context, or raise the budget")
-    draft_context = plan.draft_max_context // num_sequences if plan.draft_max_context else None
     return replace(plan, target_settings=replace(plan.target_settings, max_context=context),
                    draft_max_context=draft_context, lines=[*plan.lines, line], predicted_peak_bytes=peak_bytes)

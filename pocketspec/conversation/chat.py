@@ -40,7 +40,8 @@ class Chat:
     """One conversation on one engine, written to a transcript as it goes."""
 
     def __init__(self, engine, conversation: Conversation, *, max_new_tokens: int,
-                 transcript: TranscriptWriter | None = None, stats_for: Callable | None = None):
+                 transcript: TranscriptWriter | None = None, stats_for: Callable | None = None,
+                 num_earlier_replies: int = 0):
         self.engine = engine
         self.conversation = conversation
         self.transcript = transcript
@@ -51,9 +52,9 @@ class Chat:
         self.max_context = engine.max_context
         # The prompt leaves room for a reply; a longer reply stops with "context_full".
         self.max_prompt_tokens = self.max_context - min(max_new_tokens, self.max_context // 2)
-        # each reply samples with its own seed (draws.reply_seed), counted on from the replies already there
+        # each reply samples with its own seed (draws.reply_seed), counted on from a resumed transcript's replies
         self.seed = engine.sampling.seed
-        self.num_replies = sum(message["role"] == "assistant" for message in conversation.messages())
+        self.num_replies = num_earlier_replies
 
     def count_tokens(self, messages: list[dict[str, str]]) -> int:
         return len(encode_chat(self.tokenizer, self.template, messages))

@@ -143,6 +143,7 @@ class Replayed:
     header: dict | None
     unfinished_reply: str | None  # text of a reply whose process died, now in the history as cut
     num_records: int
+    num_replies: int  # replies asked for (user records), those before a /reset or a trim too
 
 
 def _text_field(record: dict, key: str, where: str) -> str:
@@ -202,4 +203,5 @@ def replay(records: list[dict]) -> Replayed:
     if conversation.is_awaiting_reply:
         unfinished = "".join(chunks or [])
         close_reply(unfinished, True)
-    return Replayed(conversation, header, unfinished, len(records))
+    num_replies = sum(record["type"] == "user" for record in records)
+    return Replayed(conversation, header, unfinished, len(records), num_replies)

@@ -68,11 +68,13 @@ class EngineSlots(Slots):
     def _answer_those_gone(self) -> None:
         """Take the waiting requests whose clients left out of the queue and answer them as cancelled, between the
         running one's steps, so that their places are free at once (a batching pool takes requests in as they come)."""
+        with self._incoming.mutex:
+            waiting = [pending for pending in self._incoming.queue if pending is not _STOP]
+        gone = [pending for pending in waiting if pending.is_cancelled()]  # the clients' checks, outside the lock
         with self._incoming.mutex:  # taken out under the queue's lock: close() may be taking what waits too
-            waiting = self._incoming.queue
-            gone = [pending for pending in waiting if pending is not _STOP and pending.is_cancelled()]
+            gone = [pending for pending in gone if pending in self._incoming.queue]
             for pending in gone:
-                waiting.remove(pending)
+                self._incoming.queue.remove(pending)
         for pending in gone:
             if pending.future.set_running_or_notify_cancel():
                 pending.future.set_result(_cancelled(pending, time.perf_counter()))
