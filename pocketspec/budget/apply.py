@@ -13,7 +13,7 @@ def apply_budget(choice: ModelChoice, budget: MemoryBudget | None, target_settin
                  speculation: SpeculationSettings, *, max_new_tokens: int, temperature: float,
                  repack: tuple[bool, ...] = REPACK_EITHER, num_sequences: int = 1) -> MemoryPlan | None:
     """The plan for these settings (None: no budget and no split); UserError when nothing fits.
-    num_sequences: how many sequences share target_settings' context (llama.cpp's refusal names each one's)."""
+    num_sequences: how many sequences share target_settings' context (llama.cpp prices each one's logits rows)."""
     if is_split(target_settings.devices, budget):
         from pocketspec.budget.split_plan import apply_split
 

@@ -74,7 +74,7 @@ def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_setting
                    num_sequences: int = 1) -> DevicePlan:
     """The plan for the device the settings run on (or `device` as described), within `budget_bytes`
     (None: what is free there). `pocketspec plan` shows this; `apply_plan` runs it. num_sequences: how many
-    sequences share the settings' context (a refusal names the shortest context each could have)."""
+    sequences share the settings' context (each one's logits rows priced; a refusal names each one's context)."""
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path is not None else None
     workload = workload_for(choice, target_settings, speculation, max_new_tokens, temperature, num_sequences)

@@ -32,20 +32,20 @@ def per_sequence_plan(plan: MemoryPlan, num_sequences: int, count_flag: str = "-
         return plan
     context = plan.target_settings.max_context // num_sequences
     draft_context = plan.draft_max_context // num_sequences if plan.draft_max_context else None
+    shared = f"memory plan: {num_sequences} sequences of {context} tokens share the context; their logits rows"
     planned_rows_bytes = plan.planner_result.terms.get("sequences_logits", 0) if plan.planner_result else 0
     if planned_rows_bytes:  # in the predicted peak already
-        line = (f"memory plan: {num_sequences} sequences of {context} tokens share the context; their logits rows, "
-                f"{format_bytes(planned_rows_bytes)}, are in the predicted peak")
-        return replace(plan, target_settings=replace(plan.target_settings, max_context=context),
-                       draft_max_context=draft_context, lines=[*plan.lines, line])
-    added_bytes = sequences_rows_bytes(plan.choice.target_path, num_sequences, plan.target_settings.max_logits_rows)
-    peak_bytes = (plan.predicted_peak_bytes or 0) + added_bytes
-    line = (f"memory plan: {num_sequences} sequences of {context} tokens share the context; their logits rows "
-            f"add {format_bytes(added_bytes)}, predicted peak {format_bytes(peak_bytes)}")
-    if plan.budget_bytes is not None and peak_bytes > plan.budget_bytes:
-        raise UserError(f"{count_flag} {num_sequences} does not fit --memory-budget "
-                        f"{format_bytes(plan.budget_bytes)}: {num_sequences} sequences' logits rows add "
-                        f"{format_bytes(added_bytes)} to a predicted {format_bytes(plan.predicted_peak_bytes or 0)}; "
-                        f"lower {count_flag} or --max-context, or raise the budget")
+        line = f"{shared}, {format_bytes(planned_rows_bytes)}, are in the predicted peak"
+        peak_bytes = plan.predicted_peak_bytes
+    else:
+        added_bytes = sequences_rows_bytes(plan.choice.target_path, num_sequences, plan.target_settings.max_logits_rows)
+        peak_bytes = (plan.predicted_peak_bytes or 0) + added_bytes
+        line = f"{shared} add {format_bytes(added_bytes)}, predicted peak {format_bytes(peak_bytes)}"
+        if plan.budget_bytes is not None and peak_bytes > plan.budget_bytes:
+            raise UserError(f"{count_flag} {num_sequences} does not fit --memory-budget "
+                            f"{format_bytes(plan.budget_bytes)}: {num_sequences} sequences' logits rows add "
+                            f"{format_bytes(added_bytes)} to a predicted "
+                            f"{format_bytes(plan.predicted_peak_bytes or 0)}; lower {count_flag} or --max-context, or "
+                            "raise the budget")
     return replace(plan, target_settings=replace(plan.target_settings, max_context=context),
                    draft_max_context=draft_context, lines=[*plan.lines, line], predicted_peak_bytes=peak_bytes)

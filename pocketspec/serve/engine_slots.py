@@ -72,9 +72,11 @@ class EngineSlots(Slots):
             waiting = [pending for pending in self._incoming.queue if pending is not _STOP]
         gone = [pending for pending in waiting if pending.is_cancelled()]  # the clients' checks, outside the lock
         with self._incoming.mutex:  # taken out under the queue's lock: close() may be taking what waits too
-            gone = [pending for pending in gone if pending in self._incoming.queue]
-            for pending in gone:
-                self._incoming.queue.remove(pending)
+            still_waiting = self._incoming.queue
+            gone = [pending for pending in gone if any(pending is other for other in still_waiting)]
+            kept = [pending for pending in still_waiting if not any(pending is other for other in gone)]
+            still_waiting.clear()
+            still_waiting.extend(kept)
         for pending in gone:
             if pending.future.set_running_or_notify_cancel():
                 pending.future.set_result(_cancelled(pending, time.perf_counter()))
