@@ -18,6 +18,7 @@ from apps.terminal import note
 from apps.text_input import as_text
 from pocketspec.atomic_file import is_same_file, refuse_output_onto_inputs
 from pocketspec.conversation.chat import Chat, Turn
+from pocketspec.conversation.conversation import saved_header
 from pocketspec.errors import UserError
 from memplanner import format_bytes
 from pocketspec.conversation.transcript import save_conversation
@@ -163,7 +164,8 @@ class Repl:
             return
         try:
             refuse_output_onto_inputs(path, self.session.choice.files_read, flag="/save")
-            save_conversation(path, self.chat.conversation, header=self.header, replace=is_forced)
+            header = saved_header(self.header, self.chat.conversation, self.chat.num_replies)
+            save_conversation(path, self.chat.conversation, header=header, replace=is_forced)
         except UserError as error:
             note(f"error: {error}")
             return

@@ -290,8 +290,14 @@ def test_save_never_replaces_a_file_unless_forced(chat_home, tmp_path):
     assert f"saved 2 messages to {fresh}" in child.before
     _say(child, f"/save {precious} --force")
     assert f"saved 2 messages to {precious}" in child.before
+    _say(child, "/reset")
+    _say(child, "And 3+3?")
+    after_reset = tmp_path / "after_reset.jsonl"
+    _say(child, f"/save {after_reset}")
     _quit(child)
     assert _users(precious) == _users(fresh) == ["What is 2+2?"]
+    # the file holds the turn after the /reset, and counts the reply before it (a resumed chat's seeds go on)
+    assert _users(after_reset) == ["And 3+3?"] and load_transcript(after_reset).num_replies == 2
 
 
 def test_save_refuses_a_model_a_folder_a_device_and_another_chats_transcript(chat_home, tmp_path, smollm2_path):

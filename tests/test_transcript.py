@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pocketspec.conversation.conversation import (Conversation, assistant_record, chunk_record, header_record,
-                                                  user_record)
+                                                  saved_header, user_record)
 from pocketspec.errors import UserError
 from pocketspec.conversation.transcript import (
     TranscriptWriter, chats_dir, check_not_in_use, find_transcript, load_transcript, new_transcript_path, read_records,
@@ -158,6 +158,23 @@ def test_save_writes_a_resumable_file(tmp_path):
     assert not list(tmp_path.glob("*.partial"))
 
 
+def test_a_saved_trimmed_chat_resumes_counting_every_reply_it_asked_for(tmp_path):
+    """/save writes the kept turns only; its header names the replies before them (trimmed or /reset away), so
+    the resumed chat's next reply gets a seed no earlier reply had (draws.reply_seed)."""
+    conversation = Conversation()
+    conversation.add_user("third")
+    conversation.add_assistant("3")
+    path = tmp_path / "saved.jsonl"
+    header = saved_header(header_record(target="t", draft="d"), conversation, num_replies=5)
+    save_conversation(path, conversation, header=header)
+    with TranscriptWriter(path) as writer:  # the resumed chat appends its next turn
+        writer.append(user_record("fourth"))
+    replayed = load_transcript(path)
+    assert replayed.num_replies == 6 and replayed.conversation.turns[0].content == "third"
+    assert saved_header(header_record(target="t", draft="d"), conversation, num_replies=1) == header_record(
+        target="t", draft="d")  # nothing before the saved turns: the header as a chat writes it
+
+
 @pytest.mark.parametrize("content, complaint", [
     (None, "does not exist"),
     ("", "is empty"),
@@ -168,6 +185,10 @@ def test_save_writes_a_resumable_file(tmp_path):
     ('{"type": "header", "version": 1, "target": 123, "draft": "ngram"}\n', "the header's 'target' must name"),
     ('{"type": "header", "version": 1, "target": "t", "draft": ["a"]}\n', "the header's 'draft' must name"),
     ('{"type": "header", "version": 1, "target": " ", "draft": "ngram"}\n', "the header's 'target' must name"),
+    ('{"type": "header", "version": 1, "target": "t", "draft": "d", "earlier_replies": -1}\n',
+     "the header's 'earlier_replies' must be a count"),
+    ('{"type": "header", "version": 1, "target": "t", "draft": "d", "earlier_replies": true}\n',
+     "the header's 'earlier_replies' must be a count"),
 ])
 def test_bad_transcripts_are_one_clear_user_error(tmp_path, content, complaint):
     path = tmp_path / "chat.jsonl"

@@ -5,7 +5,8 @@ alternate user, assistant, user, ... Trimming drops whole exchanges (a user mess
 its reply), oldest first, and never the system prompt or the newest user message.
 
 Transcript records are JSON objects, one per line, each with a "type":
-  header     {"version", "target", "draft", "backend"} first line of a file (older ones have no backend)
+  header     {"version", "target", "draft", "backend", "earlier_replies"} first line of a file (older ones
+             have no backend; "earlier_replies", in a /save file: the replies asked for before its turns)
   system     {"content"}                               the system prompt was set ("" clears it)
   user       {"content"}
   chunk      {"text"}                                  reply text as it was shown, streamed
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 TRANSCRIPT_VERSION = 1
+EARLIER_REPLIES = "earlier_replies"  # a header field (see saved_header)
 RECORD_TYPES = ("header", "system", "user", "chunk", "assistant", "reset")
 
 
@@ -111,6 +113,15 @@ def header_record(*, target: str | None, draft: str | None, backend: str | None 
     return {**record, "backend": backend} if backend is not None else record
 
 
+def saved_header(header: dict, conversation: Conversation, num_replies: int) -> dict:
+    """The header of a /save file of `conversation`, whose chat asked for `num_replies` replies: it names those
+    asked for before the saved turns (trimmed or /reset away), so that a chat resumed from the file counts
+    its replies on from all of them and never samples a later reply with an earlier one's seed."""
+    num_saved = sum(message.role == "user" for message in conversation.turns)
+    num_earlier = max(0, num_replies - num_saved)
+    return {**header, EARLIER_REPLIES: num_earlier} if num_earlier else header
+
+
 def system_record(text: str | None) -> dict:
     return {"type": "system", "content": text or ""}
 
@@ -143,7 +154,7 @@ class Replayed:
     header: dict | None
     unfinished_reply: str | None  # text of a reply whose process died, now in the history as cut
     num_records: int
-    num_replies: int  # replies asked for (user records), those before a /reset or a trim too
+    num_replies: int  # replies asked for (user records and the header's earlier_replies), those before a /reset
 
 
 def _text_field(record: dict, key: str, where: str) -> str:
@@ -180,6 +191,9 @@ def replay(records: list[dict]) -> Replayed:
                 value = record.get(key)
                 if value is not None and (not isinstance(value, str) or not value.strip()):
                     raise TranscriptError(f"{where}: the header's {key!r} must name a model, got {value!r}")
+            earlier = record.get(EARLIER_REPLIES, 0)
+            if type(earlier) is not int or earlier < 0:
+                raise TranscriptError(f"{where}: the header's {EARLIER_REPLIES!r} must be a count, got {earlier!r}")
             header = record
         elif kind == "system":
             conversation.system = _text_field(record, "content", where) or None
@@ -203,5 +217,5 @@ def replay(records: list[dict]) -> Replayed:
     if conversation.is_awaiting_reply:
         unfinished = "".join(chunks or [])
         close_reply(unfinished, True)
-    num_replies = sum(record["type"] == "user" for record in records)
+    num_replies = sum(record["type"] == "user" for record in records) + (header or {}).get(EARLIER_REPLIES, 0)
     return Replayed(conversation, header, unfinished, len(records), num_replies)
