@@ -13,6 +13,7 @@ from click.core import ParameterSource
 
 from pocketspec.errors import UserError
 from pocketspec.setting_ranges import parse_setting, setting_range
+from pocketspec.serve.serve_settings import ServeSettings
 from pocketspec.session_settings import SessionSettings
 from pocketspec.settings import (ATTENTION_SINK_TOKENS, AUTO, BACKENDS, DECODE_STEPS, LLAMA_KV_TYPES, RANDOM_SEED, SCHEDULERS,
                                  EXECUTION_PROVIDERS, SELF_DRAFT_KEYS, SPLIT_MODES, TORCH_KV_TYPES, TORCH_WEIGHTS,
@@ -80,11 +81,21 @@ def model_choice_options(function):
     return function
 
 
-def sampling_options(function):
-    function = setting_option("--seed", SamplingSettings, "seed", show_default=True, callback=_draw_seed,
-                              help="Sampling seed; -1 draws a random one and shows it. A seed gives plain "
-                                   "sampling's reply whatever drafts it, at any --gamma (where a verify or a "
-                                   "batch rounds differently, a near-tie can part them).")(function)
+def _seed_option(*, is_per_request: bool):
+    same_reply = ("A seed gives plain sampling's reply whatever drafts it, at any --gamma (where a verify or a "
+                  "batch rounds differently, a near-tie can part them).")
+    if is_per_request:
+        return setting_option("--seed", SamplingSettings, "seed", default=ServeSettings().default_seed,
+                              show_default=True, help="Seed of a request that gives none; -1 draws one for each "
+                              "request, named in its x-pocketspec-seed header. " + same_reply)
+    return setting_option("--seed", SamplingSettings, "seed", show_default=True, callback=_draw_seed,
+                          help="Sampling seed; -1 draws a random one and shows it. " + same_reply)
+
+
+def sampling_options(function, *, is_per_request: bool = False):
+    """--temperature, --top-p, --top-k and --seed; is_per_request (serve): they are defaults of requests, and
+    --seed -1 is drawn again for every request rather than once."""
+    function = _seed_option(is_per_request=is_per_request)(function)
     function = setting_option("--top-k", SamplingSettings, "top_k", show_default=True, help="0 keeps all tokens.")(function)
     function = setting_option("--top-p", SamplingSettings, "top_p", show_default=True)(function)
     function = setting_option("--temperature", SamplingSettings, "temperature", show_default=True,

@@ -4,6 +4,7 @@ prints. The server itself lives in pocketspec/serve/."""
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import click
 
@@ -52,7 +53,7 @@ def _announce(url: str, model_id: str, serve: ServeSettings, has_key: bool) -> N
 @model_choice_options
 @setting_option("--max-tokens", GenerationSettings, "max_reply_tokens", show_default=True,
                 help="max_tokens of a request that gives none.")
-@sampling_options
+@functools.partial(sampling_options, is_per_request=True)
 @runtime_options
 @backend_options
 @server_options
@@ -61,7 +62,8 @@ def serve(target, draft, pair, max_tokens, temperature, top_p, top_k, seed, gamm
           shutdown_seconds, **backend_args):
     """Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
 
-    The sampling flags are the defaults of requests that leave them out.
+    The sampling flags are the defaults of requests that leave them out; a request without a seed gets one
+    drawn for it unless --seed names one.
     """
     serve_settings = ServeSettings(host=host, port=port, max_concurrency=max_concurrency, max_queue=max_queue,
                                    max_body=max_body, shutdown_seconds=shutdown_seconds)

@@ -357,3 +357,13 @@ def test_a_drawn_seed_is_in_a_header_and_repeats_the_reply(server, stream):
     drawn, first = ask(-1)
     assert int(drawn) >= 0 and first
     assert ask(int(drawn)) == (drawn, first)
+
+
+def test_a_request_without_a_seed_gets_one_drawn_for_it(server):
+    """The server runs without --seed: as OpenAI's API and llama-server, the same request sampled twice is two
+    samples (each with its own seed, named in the header), not one reply repeated."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "temperature": 1.0,
+            "max_tokens": 4}
+    with server.client() as http:
+        seeds = {http.post("/v1/chat/completions", json=body).headers["x-pocketspec-seed"] for _ in range(3)}
+    assert len(seeds) == 3 and all(int(seed) >= 0 for seed in seeds)

@@ -17,14 +17,26 @@ MODEL = "smollm2-135m-instruct"
 QUESTIONS = ["What is the capital of France?", "Name three colours of the rainbow.", "Count from one to five.",
              "What do bees make?", "Say hello in Spanish.", "Which planet is the largest?",
              "What is two plus two?", "Name a fruit that is yellow."]
+SERVER_SEED = 11
 
 
 @pytest.fixture(scope="module")
 def client(smollm2_path):
     server = ServerProcess("--backend", "torch", "--max-concurrency", "4", "--max-context", "512",
-                           "--max-tokens", "20")
+                           "--max-tokens", "20", "--seed", str(SERVER_SEED))
     yield openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=300)
     assert server.stop() == 0, server.stderr()
+
+
+def test_the_servers_seed_is_that_of_every_request_without_one(client):
+    """`serve --seed N`: a sampled request without a seed samples with N, so it repeats its reply."""
+    def ask():
+        reply = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": QUESTIONS[0]}], temperature=1.0, max_tokens=8)
+        return reply.headers["x-pocketspec-seed"], reply.parse().choices[0].message.content
+
+    first = ask()
+    assert first[0] == str(SERVER_SEED) and first[1] and ask() == first
 
 
 def _reply(client, question: str) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from memplanner.sizes import parse_size
 from pocketspec.errors import UserError
+from pocketspec.settings import RANDOM_SEED
 from pocketspec.setting_ranges import check_ranges, in_range
 
 LOOPBACK_HOST = "127.0.0.1"
@@ -25,6 +26,9 @@ class ServeSettings:
     # how long a shutdown waits for running requests to end once they were cancelled
     shutdown_seconds: float = field(default=10.0, metadata=in_range("--shutdown-seconds", 0.0, 3600.0))
     retry_after_seconds: int = 1  # what a 503 for a full queue tells clients to wait
+    # the seed of a request that gives none (`--seed`): RANDOM_SEED draws one per request, as OpenAI's API and
+    # llama-server do, so the same request sampled twice varies; the reply's x-pocketspec-seed header names it
+    default_seed: int = RANDOM_SEED
 
     def __post_init__(self) -> None:
         check_ranges(self)
