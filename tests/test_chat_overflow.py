@@ -102,9 +102,14 @@ def test_a_message_that_cannot_fit_names_every_way_to_make_it_fit(smollm2_path):
         assert "40 of them kept for the reply" in message and "shorten the system prompt (" in message
         assert "lower --max-tokens" in message and "raise --max-context" in message
         chat = Chat(engine, Conversation(), max_new_tokens=40)
+        message = " ".join(QUESTIONS)
         with pytest.raises(UserError) as raised:
-            chat.reply(" ".join(QUESTIONS * 2))
+            chat.reply(message)
         assert "shorten the message, lower --max-tokens or raise --max-context" in str(raised.value)
+        num_tokens = chat.count_tokens([{"role": "user", "content": message}])
+        assert num_tokens < 88 + 64 and f"needs {num_tokens} prompt tokens but at most 88 fit" in str(raised.value)
+        with pytest.raises(UserError, match="needs more than 88 prompt tokens but at most 88 fit"):
+            chat.reply("word " * 100_000)  # counted no further than needed
         assert chat.conversation.turns == []
 
 

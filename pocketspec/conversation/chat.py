@@ -8,6 +8,7 @@ it is apps/chat_repl.py; a server's chat requests are single turns and need none
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -17,6 +18,7 @@ from pocketspec.conversation.conversation import (
 from pocketspec.errors import UserError
 from pocketspec.signals import Terminated
 from pocketspec.speculation.draws import reply_seed
+from pocketspec.tokenizer import PART_TOKENS_MARGIN
 from pocketspec.conversation.transcript import TranscriptWriter
 
 CUT_STOP_REASONS = ("interrupted", "context_full")
@@ -56,8 +58,9 @@ class Chat:
         self.seed = engine.sampling.seed
         self.num_replies = num_earlier_replies
 
-    def count_tokens(self, messages: list[dict[str, str]]) -> int:
-        return len(encode_chat(self.tokenizer, self.template, messages))
+    def count_tokens(self, messages: list[dict[str, str]], max_tokens: int | None = None) -> int:
+        """The messages' prompt tokens; past max_tokens, more than max_tokens but maybe not all (encode_chat)."""
+        return len(encode_chat(self.tokenizer, self.template, messages, max_tokens))
 
     def prompt_tokens(self) -> list[int]:
         return encode_chat(self.tokenizer, self.template, self.conversation.messages())
@@ -88,7 +91,8 @@ class Chat:
         """Add the user's message, trim to fit, stream the reply; raises UserError if the message cannot fit."""
         self.conversation.add_user(text)
         try:
-            num_dropped = self.conversation.trim_to_fit(self.count_tokens, self.max_prompt_tokens)
+            num_dropped = self.conversation.trim_to_fit(
+                functools.partial(self.count_tokens, max_tokens=self.max_prompt_tokens), self.max_prompt_tokens)
         except PromptTooLong as error:
             self.conversation.drop_pending()
             raise UserError(self._too_long_message(error)) from None
@@ -138,8 +142,11 @@ class Chat:
             if 2 * system_tokens > error.max_tokens:
                 fixes = [f"shorten the system prompt ({system_tokens} of those tokens) or the message"]
         fixes += ["lower --max-tokens", "raise --max-context"]
-        return (f"{error} (context {self.max_context} tokens, {reserved} of them kept for the reply): "
-                f"{', '.join(fixes[:-1])} or {fixes[-1]}")
+        needs = error.num_tokens if error.num_tokens <= error.max_tokens + PART_TOKENS_MARGIN else \
+            f"more than {error.max_tokens}"  # the count stopped early (Tokenizer.encode)
+        return (f"the message needs {needs} prompt tokens but at most {error.max_tokens} fit (context "
+                f"{self.max_context} tokens, {reserved} of them kept for the reply): {', '.join(fixes[:-1])} or "
+                f"{fixes[-1]}")
 
     def _close_reply(self, text: str, *, is_cut: bool, stop_reason: str, stats: dict | None = None) -> None:
         self.conversation.add_assistant(text, is_cut=is_cut)

@@ -82,18 +82,33 @@ class Conversation:
     def trim_to_fit(self, count_tokens: Callable[[list[dict[str, str]]], int], max_tokens: int) -> int:
         """Drop the oldest exchanges until count_tokens(messages) <= max_tokens; returns the turns dropped.
 
-        Raises PromptTooLong, and drops nothing, when the system prompt and the newest user
-        message alone do not fit.
+        Drops the fewest that fit, found by a galloping search (a conversation's tokens only fall as its oldest
+        messages go): a live chat's count of what it has and of one exchange less, and a few counts for a long
+        resumed history rather than one per exchange. count_tokens may stop counting past max_tokens (any count
+        above it means "does not fit"). Raises PromptTooLong, and drops nothing, when the system prompt and the
+        newest user message alone do not fit.
         """
-        kept = list(self.turns)
-        num_fixed = 1 if self.is_awaiting_reply else 0
-        while (num_tokens := count_tokens(self._messages(kept))) > max_tokens:
-            num_droppable = len(kept) - num_fixed
-            if num_droppable <= 0:
-                raise PromptTooLong(num_tokens, max_tokens)
-            del kept[: min(2, num_droppable)]  # an exchange: a user message and its reply
-        num_dropped = len(self.turns) - len(kept)
-        self.turns = kept
+        num_droppable = len(self.turns) - (1 if self.is_awaiting_reply else 0)
+        # whole exchanges (a user message and its reply), oldest first; the last step may drop a lone message
+        drop_counts = [*range(0, num_droppable, 2), num_droppable]
+
+        def fits(index: int) -> bool:
+            return count_tokens(self._messages(self.turns[drop_counts[index]:])) <= max_tokens
+
+        num_fixed_tokens = count_tokens(self._messages(self.turns[num_droppable:]))
+        if num_fixed_tokens > max_tokens:
+            raise PromptTooLong(num_fixed_tokens, max_tokens)
+        low, high, step = 0, 0, 1  # the first index that fits is in [low, high]; the last one fits
+        while high < len(drop_counts) - 1 and not fits(high):
+            low, high, step = high + 1, min(high + step, len(drop_counts) - 1), step * 2
+        while low < high:
+            middle = (low + high) // 2
+            if fits(middle):
+                high = middle
+            else:
+                low = middle + 1
+        num_dropped = drop_counts[high]
+        self.turns = self.turns[num_dropped:]
         return num_dropped
 
     def to_records(self) -> list[dict]:
