@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -122,8 +123,35 @@ def _link_beside(temporary: str, final: Path, tag: str) -> Path:
     raise OSError(errno.EEXIST, f"every name for its .{tag} files is taken")
 
 
+# names of this process's own open descriptors; /dev/fd/N and /proc/self/fd/N name the others
+_STANDARD_DESCRIPTORS = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+_DESCRIPTOR_FOLDERS = ("/dev/fd/", "/proc/self/fd/")
+
+
+def own_descriptor(path: Path) -> int | None:
+    """The descriptor of this process that `path` names as given (/dev/stdout, /dev/fd/3), else None. Such a
+    path is where the shell's redirection points, maybe a regular file (`> out.txt`) that holds text written
+    before: it is written through the descriptor at its offset, never reopened (which would empty the file) nor
+    replaced (which would cut it from the shell's later writes)."""
+    text = os.path.normpath(str(path))
+    number = _STANDARD_DESCRIPTORS.get(text)
+    for folder in _DESCRIPTOR_FOLDERS:
+        if text.startswith(folder) and text[len(folder):].isdigit():
+            number = int(text[len(folder):])
+    if number is None:
+        return None
+    try:
+        os.fstat(number)
+    except OSError:  # not open in this process: the path is only a name, and opening it fails as it would
+        return None
+    return number
+
+
 def is_device_or_pipe(path: Path) -> bool:
-    """A character or block device, a FIFO or a socket: written through as it is, never replaced."""
+    """A character or block device, a FIFO, a socket or one of this process's descriptors (own_descriptor):
+    written through as it is, never replaced."""
+    if own_descriptor(path) is not None:
+        return True
     try:
         mode = os.stat(path).st_mode
     except OSError:  # nothing there yet (or unreachable: the temporary file's creation says why)
@@ -133,9 +161,17 @@ def is_device_or_pipe(path: Path) -> bool:
 
 @contextlib.contextmanager
 def _written_through(path: Path, what: str) -> Iterator[IO[str]]:
-    """`path` opened as it is, for a device or a pipe; a failed open or last write is one UserError."""
+    """`path` opened as it is, for a device or a pipe (one of this process's descriptors: a copy of it, after
+    what Python's own streams hold); a failed open or last write is one UserError."""
+    descriptor = own_descriptor(path)
     try:
-        file = open(path, "w", encoding="utf-8")
+        if descriptor is not None:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(OSError, ValueError):
+                    stream.flush()
+            file = os.fdopen(os.dup(descriptor), "w", encoding="utf-8")
+        else:
+            file = open(path, "w", encoding="utf-8")
     except OSError as error:
         raise _cannot_write(what, path, error) from None
     try:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shlex
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -148,6 +151,26 @@ def test_a_device_is_written_through_and_never_replaced(tmp_path):
     with replaced_on_success(null, what="--output") as file:
         file.write("text\n")
     assert stat.S_ISCHR(os.stat(null).st_mode) and sorted(tmp_path.iterdir()) == [null]
+
+
+@pytest.mark.parametrize("name", ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"])
+@pytest.mark.parametrize("redirect", [">", ">>"])
+def test_stdout_redirected_to_a_file_is_written_at_its_place_not_emptied_nor_replaced(tmp_path, name, redirect):
+    """`{ echo before; generate --output /dev/stdout; echo after; } > out.txt`: the file was replaced, so the shell's
+    own lines went to the unlinked old one and out.txt held the reply alone."""
+    out = tmp_path / "out.txt"
+    out.write_text("earlier\n")
+    script = ("import sys; from pathlib import Path; from pocketspec.atomic_file import replaced_on_success\n"
+              "print('before')\n"
+              f"with replaced_on_success(Path({name!r}), what='--output') as file:\n"
+              "    file.write('reply\\n')\n"
+              "print('after')\n")
+    inode = out.stat().st_ino
+    subprocess.run(f"{shlex.quote(sys.executable)} -c {shlex.quote(script)} {redirect} {shlex.quote(str(out))}; "
+                   f"echo shell >> {shlex.quote(str(out))}", shell=True, check=True, cwd=Path(__file__).parent.parent)
+    kept = "earlier\n" if redirect == ">>" else ""
+    assert out.read_text() == kept + "before\nreply\nafter\nshell\n"
+    assert out.stat().st_ino == inode and sorted(tmp_path.iterdir()) == [out]
 
 
 def test_a_fifo_receives_the_text_as_it_is_written(tmp_path):
