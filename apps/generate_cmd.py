@@ -20,6 +20,7 @@ from pocketspec.errors import UserError
 from pocketspec.session import open_session
 from pocketspec.session_settings import check_output
 from pocketspec.settings import GenerationSettings
+from pocketspec.speculation.verify_mode import verify_label
 from pocketspec.stats import drafting_text
 
 
@@ -88,9 +89,12 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
             stream.write(streamer.flush() + "\n")
         stream.flush()
         if not as_json:
+            engine = session.engine
+            drafts = engine.model is not None or engine.ngram is not None
+            verify = f"verify: {verify_label(engine.is_exact_verify)}, " if drafts else ""
             click.echo(
                 f"[{stats['num_tokens']} tokens, {stats['tokens_per_second']:.2f} tok/s, "
-                f"{drafting_text(stats['num_drafted'], stats['num_accepted'], stats['num_steps'])}, "
+                f"{drafting_text(stats['num_drafted'], stats['num_accepted'], stats['num_steps'])}, {verify}"
                 f"stop: {result.stop_reason}]",
                 err=True,
             )

@@ -72,6 +72,7 @@ class Session(PromptEncoding):
     def stats_dict(self, stats: GenerationStats) -> dict:
         result = stats.as_dict()
         result["peak_memory_bytes"] = self.peak_memory_bytes()
+        result["exact_verify"] = self.engine.is_exact_verify  # docs/exactness.md, "The default"
         reserved = gpu_allocator_peaks(reserved=True)
         if reserved:  # this process's GPUs (a row split's other ranks are not in it)
             result["peak_gpu_reserved_bytes"] = sum(reserved.values())
