@@ -8,7 +8,7 @@ from typing import Callable
 from pocketspec.backends.device_check import check_devices
 from pocketspec.budget import MemoryPlan
 from pocketspec.conversation.prompt_encoding import PromptEncoding
-from pocketspec.errors import UserError
+from pocketspec.errors import BudgetError, UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.session_settings import SessionSettings, settings_for
 from pocketspec.settings import BatchSettings
@@ -66,7 +66,7 @@ def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
         plan = apply_batch_plan(choice, settings.budget.total_bytes, target_settings, speculation, batch)
         batch = plan.batch
         if batch.max_batch < min_rows:
-            raise UserError(f"--max-concurrency {min_rows} does not fit --memory-budget {settings.memory_budget}: "
+            raise BudgetError(f"--max-concurrency {min_rows} does not fit --memory-budget {settings.memory_budget}: "
                             f"it holds {batch.max_batch} sequences of {target_settings.max_context} tokens; lower "
                             "--max-concurrency or --max-context")
         for line in plan.lines:

@@ -1,5 +1,6 @@
 """The runtime's own errors: UserError is meant for people (the CLI prints it as one line and exits
-with code 2); ContextFullError is a backend refusing tokens its KV cache has no room for."""
+with code 2), BudgetError is the one that says --memory-budget cannot hold what was asked for; ContextFullError
+is a backend refusing tokens its KV cache has no room for."""
 
 
 class UserError(Exception):
@@ -9,6 +10,10 @@ class UserError(Exception):
     """
 
     exit_code = 2
+
+
+class BudgetError(UserError):
+    """--memory-budget cannot hold what the flags ask for (a caller may add what it keeps of the budget)."""
 
 
 class ContextFullError(RuntimeError):

@@ -23,7 +23,7 @@ from pocketspec.backends.device_check import check_devices
 from pocketspec.budget import MemoryPlan, apply_budget
 from pocketspec.budget.sequences_plan import per_sequence_plan
 from pocketspec.conversation.prompt_encoding import PromptEncoding
-from pocketspec.errors import UserError
+from pocketspec.errors import BudgetError
 from pocketspec.learned_costs import adopt_learned_costs, keep_learned_costs
 from pocketspec.loader import ModelChoice, load_engine
 from pocketspec.settings import ModelSettings, SpeculationSettings, draft_settings_for
@@ -123,10 +123,10 @@ def plan_sequences(settings: SessionSettings, num_sequences: int = 1,
         plan = apply_budget(choice, settings.budget, all_sequences, speculation,
                             max_new_tokens=settings.max_new_tokens, temperature=settings.sampling.temperature,
                             repack=repack_allowed(settings.repack), num_sequences=num_sequences)
-    except UserError as error:
+    except BudgetError as error:
         if num_sequences == 1:
             raise
-        raise UserError(f"{count_flag} {num_sequences} with {target_settings.max_context} tokens each: {error}; "
+        raise BudgetError(f"{count_flag} {num_sequences} with {target_settings.max_context} tokens each: {error}; "
                         f"or lower {count_flag} (the need counts each one's logits rows)") from None
     if plan is not None:
         plan = per_sequence_plan(plan, num_sequences, count_flag)

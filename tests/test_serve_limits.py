@@ -149,3 +149,12 @@ def test_taken_port_is_refused():
 ])
 def test_bad_flags_get_one_line(flags, fragment):
     assert_one_line_error(_serve(*flags), fragment)
+
+
+def test_a_refusal_that_is_not_the_budgets_gets_no_budget_advice(tmp_path):
+    """The server's share of --memory-budget is named where the models' plan was refused, not on a model that
+    is missing (whose error then read as if the budget were to blame)."""
+    missing = tmp_path / "absent.gguf"
+    result = _serve("--target", str(missing), "--memory-budget", "3GiB")
+    assert_one_line_error(result, f"model file {missing} does not exist")
+    assert "budget" not in result.stderr

@@ -11,7 +11,7 @@ from memplanner.torch_peak import heap_reserve_bytes
 from memplanner.torch_sizes import gguf_layout, resolve_weights_format
 from pocketspec.backends.torch_open import self_sparse_window
 from pocketspec.budget.memory_plan import MemoryPlan, peak_line, sizes_text
-from pocketspec.errors import UserError
+from pocketspec.errors import BudgetError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import BatchSettings, ModelSettings, SpeculationSettings
 
@@ -37,7 +37,7 @@ def apply_batch_plan(choice: ModelChoice, budget_bytes: int, target_settings: Mo
                        if choice.drafter == "self-sparse" else 0,
                        draft_kv_dtype=kv_dtype_for(speculation.self_draft_kv_type, weights, on_gpu))
     if not found.feasible:
-        raise UserError(found.reason)
+        raise BudgetError(found.reason)
     lines = [peak_line("batch", found.total_bytes, budget_bytes, sizes_text(found.terms), heap_reserve_bytes(on_gpu)),
              *(f"memory plan (batch): {note}" for note in found.notes)]
     return MemoryPlan(choice, target_settings, speculation, budget_bytes, lines,

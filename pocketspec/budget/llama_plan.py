@@ -13,7 +13,7 @@ from pocketspec.budget.device_memory import read_device
 from pocketspec.budget.memory_plan import LIGHTEST_CONTEXT, MemoryPlan, peak_line
 from pocketspec.calibrate import machine_costs
 from pocketspec.speculation.draft_limits import requested_draft_limits
-from pocketspec.errors import UserError
+from pocketspec.errors import BudgetError, UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import ModelSettings, SpeculationSettings, draft_settings_for
 
@@ -99,10 +99,10 @@ def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_setting
         shortest = replace(workload, max_context=min(workload.max_context, LIGHTEST_CONTEXT * num_sequences))
         shortest_bytes = min_budget_any(target_shape, shortest, device, repack, draft_shape)
         if budget_bytes < shortest_bytes:  # a shorter context would not fit either
-            raise UserError(f"{plan_.reason}; even --max-context {shortest.max_context // num_sequences} needs "
+            raise BudgetError(f"{plan_.reason}; even --max-context {shortest.max_context // num_sequences} needs "
                             f"{format_bytes(shortest_bytes)}: raise --memory-budget{without_draft}, or choose a "
                             "smaller model")
-        raise UserError(f"{plan_.reason}; raise --memory-budget or lower --max-context{without_draft}")
+        raise BudgetError(f"{plan_.reason}; raise --memory-budget or lower --max-context{without_draft}")
     return DevicePlan(plan_, device, budget_bytes, costs is not None, notes)
 
 

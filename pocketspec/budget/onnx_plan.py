@@ -20,7 +20,7 @@ from memplanner.sizes import format_bytes, kept_free_text
 from memplanner.torch_peak import heap_reserve_bytes
 from memplanner.torch_sizes import gguf_layout
 from pocketspec.budget.memory_plan import LIGHTEST_CONTEXT, MemoryPlan, lighter_advice, peak_line, sizes_text
-from pocketspec.errors import UserError
+from pocketspec.errors import BudgetError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import ModelSettings, SpeculationSettings
 
@@ -72,7 +72,7 @@ def apply_onnx_plan(choice: ModelChoice, budget_bytes: int, target_settings: Mod
                        n_ubatch=N_BATCH_CHOICES[-1], max_context=min(target_settings.max_context, LIGHTEST_CONTEXT))
     advice = "try " + ("a smaller --max-context" if target_settings.weights == "int4" else
                        "--weights int4 or a smaller --max-context")
-    raise UserError(f"--memory-budget {format_bytes(budget_bytes)} is below the ONNX backend's predicted peak "
+    raise BudgetError(f"--memory-budget {format_bytes(budget_bytes)} is below the ONNX backend's predicted peak "
                     f"{format_bytes(total)}{kept_free_text(reserve)} ({sizes_text(terms)}); "
                     + lighter_advice(advice, f"--weights int4 --max-context {lightest.max_context}",
                                      sum(onnx_peak(choice, lightest, speculation).values()) + reserve, budget_bytes))

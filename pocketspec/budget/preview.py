@@ -11,7 +11,7 @@ from memplanner.sizes import format_bytes
 from memplanner.memory_budget import is_split
 from memplanner.split import plan_split
 from pocketspec.budget.llama_plan import plan_on_device, workload_for
-from pocketspec.errors import UserError
+from pocketspec.errors import BudgetError, UserError
 from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
 
 
@@ -43,7 +43,7 @@ def preview_plan(settings: SessionSettings) -> PlanPreview:
         result = plan_split(list(budgets), target_shape, draft_shape, workload, alpha=speculation.expected_acceptance,
                             repack=repack)
         if not result.feasible:
-            raise UserError(result.reason)
+            raise BudgetError(result.reason)
         title = (f"plan for {pair_name}, max context {max_context}, split over "
                  f"{', '.join(budget.name for budget in budgets)}")
         return PlanPreview(result, title, True, False)

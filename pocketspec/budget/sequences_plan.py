@@ -17,7 +17,7 @@ from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
 from memplanner.terms import sequences_logits_bytes
 from pocketspec.budget.memory_plan import MemoryPlan
-from pocketspec.errors import UserError
+from pocketspec.errors import BudgetError
 
 
 def sequences_rows_bytes(target_path, num_sequences: int, rows: int) -> int:
@@ -42,7 +42,7 @@ def per_sequence_plan(plan: MemoryPlan, num_sequences: int, count_flag: str = "-
         peak_bytes = (plan.predicted_peak_bytes or 0) + added_bytes
         line = f"{shared} add {format_bytes(added_bytes)}, predicted peak {format_bytes(peak_bytes)}"
         if plan.budget_bytes is not None and peak_bytes > plan.budget_bytes:
-            raise UserError(f"{count_flag} {num_sequences} does not fit --memory-budget "
+            raise BudgetError(f"{count_flag} {num_sequences} does not fit --memory-budget "
                             f"{format_bytes(plan.budget_bytes)}: {num_sequences} sequences' logits rows add "
                             f"{format_bytes(added_bytes)} to a predicted "
                             f"{format_bytes(plan.predicted_peak_bytes or 0)}; lower {count_flag} or --max-context, or "

@@ -19,7 +19,7 @@ from memplanner.split import DeviceBudget, layer_counts, plan_split
 from pocketspec.backends.device_check import check_devices
 from pocketspec.budget.llama_plan import settings_from_plan, workload_for
 from pocketspec.budget.memory_plan import MemoryPlan, sizes_text
-from pocketspec.errors import UserError
+from pocketspec.errors import BudgetError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import ModelSettings, SpeculationSettings
 
@@ -39,7 +39,7 @@ def _torch_split(applied: MemoryPlan, budgets: list[DeviceBudget]) -> MemoryPlan
     is_row = applied.target_settings.split_mode == "row"
     found = plan_row_split(budgets, shape, layout) if is_row else plan_layer_split(budgets, shape, layout)
     if not found.feasible:
-        raise UserError(found.reason)
+        raise BudgetError(found.reason)
     applied.lines = [_share_note(share.device, share.first_layer, share.num_layers, share.terms, share.budget_bytes)
                      for share in found.shares]
     applied.planner_result = found
@@ -58,7 +58,7 @@ def _llama_split(applied: MemoryPlan, budgets: list[DeviceBudget], max_new_token
                        repack=repack)
     if not found.feasible:
         without_draft = ", or pass --draft ngram" if draft_shape is not None and workload.plans_draft_model_only else ""
-        raise UserError(found.reason + without_draft)
+        raise BudgetError(found.reason + without_draft)
     applied.choice, target_settings, applied.speculation, applied.draft_max_context = settings_from_plan(
         found.settings, choice, applied.target_settings, applied.speculation)
     applied.target_settings = replace(target_settings, devices=tuple(share.device for share in found.shares),

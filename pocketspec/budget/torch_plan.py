@@ -20,7 +20,7 @@ from memplanner.torch_peak import heap_reserve_bytes, torch_peak_terms
 from memplanner.torch_sizes import (gguf_layout, lighter_torch_settings, resolve_weights_format, torch_memory_terms,
                                     torch_tensor_sizes)
 from memplanner.torch_split import TorchLayout
-from pocketspec.errors import UserError
+from pocketspec.errors import BudgetError, UserError
 from pocketspec.loader import ModelChoice
 from pocketspec.settings import DRAFTLESS, SELF_DRAFTS, ModelSettings, SpeculationSettings
 
@@ -106,7 +106,7 @@ def apply_torch_plan(choice: ModelChoice, budget_bytes: int, target_settings: Mo
         lightest_flags += " --self-draft-kv-type int8"
     advice = lighter_torch_settings(resolve_weights_format(target_settings.weights, target_settings.is_on_gpu),
                                     target_settings.torch_kv_type)
-    raise UserError(f"--memory-budget {format_bytes(budget_bytes)} is below the torch backend's predicted peak "
+    raise BudgetError(f"--memory-budget {format_bytes(budget_bytes)} is below the torch backend's predicted peak "
                     f"{format_bytes(total)}{kept_free_text(reserve)} ({sizes_text(peak_terms)}); "
                     + lighter_advice(advice, lightest_flags,
                                      sum(torch_peak(choice, lightest, lightest_speculation).values()) + reserve,

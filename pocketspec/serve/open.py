@@ -12,7 +12,7 @@ from typing import Callable
 from memplanner.server_terms import server_terms
 from memplanner.sizes import format_bytes
 from pocketspec.budget.memory_plan import sizes_text
-from pocketspec.errors import UserError
+from pocketspec.errors import BudgetError, UserError
 from pocketspec.serve.generation import Slots
 from pocketspec.serve.serve_settings import ServeSettings
 from pocketspec.session_settings import MODEL, SPECULATION, SessionSettings, apply_backend_options, requested_devices
@@ -38,8 +38,8 @@ def open_slots(settings: SessionSettings, *, max_concurrency: int, on_note: Noti
     try:
         slots = _open_slots(replace(settings, kept_bytes=kept_bytes), max_concurrency=max_concurrency,
                             on_note=on_note, on_progress=on_progress)
-    except UserError as error:
-        raise UserError(f"{error} (the budget above is what is left for the models: {kept}; add that, or lower "
+    except BudgetError as error:  # the budget the models were refused is what the server left them
+        raise BudgetError(f"{error} (the budget above is what is left for the models: {kept}; add that, or lower "
                         "--max-body or --max-queue)") from None
     if on_note is not None:
         on_note(f"memory plan (serve): {kept}; the models plan within the rest")
