@@ -86,8 +86,9 @@ def apply_backend_options(target_settings: ModelSettings, speculation: Speculati
                if getattr(target_settings, name) != getattr(MODEL, name)]
     if changed:
         flag = flag_for(changed[0])
-        owner = "onnx" if changed[0] in ONNX_ONLY_FIELDS else "torch"
-        raise UserError(f"{flag} applies to --backend {owner}; add --backend {owner} or leave {flag} out")
+        owners = [backend for backend, unread in NOT_READ_BY.items() if changed[0] not in unread]
+        raise UserError(f"{flag} applies to --backend {' or '.join(owners)}; add "
+                        f"{' or '.join(f'--backend {owner}' for owner in owners)} or leave {flag} out")
     if target_settings.backend == "onnx" and target_settings.devices:
         raise UserError("--backend onnx runs on one device; leave --devices out (--ep picks the device)")
     return target_settings, replace(speculation, **speculation_options)

@@ -220,6 +220,7 @@ def test_a_gguf_without_a_pull_stamp_is_hashed_once_while_it_is_unchanged(tmp_pa
 @pytest.mark.parametrize("flags, fragments", [
     (["--backend", "onnx", "--ep", "coreml"], ["--ep coreml", "CoreMLExecutionProvider", "macOS"]),
     (["--ep", "cuda"], ["--ep applies to --backend onnx"]),
+    (["--weights", "int8"], ["--weights applies to --backend torch or onnx; add --backend torch or --backend onnx"]),
     (["--backend", "onnx", "--weights", "int8"], ["--weights fp32, fp16, int4 or auto, not int8"]),
     (["--backend", "onnx", "--device", "cuda"], ["--device applies to --backend torch"]),
     (["--backend", "onnx", "--devices", "cpu:0,cpu:1"], ["--backend onnx runs on one device"]),
