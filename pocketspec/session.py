@@ -127,7 +127,7 @@ def plan_sequences(settings: SessionSettings, num_sequences: int = 1,
         if num_sequences == 1:
             raise
         raise BudgetError(f"{count_flag} {num_sequences} with {target_settings.max_context} tokens each: {error}; "
-                        f"or lower {count_flag} (the need counts each one's logits rows)") from None
+                          f"or lower {count_flag} (the need counts each one's logits rows)") from None
     if plan is not None:
         plan = per_sequence_plan(plan, num_sequences, count_flag)
         choice, target_settings, speculation = plan.choice, plan.target_settings, plan.speculation

@@ -100,8 +100,8 @@ def plan_on_device(choice: ModelChoice, budget_bytes: int | None, target_setting
         shortest_bytes = min_budget_any(target_shape, shortest, device, repack, draft_shape)
         if budget_bytes < shortest_bytes:  # a shorter context would not fit either
             raise BudgetError(f"{plan_.reason}; even --max-context {shortest.max_context // num_sequences} needs "
-                            f"{format_bytes(shortest_bytes)}: raise --memory-budget{without_draft}, or choose a "
-                            "smaller model")
+                              f"{format_bytes(shortest_bytes)}: raise --memory-budget{without_draft}, or choose a "
+                              "smaller model")
         raise BudgetError(f"{plan_.reason}; raise --memory-budget or lower --max-context{without_draft}")
     return DevicePlan(plan_, device, budget_bytes, costs is not None, notes)
 

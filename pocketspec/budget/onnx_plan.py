@@ -73,6 +73,6 @@ def apply_onnx_plan(choice: ModelChoice, budget_bytes: int, target_settings: Mod
     advice = "try " + ("a smaller --max-context" if target_settings.weights == "int4" else
                        "--weights int4 or a smaller --max-context")
     raise BudgetError(f"--memory-budget {format_bytes(budget_bytes)} is below the ONNX backend's predicted peak "
-                    f"{format_bytes(total)}{kept_free_text(reserve)} ({sizes_text(terms)}); "
-                    + lighter_advice(advice, f"--weights int4 --max-context {lightest.max_context}",
+                      f"{format_bytes(total)}{kept_free_text(reserve)} ({sizes_text(terms)}); "
+                      + lighter_advice(advice, f"--weights int4 --max-context {lightest.max_context}",
                                      sum(onnx_peak(choice, lightest, speculation).values()) + reserve, budget_bytes))

@@ -43,9 +43,9 @@ def per_sequence_plan(plan: MemoryPlan, num_sequences: int, count_flag: str = "-
         line = f"{shared} add {format_bytes(added_bytes)}, predicted peak {format_bytes(peak_bytes)}"
         if plan.budget_bytes is not None and peak_bytes > plan.budget_bytes:
             raise BudgetError(f"{count_flag} {num_sequences} does not fit --memory-budget "
-                            f"{format_bytes(plan.budget_bytes)}: {num_sequences} sequences' logits rows add "
-                            f"{format_bytes(added_bytes)} to a predicted "
-                            f"{format_bytes(plan.predicted_peak_bytes or 0)}; lower {count_flag} or --max-context, or "
-                            "raise the budget")
+                              f"{format_bytes(plan.budget_bytes)}: {num_sequences} sequences' logits rows add "
+                              f"{format_bytes(added_bytes)} to a predicted "
+                              f"{format_bytes(plan.predicted_peak_bytes or 0)}; lower {count_flag} or --max-context, "
+                              "or raise the budget")
     return replace(plan, target_settings=replace(plan.target_settings, max_context=context),
                    draft_max_context=draft_context, lines=[*plan.lines, line], predicted_peak_bytes=peak_bytes)

@@ -107,7 +107,7 @@ def apply_torch_plan(choice: ModelChoice, budget_bytes: int, target_settings: Mo
     advice = lighter_torch_settings(resolve_weights_format(target_settings.weights, target_settings.is_on_gpu),
                                     target_settings.torch_kv_type)
     raise BudgetError(f"--memory-budget {format_bytes(budget_bytes)} is below the torch backend's predicted peak "
-                    f"{format_bytes(total)}{kept_free_text(reserve)} ({sizes_text(peak_terms)}); "
-                    + lighter_advice(advice, lightest_flags,
+                      f"{format_bytes(total)}{kept_free_text(reserve)} ({sizes_text(peak_terms)}); "
+                      + lighter_advice(advice, lightest_flags,
                                      sum(torch_peak(choice, lightest, lightest_speculation).values()) + reserve,
                                      budget_bytes))

@@ -40,7 +40,7 @@ def open_slots(settings: SessionSettings, *, max_concurrency: int, on_note: Noti
                             on_note=on_note, on_progress=on_progress)
     except BudgetError as error:  # the budget the models were refused is what the server left them
         raise BudgetError(f"{error} (the budget above is what is left for the models: {kept}; add that, or lower "
-                        "--max-body or --max-queue)") from None
+                          "--max-body or --max-queue)") from None
     if on_note is not None:
         on_note(f"memory plan (serve): {kept}; the models plan within the rest")
     return slots
