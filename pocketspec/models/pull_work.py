@@ -52,7 +52,7 @@ def _remove_if_dead(folder: Path) -> bool:
                 return False  # its pull is still running
             shutil.rmtree(folder, ignore_errors=True)
             return True
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):  # no lock a pull holds (a folder in its place is none either)
         if time.time() - folder.stat().st_mtime < UNLOCKED_STALE_SECONDS:
             return False
         shutil.rmtree(folder, ignore_errors=True)

@@ -28,7 +28,7 @@ from typing import Callable
 from memplanner.onnx_sizes import INT4_BLOCK_SIZE, ONNX_FORMATS
 from pocketspec.atomic_file import replaced_on_success
 from pocketspec.errors import UserError
-from pocketspec.file_digest import hash_file, stamp_text
+from pocketspec.file_digest import hash_file, stamp_text, stamped_sha256
 from pocketspec.measured_cache import measuring_alone
 from pocketspec.models.catalog import pocketspec_home
 from pocketspec.onnx_model.io_names import LOGITS, LOGITS_ROWS, TOKENS, new_name, past_names
@@ -69,11 +69,9 @@ def gguf_sha256(path: Path, notify: Notify | None = None) -> str:
     else hashed now and noted."""
     note = _digest_note(path)
     for stamp in (path.with_name(path.name + ".sha256"), note):
-        with contextlib.suppress(OSError, IndexError):
-            text = stamp.read_text()
-            known = text.split()[0]
-            if text == stamp_text(path, known):
-                return known
+        known = stamped_sha256(path, stamp)
+        if known is not None:
+            return known
     digest = hash_file(path, progress=notify is not None)
     with contextlib.suppress(OSError, UserError):  # a home that cannot be written hashes again next time
         note.parent.mkdir(parents=True, exist_ok=True)
