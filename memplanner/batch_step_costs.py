@@ -22,11 +22,12 @@ a reference device (reference_step_costs).
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field, replace
 
 from memplanner.acceptance import expected_tokens_per_step
 from memplanner.costs import interpolate
-from memplanner.measured_costs import MeasuredCosts
+from memplanner.measured_costs import MEASURED_SECONDS_RANGE, MeasuredCosts, bounded, count, measured_seconds
 from memplanner.shapes import ModelShape
 from memplanner.torch_sizes import torch_kv_bytes, torch_weight_bytes
 
@@ -87,9 +88,16 @@ class StepCosts:
 
     @classmethod
     def from_json(cls, data: dict) -> StepCosts:
-        return cls(str(data["key"]), {int(k): float(v) for k, v in data["token_seconds"].items()},
-                   {int(k): float(v) for k, v in data["kv_seconds"].items()},
-                   {int(k): float(v) for k, v in data["kv_width_factor"].items()}, is_measured=bool(data["is_measured"]))
+        """The costs to_json wrote; ValueError for costs no measurement wrote (MeasuredCosts.from_json)."""
+        def table(name: str, low_key: int, check_value) -> dict[int, float]:
+            found = {count(key, low_key): check_value(value) for key, value in data[name].items()}
+            if not found:
+                raise ValueError(f"a batch cost table needs its {name}")
+            return found
+        return cls(str(data["key"]), table("token_seconds", 1, measured_seconds),
+                   table("kv_seconds", 0, lambda value: bounded(value, 0.0, MEASURED_SECONDS_RANGE[1])),
+                   table("kv_width_factor", 1, lambda value: bounded(value, 1.0, math.inf)),
+                   is_measured=bool(data["is_measured"]))
 
 
 def reference_step_costs(key: str, *, weight_bytes: int, kv_bytes_per_token: int, num_params: int, num_layers: int,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,14 +85,16 @@ class MeasuredCosts:
 
     @classmethod
     def from_json(cls, data: dict) -> "MeasuredCosts":
-        def by_depth(table: dict) -> dict[int, dict[int, float]]:
-            return {int(depth): {int(width): float(value) for width, value in row.items()}
+        """The table to_json wrote; ValueError for one no measurement wrote (a spoilt or hand-edited file,
+        whose zero, infinite or NaN costs would stop or mislead the controller and the planner)."""
+        def by_depth(table: dict, check_value) -> dict[int, dict[int, float]]:
+            return {count(depth, 0): {count(width, 1): check_value(value) for width, value in row.items()}
                     for depth, row in table.items()}
-        seconds = by_depth(data["seconds"])
+        seconds = by_depth(data["seconds"], measured_seconds)
         if not seconds or any(not row for row in seconds.values()):
             raise ValueError("a cost table needs at least one depth with one width")
-        return cls(key=str(data["key"]), seconds=seconds, weight_bytes=int(data.get("weight_bytes", 0)),
-                   spread=by_depth(data.get("spread", {})))
+        return cls(key=str(data["key"]), seconds=seconds, weight_bytes=count(data.get("weight_bytes", 0), 0),
+                   spread=by_depth(data.get("spread", {}), lambda value: bounded(value, 0.0, math.inf)))
 
     def scaled(self, factor: float, key: str | None = None, weight_bytes: int | None = None) -> "MeasuredCosts":
         """The same curve, every cost times `factor` (a model of other size on the same kernels)."""
@@ -116,9 +119,36 @@ class MeasuredCosts:
         return num_full * self._at_depth(depth_row, rows_per_pass * width) + rest
 
 
+# the seconds a measured forward may take: a table holding another value was not measured, and is measured again
+MEASURED_SECONDS_RANGE = (1e-6, 3600.0)
+
+
+def bounded(value, low: float, high: float) -> float:
+    """float(value), when it is a finite number from low to high; else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise ValueError(f"{value!r} is not a number from {low} to {high}")
+    return float(value)
+
+
+def measured_seconds(value) -> float:
+    return bounded(value, *MEASURED_SECONDS_RANGE)
+
+
+def count(text, low: int) -> int:
+    """A table's width, depth or byte count (a JSON key is a string): an integer from `low`; else ValueError."""
+    number = int(text)
+    if number < low or str(number) != str(text).strip():
+        raise ValueError(f"{text!r} is not an integer from {low}")
+    return number
+
+
 def load_measured_costs(path: Path) -> MeasuredCosts | None:
-    """The cached table at `path`, or None when it is missing or unreadable (it is then re-measured)."""
+    """The cached table at `path`, or None when it is missing or unreadable (it is then re-measured); a FIFO or
+    a device is not a table, and is not read (that would wait)."""
     try:
+        if not path.is_file():
+            return None
         return MeasuredCosts.from_json(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None

@@ -30,8 +30,11 @@ def exact_widths_dir() -> Path:
 
 
 def read_json(path: Path):
-    """The file's JSON, or None when it is missing or unreadable (the caller then measures again)."""
+    """The file's JSON, or None when it is missing or unreadable (the caller then measures again); a FIFO or a
+    device is not one of these files, and is not read (that would wait)."""
     try:
+        if not Path(path).is_file():
+            return None
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None

@@ -60,6 +60,15 @@ def test_step_costs_survive_json():
     assert StepCosts.from_json(json.loads(json.dumps(KV_BOUND.to_json()))) == KV_BOUND
 
 
+@pytest.mark.parametrize("field, value", [("token_seconds", {"1": 0}), ("token_seconds", {"1": float("inf")}),
+                                          ("token_seconds", {}), ("kv_seconds", {"0": -1.0}),
+                                          ("kv_width_factor", {"1": float("nan")}), ("token_seconds", {"0": 0.01})])
+def test_step_costs_no_measurement_wrote_are_refused(field, value):
+    """cached_step_costs takes the ValueError for an unreadable table, and measures again."""
+    with pytest.raises(ValueError):
+        StepCosts.from_json({**KV_BOUND.to_json(), field: value})
+
+
 def test_the_speedup_grows_with_context_at_every_batch_and_pays_from_the_crossover():
     draft = KV_BOUND.with_window(256)
     for num_rows in (1, 4, 8, 16):

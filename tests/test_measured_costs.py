@@ -1,12 +1,13 @@
 """This machine's cost table: lookups by width and depth, efficient widths, and the draft-model verdict."""
 
 import json
+import os
 from dataclasses import replace
 
 import pytest
 
 from memplanner.measured_costs import MeasuredCosts, best_draft_model_speedup, load_measured_costs
-from pocketspec.measured_cache import write_json
+from pocketspec.measured_cache import read_json, write_json
 
 # The 2-core CPU's shape (issue 13's llama-bench table): 5-8 rows cost what 16 do.
 STEPPED = {1: 0.037, 2: 0.059, 3: 0.080, 4: 0.097, 5: 0.220, 6: 0.221, 7: 0.222, 8: 0.222,
@@ -66,11 +67,28 @@ def test_round_trip_through_json(tmp_path):
 
 @pytest.mark.parametrize("text", ["", "{", "[]", json.dumps({"key": "k", "seconds": {}}),
                                   json.dumps({"key": "k", "seconds": {"0": {}}}),
-                                  json.dumps({"key": "k", "seconds": {"x": {"1": 1}}})])
+                                  json.dumps({"key": "k", "seconds": {"x": {"1": 1}}}),
+                                  # costs no machine measured: they stopped generate (a division by zero, a math
+                                  # domain error) or gave plan a speed of 0 or 10^12 tok/s, named as measured
+                                  *(json.dumps({"key": "k", "seconds": {"0": {"1": 0.01, "2": cost}}})
+                                    for cost in (0, -0.01, 1e300, 1e-12, "0.01", None, True)),
+                                  '{"key": "k", "seconds": {"0": {"1": NaN}}}',
+                                  '{"key": "k", "seconds": {"0": {"1": Infinity}}}',
+                                  json.dumps({"key": "k", "seconds": {"-1": {"1": 0.01}}}),
+                                  json.dumps({"key": "k", "seconds": {"0": {"0": 0.01}}}),
+                                  json.dumps({"key": "k", "seconds": {"0": {"1": 0.01}}, "spread": {"0": {"1": -1}}}),
+                                  json.dumps({"key": "k", "seconds": {"0": {"1": 0.01}}, "weight_bytes": -5})])
 def test_an_unreadable_table_is_measured_again_not_trusted(tmp_path, text):
     path = tmp_path / "table.json"
     path.write_text(text)
     assert load_measured_costs(path) is None
+
+
+def test_a_fifo_is_not_read_as_a_table(tmp_path):
+    """Reading one waits for a writer that never comes: generate hung before it measured."""
+    path = tmp_path / "table.json"
+    os.mkfifo(path)
+    assert load_measured_costs(path) is None and read_json(path) is None
 
 
 def test_a_draft_model_cannot_pay_when_verifying_two_rows_costs_almost_two_tokens():
