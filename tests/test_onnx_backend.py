@@ -171,6 +171,24 @@ def test_a_corrupt_export_is_found_and_exported_again(tiny_pair, tmp_path, monke
     assert not [path for path in tmp_path.joinpath("onnx").iterdir() if path.name.startswith(".")]  # no leftovers
 
 
+@pytest.mark.parametrize("spoil", [lambda config: config.update(num_layers=str(config["num_layers"])),
+                                   lambda config: config.pop("rope_base"), lambda config: config.update(num_kv_heads=0),
+                                   lambda config: config.update(cache_dtype="int3"),
+                                   lambda config: config.update(rope_base=float("nan"))],
+                         ids=["a count as text", "a key missing", "no heads", "a cache type", "NaN"])
+def test_a_manifest_whose_config_no_export_wrote_is_exported_again(tiny_pair, tmp_path, monkeypatch, spoil):
+    """An older layout or a hand edit of the manifest's config was a traceback from the backend (a KeyError, a
+    TypeError, ONNX Runtime's RuntimeError); it is a corrupt export, as a changed file is."""
+    monkeypatch.setenv("POCKETSPEC_HOME", str(tmp_path))
+    exported = exported_model(tiny_pair[0], "fp32")
+    manifest_path = exported.folder / MANIFEST_FILE
+    manifest = json.loads(manifest_path.read_text())
+    spoil(manifest["config"])
+    manifest_path.write_text(json.dumps(manifest))
+    assert read_intact(exported.folder) is None
+    assert exported_model(tiny_pair[0], "fp32").config == exported.config
+
+
 def test_a_killed_exports_hidden_folder_is_removed_by_the_next_export(tiny_pair, tmp_path, monkeypatch):
     """SIGKILL or an out-of-memory kill mid-export leaves .NAME.XXXX.partial/ behind: no finally ran."""
     monkeypatch.setenv("POCKETSPEC_HOME", str(tmp_path))

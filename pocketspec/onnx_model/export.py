@@ -103,9 +103,23 @@ def read_intact(folder: Path) -> ExportedModel | None:
                 return None
             if stat.st_mtime_ns != stamp["mtime_ns"] and hash_file(path, progress=False) != stamp["sha256"]:
                 return None
-        return ExportedModel(folder, manifest["config"], manifest["weights_format"])
+        return ExportedModel(folder, _checked_config(manifest["config"]), manifest["weights_format"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+CONFIG_COUNTS = ("num_layers", "num_kv_heads", "head_dim", "vocab_size")
+CACHE_DTYPES = ("float16", "float32")
+
+
+def _checked_config(config: dict) -> dict:
+    """The manifest's model config (what _export_into returned), or ValueError for one it could not have
+    written (an older layout, or a hand edit): such an export is exported again, as a corrupt file is."""
+    counts_ok = all(type(config[name]) is int and config[name] > 0 for name in CONFIG_COUNTS)
+    rope_ok = type(config["rope_base"]) in (int, float) and 0 < config["rope_base"] < float("inf")
+    if not (counts_ok and rope_ok and config["cache_dtype"] in CACHE_DTYPES):
+        raise ValueError(f"not an export's model config: {config!r}")
+    return config
 
 
 def exported_model(gguf_path: Path, weights_format: str, notify: Notify | None = None) -> ExportedModel:
