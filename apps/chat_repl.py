@@ -21,7 +21,7 @@ from pocketspec.conversation.chat import Chat, Turn
 from pocketspec.conversation.conversation import saved_header
 from pocketspec.errors import UserError
 from memplanner import format_bytes
-from pocketspec.conversation.transcript import save_conversation
+from pocketspec.conversation.transcript import TranscriptWriteFailed, save_conversation
 from pocketspec.stats import drafting_text
 
 def stats_line(stats, session) -> str:
@@ -101,6 +101,8 @@ class Repl:
         previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
         try:
             turn = self.chat.reply(text, on_text=self._write, on_note=note, should_stop=lambda: self._is_interrupted)
+        except TranscriptWriteFailed:
+            raise  # the chat cannot keep its turns: it ends, with the error's one line
         except UserError as error:
             note(f"error: {error}")
             return
@@ -142,6 +144,8 @@ class Repl:
             return
         try:
             self.chat.set_system(argument)
+        except TranscriptWriteFailed:
+            raise
         except UserError as error:
             note(f"error: {error}")
             return

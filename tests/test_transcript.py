@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -206,6 +209,31 @@ def test_an_unwritable_transcript_is_a_user_error(tmp_path):
     blocker.write_text("")
     with pytest.raises(UserError, match="cannot write the chat transcript"):
         TranscriptWriter(blocker / "chat.jsonl")
+
+
+def test_a_transcript_the_disk_refuses_is_one_error_naming_it_and_a_new_one_is_left_out(tmp_path):
+    """A full disk (here the file size limit, EFBIG, in a child process): the chat's first record failed as
+    "cannot write the output" (stdout was fine), and the failed flush on closing left an empty transcript."""
+    chats = tmp_path / "chats"
+    child = f"""
+import resource, signal
+from pathlib import Path
+from pocketspec.conversation.conversation import header_record, user_record
+from pocketspec.conversation.transcript import TranscriptWriteFailed, TranscriptWriter
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+with TranscriptWriter(Path({str(chats / "chat.jsonl")!r}), is_new=True) as writer:
+    try:
+        writer.append(header_record(target="t", draft="d"))
+        writer.append(user_record("hi"))
+    except TranscriptWriteFailed as error:
+        print(error)
+"""
+    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.startswith(f"cannot write the chat transcript {chats}/chat"), result.stdout
+    assert "File too large" in result.stdout and list(chats.iterdir()) == []
 
 
 def test_a_lone_surrogate_in_a_record_becomes_a_replacement_character(tmp_path):

@@ -118,6 +118,11 @@ def find_transcript(name: str | Path) -> Path:
     return path
 
 
+class TranscriptWriteFailed(UserError):
+    """The chat's transcript could not be written (a full disk): the chat ends, as a chat that cannot keep its
+    turns should, where another UserError (a message too long) only refuses one message."""
+
+
 class TranscriptWriter:
     """Appends records to a transcript; `set_aside` is the copy kept when a torn last line was cut off.
 
@@ -155,18 +160,26 @@ class TranscriptWriter:
         """
         if sync:
             record = {**record, "at": round(time.time(), 3)}
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._file.flush()
+            if sync:
+                os.fsync(self._file.fileno())
+        except OSError as error:
+            raise TranscriptWriteFailed(f"cannot write the chat transcript {self.path}: "
+                                        f"{error.strerror or error}") from None
         self._has_message = self._has_message or record.get("type") == "user"
-        if sync:
-            os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
-            if self._is_new and not self._has_message:
-                with contextlib.suppress(OSError):
-                    self.path.unlink()
+        if self._file.closed:
+            return
+        try:
+            self._file.close()  # closed even where the last flush fails, which append has already said
+        except OSError:
+            pass
+        if self._is_new and not self._has_message:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
 
     def __enter__(self) -> "TranscriptWriter":
         return self
