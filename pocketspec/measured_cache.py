@@ -13,10 +13,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Iterator
+
+import click
 
 from pocketspec.models.catalog import pocketspec_home
 
@@ -84,7 +87,13 @@ def measuring_alone() -> Iterator[None]:
         yield
         return
     with lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process measures or exports: a watcher is told why nothing moves
+            if sys.stderr.isatty():
+                click.echo(f"waiting for another pocketspec process that is measuring or exporting in "
+                           f"{costs_dir().parent} (it holds {lock_file.name})", err=True)
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
         _held.depth = 1
         try:
             yield

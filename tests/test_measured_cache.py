@@ -57,6 +57,30 @@ def test_a_second_process_waits_for_the_one_measuring(home):
         holder.wait()
 
 
+def test_a_watcher_is_told_why_a_waiting_process_shows_nothing(home):
+    """On a terminal, a run that waits for another process's measurement (or ONNX export) says so, rather
+    than showing nothing for as long as that one takes."""
+    pexpect = pytest.importorskip("pexpect")
+    environment = {**os.environ, "POCKETSPEC_HOME": str(home)}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys\nfrom pocketspec.measured_cache import measuring_alone\n"
+         "with measuring_alone():\n    print('held', flush=True)\n    sys.stdin.readline()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=environment)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        waiter = pexpect.spawn(sys.executable, ["-c", "from pocketspec.measured_cache import measuring_alone\n"
+                                                "with measuring_alone():\n    print('entered')\n"],
+                               env=environment, encoding="utf-8", timeout=30)
+        waiter.expect("waiting for another pocketspec process that is measuring or exporting in")
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        waiter.expect("entered")
+        waiter.expect(pexpect.EOF)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_process_measuring_several_tables_in_a_row_takes_the_lock_once(home):
     import signal
 
