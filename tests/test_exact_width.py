@@ -122,3 +122,15 @@ def test_one_probe_answers_every_narrower_width_and_a_shallow_one_not_a_deep_con
     assert width(4) == (4, True)  # this context reaches past the probe's depth
     assert width(32) == (5, True)
     assert [width(9), width(5), width(2)] == [(5, False), (5, False), (2, False)]
+
+
+def test_a_probe_that_cannot_be_saved_is_used_and_said_so(tmp_path, monkeypatch):
+    """A read-only home (here a file where the folder goes) probed again every run, without a word."""
+    from pocketspec.backends import exact_width as probe
+
+    (tmp_path / "exact_widths").write_text("")
+    monkeypatch.setenv("POCKETSPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(probe, "exact_width_cache_key", lambda backend: "one-model")
+    notes = []
+    assert probe.exact_width(CountingKernels(40, 6, max_context=300), 4, notes.append) == 4
+    assert "could not save the probed verify widths" in notes[-1] and "the next one probes again" in notes[-1]

@@ -119,7 +119,9 @@ def exact_width(backend, max_width: int, on_measure=None) -> int:
             on_measure(f"probing which verify widths (up to {max_width} rows) round like one-token decoding: once "
                        "per model and settings, seconds to a minute")
         width = probe_exact_width(backend, max_width)
-        write_json(cache_file, probe_record(backend, max_width, width))
+        if not write_json(cache_file, probe_record(backend, max_width, width)) and on_measure is not None:
+            on_measure(f"could not save the probed verify widths to {cache_file} (is POCKETSPEC_HOME writable?); "
+                       "this run uses them, the next one probes again")
     return width
 
 
