@@ -20,8 +20,8 @@ from pocketspec.errors import UserError
 from pocketspec.session import open_session
 from pocketspec.settings import BACKENDS, GenerationSettings
 from pocketspec.speculation.verify_mode import verify_label
-from pocketspec.conversation.transcript import (TranscriptWriter, check_not_in_use, find_transcript, load_transcript,
-                                               new_transcript_path)
+from pocketspec.conversation.transcript import (TranscriptWriter, check_appendable, check_not_in_use, find_transcript,
+                                               load_transcript, new_transcript_path)
 
 NUM_MESSAGES_SHOWN_ON_RESUME = 6
 
@@ -102,6 +102,7 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
     if resume is not None:
         resume = find_transcript(resume)
         check_not_in_use(resume)
+        check_appendable(resume)
     replayed = load_transcript(resume) if resume is not None else None
     if replayed is not None and replayed.header and target is None and pair is None:
         # the transcript's target, and its draft unless --draft names another (the draft was the target's), on

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,8 @@ from pocketspec.conversation.conversation import (Conversation, assistant_record
                                                   saved_header, user_record)
 from pocketspec.errors import UserError
 from pocketspec.conversation.transcript import (
-    TranscriptWriter, chats_dir, check_not_in_use, find_transcript, load_transcript, new_transcript_path, read_records,
-    save_conversation)
+    TranscriptWriter, chats_dir, check_appendable, check_not_in_use, find_transcript, load_transcript,
+    new_transcript_path, read_records, save_conversation)
 
 
 @pytest.fixture(autouse=True)
@@ -270,3 +271,26 @@ def test_a_new_chat_without_a_message_leaves_no_file(tmp_path, records, is_kept)
         for record in records:
             writer.append(record)
     assert path.exists() == is_kept
+
+
+def test_a_transcript_that_cannot_be_appended_to_is_refused_before_a_model_loads(tmp_path, smollm2_path):
+    """A read-only transcript (a read-only home): `chat --resume` loaded the model for seconds, then said it
+    could not write there. Read-only here is chmod, and for root (whom chmod does not stop) chattr +i."""
+    from test_cli_errors import assert_one_line_error, run_cli
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps(header_record(target="smollm2-135m-instruct", draft="ngram")) + "\n"
+                    + json.dumps(user_record("hi")) + "\n" + json.dumps(assistant_record("hello")) + "\n")
+    path.chmod(0o444)
+    is_immutable = os.access(path, os.W_OK) and subprocess.run(["chattr", "+i", str(path)]).returncode == 0
+    try:
+        if os.access(path, os.W_OK) and not is_immutable:
+            pytest.skip("no way to make a file read-only for this user here")
+        with pytest.raises(UserError, match="cannot write the chat transcript"):
+            check_appendable(path)
+        result = run_cli("chat", "--resume", str(path), "--threads", "1", stdin="And 2+2?")
+        assert_one_line_error(result, f"cannot write the chat transcript {path}", "resume that")
+    finally:
+        if is_immutable:
+            subprocess.run(["chattr", "-i", str(path)])
+    check_appendable(tmp_path / "absent.jsonl")  # load_transcript's to say

@@ -244,6 +244,18 @@ def check_not_in_use(path: Path, advice: str = "resume it once that chat ends") 
         os.close(descriptor)  # the lock goes with it
 
 
+def check_appendable(path: Path) -> None:
+    """UserError, said before a model loads, when a resumed chat could not append its turns to `path` (a
+    read-only home); a missing or unreadable file is load_transcript's to say."""
+    if not Path(path).is_file():
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+    except OSError as error:
+        raise UserError(f"cannot write the chat transcript {path}: {error.strerror or error}; a resumed chat "
+                        "appends its turns there (copy it somewhere writable and resume that)") from None
+
+
 def _lock(descriptor: int, path: Path, advice: str = "resume it once that chat ends") -> None:
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
