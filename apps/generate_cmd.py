@@ -90,8 +90,7 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
         stream.flush()
         if not as_json:
             engine = session.engine
-            drafts = engine.model is not None or engine.ngram is not None
-            verify = f"verify: {verify_label(engine.is_exact_verify)}, " if drafts else ""
+            verify = f"verify: {verify_label(engine.is_exact_verify)}, " if engine.drafts else ""
             click.echo(
                 f"[{stats['num_tokens']} tokens, {stats['tokens_per_second']:.2f} tok/s, "
                 f"{drafting_text(stats['num_drafted'], stats['num_accepted'], stats['num_steps'])}, {verify}"

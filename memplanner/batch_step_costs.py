@@ -27,7 +27,8 @@ from dataclasses import dataclass, field, replace
 
 from memplanner.acceptance import expected_tokens_per_step
 from memplanner.costs import interpolate
-from memplanner.measured_costs import MEASURED_SECONDS_RANGE, MeasuredCosts, bounded, count, measured_seconds
+from memplanner.measured_costs import (MEASURED_SECONDS_RANGE, MeasuredCosts, finite_in_range, measured_seconds,
+                                      parse_count)
 from memplanner.shapes import ModelShape
 from memplanner.torch_sizes import torch_kv_bytes, torch_weight_bytes
 
@@ -90,13 +91,13 @@ class StepCosts:
     def from_json(cls, data: dict) -> StepCosts:
         """The costs to_json wrote; ValueError for costs no measurement wrote (MeasuredCosts.from_json)."""
         def table(name: str, low_key: int, check_value) -> dict[int, float]:
-            found = {count(key, low_key): check_value(value) for key, value in data[name].items()}
+            found = {parse_count(key, low_key): check_value(value) for key, value in data[name].items()}
             if not found:
                 raise ValueError(f"a batch cost table needs its {name}")
             return found
         return cls(str(data["key"]), table("token_seconds", 1, measured_seconds),
-                   table("kv_seconds", 0, lambda value: bounded(value, 0.0, MEASURED_SECONDS_RANGE[1])),
-                   table("kv_width_factor", 1, lambda value: bounded(value, 1.0, math.inf)),
+                   table("kv_seconds", 0, lambda value: finite_in_range(value, 0.0, MEASURED_SECONDS_RANGE[1])),
+                   table("kv_width_factor", 1, lambda value: finite_in_range(value, 1.0, math.inf)),
                    is_measured=bool(data["is_measured"]))
 
 

@@ -88,13 +88,14 @@ class MeasuredCosts:
         """The table to_json wrote; ValueError for one no measurement wrote (a spoilt or hand-edited file,
         whose zero, infinite or NaN costs would stop or mislead the controller and the planner)."""
         def by_depth(table: dict, check_value) -> dict[int, dict[int, float]]:
-            return {count(depth, 0): {count(width, 1): check_value(value) for width, value in row.items()}
+            return {parse_count(depth, 0): {parse_count(width, 1): check_value(value)
+                                            for width, value in row.items()}
                     for depth, row in table.items()}
         seconds = by_depth(data["seconds"], measured_seconds)
         if not seconds or any(not row for row in seconds.values()):
             raise ValueError("a cost table needs at least one depth with one width")
-        return cls(key=str(data["key"]), seconds=seconds, weight_bytes=count(data.get("weight_bytes", 0), 0),
-                   spread=by_depth(data.get("spread", {}), lambda value: bounded(value, 0.0, math.inf)))
+        return cls(key=str(data["key"]), seconds=seconds, weight_bytes=parse_count(data.get("weight_bytes", 0), 0),
+                   spread=by_depth(data.get("spread", {}), lambda value: finite_in_range(value, 0.0, math.inf)))
 
     def scaled(self, factor: float, key: str | None = None, weight_bytes: int | None = None) -> "MeasuredCosts":
         """The same curve, every cost times `factor` (a model of other size on the same kernels)."""
@@ -123,7 +124,7 @@ class MeasuredCosts:
 MEASURED_SECONDS_RANGE = (1e-6, 3600.0)
 
 
-def bounded(value, low: float, high: float) -> float:
+def finite_in_range(value, low: float, high: float) -> float:
     """float(value), when it is a finite number from low to high; else ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not low <= value <= high:
@@ -132,10 +133,10 @@ def bounded(value, low: float, high: float) -> float:
 
 
 def measured_seconds(value) -> float:
-    return bounded(value, *MEASURED_SECONDS_RANGE)
+    return finite_in_range(value, *MEASURED_SECONDS_RANGE)
 
 
-def count(text, low: int) -> int:
+def parse_count(text, low: int) -> int:
     """A table's width, depth or byte count (a JSON key is a string): an integer from `low`; else ValueError."""
     number = int(text)
     if number < low or str(number) != str(text).strip():

@@ -91,8 +91,8 @@ def measuring_alone() -> Iterator[None]:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # another process measures or exports: a watcher is told why nothing moves
             if sys.stderr.isatty():
-                click.echo(f"waiting for another pocketspec process that is measuring or exporting in "
-                           f"{costs_dir().parent} (it holds {lock_file.name})", err=True)
+                click.echo(f"waiting for another measurement or ONNX export in {costs_dir().parent} to end (it "
+                           f"holds {lock_file.name})", err=True)
             fcntl.flock(lock_file, fcntl.LOCK_EX)
         _held.depth = 1
         try:

@@ -71,7 +71,7 @@ def test_a_watcher_is_told_why_a_waiting_process_shows_nothing(home):
         waiter = pexpect.spawn(sys.executable, ["-c", "from pocketspec.measured_cache import measuring_alone\n"
                                                 "with measuring_alone():\n    print('entered')\n"],
                                env=environment, encoding="utf-8", timeout=30)
-        waiter.expect("waiting for another pocketspec process that is measuring or exporting in")
+        waiter.expect("waiting for another measurement or ONNX export in")
         holder.stdin.write("\n")
         holder.stdin.flush()
         waiter.expect("entered")

@@ -83,27 +83,27 @@ class Conversation:
         """Drop the oldest exchanges until count_tokens(messages) <= max_tokens; returns the turns dropped.
 
         Drops the fewest that fit, found by a galloping search (a conversation's tokens only fall as its oldest
-        messages go): a live chat's count of what it has and of one exchange less, and a few counts for a long
-        resumed history rather than one per exchange. count_tokens may stop counting past max_tokens (any count
-        above it means "does not fit"). Raises PromptTooLong, and drops nothing, when the system prompt and the
-        newest user message alone do not fit.
+        messages go): one count for a live chat that fits, two where it drops one exchange, and a few for a
+        long resumed history rather than one per exchange. count_tokens may stop counting past max_tokens (any
+        count above it means "does not fit"). Raises PromptTooLong, and drops nothing, when the system prompt
+        and the newest user message alone do not fit.
         """
         num_droppable = len(self.turns) - (1 if self.is_awaiting_reply else 0)
         # whole exchanges (a user message and its reply), oldest first; the last step may drop a lone message
         drop_counts = [*range(0, num_droppable, 2), num_droppable]
+        last = len(drop_counts) - 1
 
-        def fits(index: int) -> bool:
-            return count_tokens(self._messages(self.turns[drop_counts[index]:])) <= max_tokens
+        def num_tokens(index: int) -> int:
+            return count_tokens(self._messages(self.turns[drop_counts[index]:]))
 
-        num_fixed_tokens = count_tokens(self._messages(self.turns[num_droppable:]))
-        if num_fixed_tokens > max_tokens:
-            raise PromptTooLong(num_fixed_tokens, max_tokens)
-        low, high, step = 0, 0, 1  # the first index that fits is in [low, high]; the last one fits
-        while high < len(drop_counts) - 1 and not fits(high):
-            low, high, step = high + 1, min(high + step, len(drop_counts) - 1), step * 2
+        low, high, step = 0, 0, 1  # no index below low fits; the search ends at one that fits
+        while (counted := num_tokens(high)) > max_tokens:
+            if high == last:
+                raise PromptTooLong(counted, max_tokens)
+            low, high, step = high + 1, min(high + step, last), step * 2
         while low < high:
             middle = (low + high) // 2
-            if fits(middle):
+            if num_tokens(middle) <= max_tokens:
                 high = middle
             else:
                 low = middle + 1

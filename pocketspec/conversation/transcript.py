@@ -163,12 +163,12 @@ class TranscriptWriter:
         try:
             self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
             self._file.flush()
+            self._has_message = self._has_message or record.get("type") == "user"  # in the file: closing keeps it
             if sync:
                 os.fsync(self._file.fileno())
         except OSError as error:
             raise TranscriptWriteFailed(f"cannot write the chat transcript {self.path}: "
                                         f"{error.strerror or error}") from None
-        self._has_message = self._has_message or record.get("type") == "user"
 
     def close(self) -> None:
         if self._file.closed:

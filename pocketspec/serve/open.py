@@ -33,8 +33,8 @@ def open_slots(settings: SessionSettings, *, max_concurrency: int, on_note: Noti
             f"({sizes_text(terms)}: {server.max_held} request{'s' if server.max_held != 1 else ''}, running and "
             f"queued, of up to --max-body {server.max_body})")
     if kept_bytes >= budget_bytes:
-        raise UserError(f"{kept}, which leaves nothing for the models: raise --memory-budget, or lower --max-body "
-                        "or --max-queue")
+        raise BudgetError(f"{kept}, which leaves nothing for the models: raise --memory-budget, or lower --max-body "
+                          "or --max-queue")
     try:
         slots = _open_slots(replace(settings, kept_bytes=kept_bytes), max_concurrency=max_concurrency,
                             on_note=on_note, on_progress=on_progress)

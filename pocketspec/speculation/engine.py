@@ -65,7 +65,7 @@ class SpeculativeEngine:
         self.model = ModelDrafter(draft_backend, sampling) if uses_model else None
         self.notes: list[str] = []
         self.is_exact_verify = bool(speculation.exact_verify)  # verify batches capped at the probed exact width
-        requested = requested_draft_limits(speculation, drafts=self.ngram is not None or self.model is not None)
+        requested = requested_draft_limits(speculation, drafts=self.drafts)
         self.limits = requested.within(widest_verified_draft(self.target, speculation, requested, self.notes,
                                                              on_measure))
         if requested.fixed is not None and self.limits.fixed < requested.fixed:
@@ -83,6 +83,11 @@ class SpeculativeEngine:
         # prefill computes alike, so that a request computes what it would alone; else any shared prefix
         self.reuses_whole_chunks_only = False
         self._num_exact = 0  # leading cached target tokens prefilled in whole n_batch chunks from position 0
+
+    @property
+    def drafts(self) -> bool:
+        """Whether anything drafts (n-grams or a draft model): with --draft none, every step is plain decoding."""
+        return self.ngram is not None or self.model is not None
 
     @property
     def tokenizer(self):
