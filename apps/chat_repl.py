@@ -102,7 +102,8 @@ class Repl:
         try:
             turn = self.chat.reply(text, on_text=self._write, on_note=note, should_stop=lambda: self._is_interrupted)
         except TranscriptWriteFailed:
-            raise  # the chat cannot keep its turns: it ends, with the error's one line
+            self._write("\n")  # after the reply's text so far, the error's line of its own
+            raise  # the chat cannot keep its turns: it ends, with that line
         except UserError as error:
             note(f"error: {error}")
             return

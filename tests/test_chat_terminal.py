@@ -438,3 +438,21 @@ def test_the_banner_and_the_transcript_name_the_drafter_and_the_verify_mode_that
     _quit(child)
     drafting = banner.split("(draft: ")[1].split(",")[0]
     assert read_records(_only_transcript(home))[0]["draft"] == drafting
+
+
+def test_a_transcript_the_disk_refuses_mid_reply_ends_the_chat_with_one_line(chat_home):
+    """A full disk while a reply streams (here the file size limit, `ulimit -f`): the chat cannot keep its turns,
+    so it ends with exit code 2 and one line naming the transcript, not "cannot write the output" (stdout was
+    fine), and not an error per message in a chat that goes on without its transcript."""
+    command = f"ulimit -f 2; exec {POCKETSPEC} chat --target smollm2-135m-instruct {' '.join(SMOLLM2[2:])} " \
+              "--max-tokens 1500"
+    child = pexpect.spawn("/bin/sh", ["-c", command], env=_env(chat_home), encoding="utf-8",
+                          timeout=TIMEOUT_SECONDS, dimensions=(50, 200))
+    child.logfile_read = io.StringIO()
+    child.expect("> ")
+    child.sendline(LONG_REQUEST)
+    child.expect(r"\r\nerror: cannot write the chat transcript \S+chat-\S+\.jsonl: File too large\r\n")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 2, child.logfile_read.getvalue()
+    assert "Traceback" not in child.logfile_read.getvalue()
