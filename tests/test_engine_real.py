@@ -269,3 +269,21 @@ def test_an_engine_that_reuses_whole_chunks_only_reuses_none_of_a_part_chunk(smo
         assert engine.generate(shared, 12).stats.num_reused_tokens == 0  # the cache holds the short one now
     with built_engine(smollm2_path, drafter="ngram", max_context=2048) as fresh_engine:
         assert fresh_engine.generate(shared, 12).tokens == reused.tokens
+
+
+@pytest.mark.parametrize("prompt_text, max_new_tokens", [("Say only the word yes.", 64), (REPETITIVE_PROMPT, 40),
+                                                          (REPETITIVE_PROMPT, 400)])
+def test_after_a_generation_the_target_caches_what_plain_decoding_caches(smollm2_path, prompt_text, max_new_tokens):
+    """A draft accepted past the end token (the model drafting for itself accepts everything) or past max tokens
+    stayed in the cache; a chat's next prompt, which begins with the reply and its end token, then reused it and
+    prefilled the rest from a later start, which stock kernels round differently (a qwen chat's second reply
+    parted from plain decoding's at a non-tie of the verify)."""
+    cached = {}
+    for drafter, draft_path in (("none", None), ("ngram", None), ("model", smollm2_path)):
+        gamma = None if drafter == "none" else 6
+        with built_engine(smollm2_path, drafter=drafter, draft_path=draft_path, gamma=gamma) as engine:
+            prompt = _chat_tokens(engine, prompt_text)
+            result = engine.generate(prompt, max_new_tokens)
+            cached[drafter] = (result.tokens, result.stop_reason, list(engine.target.cached_tokens))
+            assert drafter == "none" or result.stats.num_accepted > 0
+    assert cached["ngram"] == cached["none"] and cached["model"] == cached["none"]

@@ -170,6 +170,17 @@ class SpeculativeEngine:
         self._unused.clear()
         return choose_token(logits, self.sampling, SeededDraws.after(self.sampling.seed, prompt))
 
+    def _keep_what_plain_decoding_keeps(self, num_tokens: int) -> None:
+        """Roll the target's cache back to the num_tokens plain decoding holds after the same generation: the
+        prompt and every token it fed, which are all it emitted but the last (or, where the end token came, all
+        of them: an end token is never fed). A verify that accepted drafts past the end (the end token, what
+        followed it) or past max tokens cached more, and a chat's next prompt, which begins with the reply and
+        its end token, would reuse those and prefill its rest from a later start: past --exact-verify's width
+        stock kernels round a chunk by where it starts, so the next reply could part from plain decoding's."""
+        if self.target.num_cached > num_tokens:
+            self.target.rollback(num_tokens)
+            self._num_exact = min(self._num_exact, num_tokens)
+
     def _step(self, context: list[int], max_gamma: int, stats: GenerationStats) -> list[int]:
         """One draft + verify step (pocketspec/speculation/step.py, as a group of one); the tokens it adds to
         the context."""
@@ -225,6 +236,8 @@ class SpeculativeEngine:
                 break
             max_gamma = min(max_new_tokens - len(emitted) - 1, room)
             new_tokens = self._step(context, max_gamma, stats)
+        if first_token is not None:
+            self._keep_what_plain_decoding_keeps(len(prompt) + len(emitted) - (stop_reason != "end_of_generation"))
         if self.ngram is not None:
             self.ngram.remember(emitted)
         stats.num_tokens = len(emitted)
