@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from file_size_limit import run_with_file_size_limit
 from pocketspec.atomic_file import is_same_file, refuse_output_onto_inputs, replaced_on_success
 from pocketspec.errors import UserError
 
@@ -65,26 +66,18 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_nothing_else(tmp_path):
 def test_a_file_system_that_refuses_the_text_is_one_user_error_and_keeps_the_old_file(tmp_path):
     """A write past what the file system takes (a full disk; here the file size limit, EFBIG, in a child process)
     is one UserError naming the output: the failed flush on closing must not replace it with a bare OSError."""
-    import subprocess
-    import sys
-
     path = tmp_path / "out.jsonl"
     path.write_text("old\n")
-    child = f"""
-import resource, signal
+    result = run_with_file_size_limit(f"""
 from pocketspec.atomic_file import replaced_on_success
 from pocketspec.errors import UserError
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 try:
     with replaced_on_success({str(path)!r}, what="--output") as file:
         for _ in range(100):
             file.write("x" * 1000)
 except UserError as error:
     print(error)
-"""
-    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60,
-                            cwd=Path(__file__).resolve().parents[1])
+""", 4096)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert result.stdout.startswith(f"cannot write --output {path}: File too large"), result.stdout
     assert sorted(tmp_path.iterdir()) == [path] and path.read_text() == "old\n"

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from file_size_limit import run_with_file_size_limit
 from pocketspec.conversation.conversation import (Conversation, assistant_record, chunk_record, header_record,
                                                   saved_header, user_record)
 from pocketspec.errors import UserError
@@ -216,22 +215,17 @@ def test_a_transcript_the_disk_refuses_is_one_error_naming_it_and_a_new_one_is_l
     """A full disk (here the file size limit, EFBIG, in a child process): the chat's first record failed as
     "cannot write the output" (stdout was fine), and the failed flush on closing left an empty transcript."""
     chats = tmp_path / "chats"
-    child = f"""
-import resource, signal
+    result = run_with_file_size_limit(f"""
 from pathlib import Path
 from pocketspec.conversation.conversation import header_record, user_record
 from pocketspec.conversation.transcript import TranscriptWriteFailed, TranscriptWriter
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
 with TranscriptWriter(Path({str(chats / "chat.jsonl")!r}), is_new=True) as writer:
     try:
         writer.append(header_record(target="t", draft="d"))
         writer.append(user_record("hi"))
     except TranscriptWriteFailed as error:
         print(error)
-"""
-    result = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60,
-                            cwd=Path(__file__).resolve().parents[1])
+""", 0)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     assert result.stdout.startswith(f"cannot write the chat transcript {chats}/chat"), result.stdout
     assert "File too large" in result.stdout and list(chats.iterdir()) == []
