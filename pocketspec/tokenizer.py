@@ -16,6 +16,12 @@ FIRST_PART_CHARS_PER_TOKEN = 8
 PART_TOKENS_MARGIN = 64
 
 
+def counted_tokens(num_tokens: int, max_tokens: int) -> str:
+    """A count from encode(max_tokens=max_tokens) as a message says it: exact, or "more than max_tokens" where
+    the count stopped at a first part past the margin."""
+    return f"more than {max_tokens}" if num_tokens > max_tokens + PART_TOKENS_MARGIN else str(num_tokens)
+
+
 class Tokenizer:
     def __init__(self, llama_model):
         self._model = llama_model

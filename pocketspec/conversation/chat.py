@@ -18,7 +18,7 @@ from pocketspec.conversation.conversation import (
 from pocketspec.errors import UserError
 from pocketspec.signals import Terminated
 from pocketspec.speculation.draws import reply_seed
-from pocketspec.tokenizer import PART_TOKENS_MARGIN
+from pocketspec.tokenizer import counted_tokens
 from pocketspec.conversation.transcript import TranscriptWriter
 
 CUT_STOP_REASONS = ("interrupted", "context_full")
@@ -142,8 +142,7 @@ class Chat:
             if 2 * system_tokens > error.max_tokens:
                 fixes = [f"shorten the system prompt ({system_tokens} of those tokens) or the message"]
         fixes += ["lower --max-tokens", "raise --max-context"]
-        needs = error.num_tokens if error.num_tokens <= error.max_tokens + PART_TOKENS_MARGIN else \
-            f"more than {error.max_tokens}"  # the count stopped early (Tokenizer.encode)
+        needs = counted_tokens(error.num_tokens, error.max_tokens)  # counted no further than needed
         return (f"the message needs {needs} prompt tokens but at most {error.max_tokens} fit (context "
                 f"{self.max_context} tokens, {reserved} of them kept for the reply): {', '.join(fixes[:-1])} or "
                 f"{fixes[-1]}")

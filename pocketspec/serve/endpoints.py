@@ -24,7 +24,7 @@ from pocketspec.serve.live_generation import LiveGeneration
 from pocketspec.serve.request_checks import (GenerationOptions, chat_messages, checked_token_ids, completion_prompt,
                                              generation_options)
 from pocketspec.serve.server_state import ServerState
-from pocketspec.tokenizer import PART_TOKENS_MARGIN
+from pocketspec.tokenizer import counted_tokens
 
 log = logging.getLogger("pocketspec.serve")
 SEED_HEADER = "x-pocketspec-seed"  # on every generation's response (docs/serve.md)
@@ -40,9 +40,7 @@ def check_prompt(prompt_tokens: list[int], max_context: int, param: str) -> None
     if not prompt_tokens:
         raise bad_request("the prompt is empty", param=param)
     if len(prompt_tokens) >= max_context:  # past the margin, maybe only a first part's tokens (Tokenizer.encode)
-        count = f"more than {max_context}" if len(prompt_tokens) > max_context + PART_TOKENS_MARGIN \
-            else str(len(prompt_tokens))
-        raise bad_request(f"the prompt has {count} tokens, which leaves no room for a reply in a context of "
+        raise bad_request(f"the prompt has {counted_tokens(len(prompt_tokens), max_context)} tokens, which leaves no room for a reply in a context of "
                           f"{max_context}: shorten it", param=param, code="context_length_exceeded")
 
 
