@@ -42,6 +42,12 @@ def check_output_folder(path: Path, *, what: str) -> None:
     """UserError when `path` could never be written because its folder is missing (or is a file): said before a
     model loads for a minute, not after."""
     path = Path(path).expanduser()
+    number = named_descriptor(path)
+    if number is not None and own_descriptor(path) is None:
+        # refused now: by the time the output is written, a file of this process's own (a model, a log) may hold
+        # that number, and the text would go into it
+        raise UserError(f"cannot write {what} {path}: descriptor {number} is not open "
+                        f"(open it with the shell, as in {number}>out.txt, or name a file)")
     if is_device_or_pipe(path):
         return
     folder = Path(os.path.realpath(path)).parent
@@ -128,16 +134,22 @@ _STANDARD_DESCRIPTORS = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
 _DESCRIPTOR_FOLDERS = ("/dev/fd/", "/proc/self/fd/")
 
 
-def own_descriptor(path: Path) -> int | None:
-    """The descriptor of this process that `path` names as given (/dev/stdout, /dev/fd/3), else None. Such a
-    path is where the shell's redirection points, maybe a regular file (`> out.txt`) that holds text written
-    before: it is written through the descriptor at its offset, never reopened (which would empty the file) nor
-    replaced (which would cut it from the shell's later writes)."""
+def named_descriptor(path: Path) -> int | None:
+    """The descriptor number that `path` names as given (/dev/stdout: 1, /dev/fd/3: 3), open or not, else None."""
     text = os.path.normpath(str(path))
     number = _STANDARD_DESCRIPTORS.get(text)
     for folder in _DESCRIPTOR_FOLDERS:
         if text.startswith(folder) and text[len(folder):].isdigit():
             number = int(text[len(folder):])
+    return number
+
+
+def own_descriptor(path: Path) -> int | None:
+    """The descriptor of this process that `path` names as given (/dev/stdout, /dev/fd/3), else None. Such a
+    path is where the shell's redirection points, maybe a regular file (`> out.txt`) that holds text written
+    before: it is written through the descriptor at its offset, never reopened (which would empty the file) nor
+    replaced (which would cut it from the shell's later writes)."""
+    number = named_descriptor(path)
     if number is None:
         return None
     try:

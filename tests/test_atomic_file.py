@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from file_size_limit import run_with_file_size_limit
-from pocketspec.atomic_file import is_same_file, refuse_output_onto_inputs, replaced_on_success
+from pocketspec.atomic_file import check_output_folder, is_same_file, refuse_output_onto_inputs, replaced_on_success
 from pocketspec.errors import UserError
 
 
@@ -164,6 +164,20 @@ def test_stdout_redirected_to_a_file_is_written_at_its_place_not_emptied_nor_rep
     kept = "earlier\n" if redirect == ">>" else ""
     assert out.read_text() == kept + "before\nreply\nafter\nshell\n"
     assert out.stat().st_ino == inode and sorted(tmp_path.iterdir()) == [out]
+
+
+@pytest.mark.parametrize("folder", ["/dev/fd", "/proc/self/fd"])
+def test_a_descriptor_that_is_not_open_is_refused_before_anything_opens_it(tmp_path, folder):
+    """`--output /dev/fd/N` with N not open: by the time the reply is written, the model's file or a log may hold N,
+    and the text went into it."""
+    opened = os.open(tmp_path / "held", os.O_WRONLY | os.O_CREAT)
+    os.close(opened)  # the lowest free number: the next file this process opens gets it
+    with pytest.raises(UserError, match=f"descriptor {opened} is not open") as raised:
+        check_output_folder(Path(f"{folder}/{opened}"), what="--output")
+    assert "\n" not in str(raised.value)
+    with open(tmp_path / "open", "w") as file:  # the same number, open: the shell's redirection, written through
+        assert file.fileno() == opened
+        check_output_folder(Path(f"{folder}/{opened}"), what="--output")
 
 
 def test_a_fifo_receives_the_text_as_it_is_written(tmp_path):
