@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -23,7 +24,7 @@ from memplanner.torch_sizes import gguf_layout
 from pocketspec.backends.torch_open import open_backend
 from pocketspec.file_digest import hash_file
 from pocketspec.onnx_model import export
-from pocketspec.onnx_model.export import MANIFEST_FILE, exported_model, read_intact
+from pocketspec.onnx_model.export import MANIFEST_FILE, export_folder, exported_model, read_intact
 from pocketspec.settings import ModelSettings
 from tiny_models import write_tiny_pair
 
@@ -197,6 +198,18 @@ def test_a_killed_exports_hidden_folder_is_removed_by_the_next_export(tiny_pair,
     (leftover / "model.onnx.data").write_bytes(b"half of the weights")
     assert exported_model(tiny_pair[0], "fp32").model_file.exists()
     assert not [path for path in tmp_path.joinpath("onnx").iterdir() if path.name.startswith(".")]
+
+
+def test_a_file_in_the_exports_place_is_replaced_by_the_export(tiny_pair, tmp_path, monkeypatch):
+    """A file (or a dangling link) under the export's name made the export fail after its minute of work."""
+    monkeypatch.setenv("POCKETSPEC_HOME", str(tmp_path))
+    folder = export_folder(tiny_pair[0], "fp32")
+    folder.parent.mkdir(parents=True)
+    folder.write_text("not an export")
+    assert exported_model(tiny_pair[0], "fp32").folder == folder and read_intact(folder) is not None
+    shutil.rmtree(folder)
+    folder.symlink_to(tmp_path / "nowhere")
+    assert exported_model(tiny_pair[0], "fp32").folder == folder and not folder.is_symlink()
 
 
 def test_an_export_by_an_older_exporter_is_replaced(tiny_pair, tmp_path, monkeypatch):

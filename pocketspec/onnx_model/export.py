@@ -153,6 +153,7 @@ def _export(folder: Path, gguf_path: Path, weights_format: str, notify: Notify |
     for leftover in folder.parent.glob(".*.partial"):
         shutil.rmtree(leftover, ignore_errors=True)
     try:
+        _remove(folder)  # before the minute of exporting, so that what cannot be removed is said first
         folder.parent.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
     except OSError as error:
@@ -160,7 +161,6 @@ def _export(folder: Path, gguf_path: Path, weights_format: str, notify: Notify |
     try:
         config = _export_into(partial, gguf_path, weights_format, say, shows_time=notify is not None)
         _write_manifest(partial, gguf_path, weights_format, config)
-        shutil.rmtree(folder, ignore_errors=True)
         os.replace(partial, folder)
     except OSError as error:  # a full disk under POCKETSPEC_HOME: the export's to say, not "the output"
         raise UserError(f"cannot write the ONNX export to {folder.parent}: {error.strerror or error}") from None
@@ -170,6 +170,14 @@ def _export(folder: Path, gguf_path: Path, weights_format: str, notify: Notify |
     for stale in folder.parent.glob(f"{gguf_key}-{weights_format_key}-*"):  # the same model by an older exporter
         if stale != folder:
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def _remove(folder: Path) -> None:
+    """The corrupt export in `folder`, or whatever took its name in the home's cache (a file, a link)."""
+    if folder.is_dir() and not folder.is_symlink():
+        shutil.rmtree(folder)
+    else:
+        folder.unlink(missing_ok=True)
 
 
 def _export_into(folder: Path, gguf_path: Path, weights_format: str, say: Notify, *, shows_time: bool) -> dict:
