@@ -191,6 +191,15 @@ def test_a_forced_run_stopped_before_any_round_leaves_the_earlier_results(smollm
 
 
 @pytest.mark.real_model
+def test_a_run_stopped_before_any_round_removes_the_folders_it_made(smollm2_path, two_category_suite, tmp_path):
+    """"--out is left as it was" was said over an empty folder (and its new parents) that the run had made."""
+    out = tmp_path / "new" / "out"
+    returncode, lines = _stopped_bench(smollm2_path, two_category_suite, out, signal.SIGINT, "code (1/2): plain")
+    assert returncode == 130 and any("no round completed" in line for line in lines), "".join(lines)
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.real_model
 def test_a_run_where_nothing_but_plain_decoding_ran_exits_2(smollm2_path, two_category_suite, tmp_path):
     """A budget no PocketSpec system fits: each fails in its worker, the report says why, and the exit code says
     that nothing was compared (it was 0, a script would take the run for a result)."""

@@ -183,7 +183,7 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
     systems += [_peer_system(peer, job, is_named=peers_text not in ("auto", "all")) for peer in peers]
     for name in BENCH_FILES:  # even with --force: --force replaces results, never the suite
         refuse_output_onto_inputs(out_dir / name, [("--suite", suite)], flag="--out")
-    _prepare_out_dir(out_dir, force)
+    made_folders = _prepare_out_dir(out_dir, force)
     progress = BenchProgress(plan_rounds(prompts, BENCH.max_prompts_per_round, repeats))
     click.echo(f"{len(prompts)} prompts × {sum(s.status == 'ok' for s in systems)} systems in "
                f"{len(progress.rounds)} rounds, {max_tokens} new tokens, target {choice.target_path.name}", err=True)
@@ -198,6 +198,9 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
         if progress.num_rounds_completed:
             _write_outputs(out_dir, systems, progress, job, suite)
         else:
+            for folder in made_folders:  # the deepest first; one the user put something into meanwhile stays
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
             click.echo(f"no round completed: --out {out_dir} is left as it was", err=True)
         raise
     _write_outputs(out_dir, systems, progress, job, suite)
@@ -206,19 +209,21 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
                         f"(the reasons are in {out_dir / 'report.md'})")
 
 
-def _prepare_out_dir(out_dir: Path, force: bool) -> None:
+def _prepare_out_dir(out_dir: Path, force: bool) -> list[Path]:
     """--out made ready before the first round, so that an hour's run cannot fail at its end for want of a
-    folder; an earlier run's results are kept unless --force."""
+    folder; an earlier run's results are kept unless --force. The folders it made, the deepest first."""
     existing = [name for name in BENCH_FILES if (out_dir / name).exists()]
     if existing and not force:
         raise UserError(f"--out {out_dir} already holds {', '.join(existing)}; choose another --out, or add --force "
                         "to replace them")
+    missing = [folder for folder in (out_dir, *out_dir.parents) if not folder.exists()]
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"cannot make --out {out_dir}: {error.strerror or error}") from None
     if not os.access(out_dir, os.W_OK | os.X_OK):
         raise UserError(f"cannot write into --out {out_dir}: permission denied")
+    return missing
 
 
 def _write_outputs(out_dir: Path, systems: list[System], progress: BenchProgress, job: BenchJob,
