@@ -4,7 +4,8 @@ The table (memplanner/measured_costs.py) is keyed by what decides the cost: the 
 the backend and its build, the thread count, the weight layout and the device. It lives in
 POCKETSPEC_HOME/costs/; `pocketspec doctor --calibrate` measures it again on request. Widths are
 timed in interleaved rounds and each kept as its fastest pass, with its spread (pocketspec/cost_samples.py);
-a table whose repeats disagree is used once and not cached.
+a table whose repeats disagree is used once and not cached, until a machine busy at every start has
+measured it so MAX_UNTRUSTED_RUNS times in a row (pocketspec/untrusted_runs.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pocketspec.cost_samples import (MAX_EXTRA_ROUNDS, MAX_SPREAD, NUM_ROUNDS, d
                                      summarize_depth, widths_to_measure_again)
 from pocketspec.measured_cache import costs_dir, measuring_alone, write_json
 from pocketspec.settings import draft_settings_for
+from pocketspec.untrusted_runs import forget_untrusted_runs, is_last_untrusted_run, untrusted_ending
 
 CALIBRATION_DEPTHS = (0, 1024)  # cached tokens before the measured forward; clipped to the context
 MAX_CALIBRATED_WIDTH = 32
@@ -173,15 +175,18 @@ def calibrated_costs(backend, *, min_width: int = 1, on_measure=None, force: boo
             on_measure(f"measuring {Path(backend.model_path).name}'s forward costs on this machine "
                        "(once; cached in POCKETSPEC_HOME/costs)")
         costs = measure_costs(backend, max_width=max(min_width, MAX_CALIBRATED_WIDTH), clock=clock)
-        if is_trusted(costs.spread):
-            path = cost_table_path(costs.key)
+        path = cost_table_path(costs.key)
+        is_trusted_table = is_trusted(costs.spread)
+        is_cached = is_trusted_table or is_last_untrusted_run(path)
+        if not is_trusted_table and on_measure is not None:
+            on_measure(f"{Path(backend.model_path).name}'s forward costs varied by more than {MAX_SPREAD:.0%} "
+                       f"between repeats at {disagreeing_share(costs.spread):.0%} of the widths"
+                       f"{untrusted_ending(is_cached)}")
+        if is_cached:
+            forget_untrusted_runs(path)
             if not write_json(path, costs.to_json()) and on_measure is not None:
                 on_measure(f"could not save {Path(backend.model_path).name}'s forward costs to {path} (is "
                            "POCKETSPEC_HOME writable?); this run uses them, the next one measures them again")
-        elif on_measure is not None:
-            on_measure(f"{Path(backend.model_path).name}'s forward costs varied by more than {MAX_SPREAD:.0%} "
-                       f"between repeats at {disagreeing_share(costs.spread):.0%} of the widths (is the machine "
-                       "busy?); this run uses them, the next one measures them again")
     return costs
 
 

@@ -5,10 +5,11 @@ from dataclasses import replace
 import pytest
 
 from memplanner.measured_costs import MeasuredCosts
-from pocketspec.calibrate import cached_costs, calibrated_costs, cost_key
+from pocketspec.calibrate import cached_costs, calibrated_costs, cost_key, cost_table_path
 from pocketspec.cost_samples import disagreeing_share, is_trusted
 from pocketspec.loader import ModelChoice, draft_cannot_pay
 from pocketspec.settings import ModelSettings, SpeculationSettings
+from pocketspec.untrusted_runs import MAX_UNTRUSTED_RUNS
 
 
 @pytest.fixture
@@ -215,6 +216,31 @@ def test_repeats_that_keep_disagreeing_are_measured_again_then_used_once_and_not
     one_noisy = StandInBackend(smollm2_path, lambda width, count: busy_from_9_to_16(width, count) if width == 12
                                else _curve(width))
     assert is_trusted(calibrated_costs(one_noisy, min_width=32, force=True, clock=one_noisy.clock).spread)
+
+
+def test_a_machine_busy_at_every_start_caches_its_third_table_in_a_row(home, smollm2_path):
+    """Not caching a disagreeing table meant a machine that is never quiet measured at every start for good (a
+    minute for the 1.5B target). A run whose table agrees starts the count again."""
+    def busy(width: int, count: int) -> float:
+        return _curve(width) * 1.15 ** count if width >= 9 else _curve(width)
+
+    settings = ModelSettings(num_threads=2)  # StandInBackend's
+
+    def run(seconds_by_width) -> list[str]:
+        backend, messages = StandInBackend(smollm2_path, seconds_by_width), []
+        calibrated_costs(backend, min_width=32, on_measure=messages.append, clock=backend.clock)
+        return messages
+
+    assert "measures them again" in run(busy)[1] and cached_costs(smollm2_path, settings, 32) is None
+    assert len(run(lambda width, count: _curve(width))) == 1  # a quiet start: cached, the count starts again
+    cost_table_path(cached_costs(smollm2_path, settings, 32).key).unlink()
+    for _ in range(MAX_UNTRUSTED_RUNS - 1):
+        assert "measures them again" in run(busy)[1] and cached_costs(smollm2_path, settings, 32) is None
+    last = run(busy)[1]
+    assert f"in {MAX_UNTRUSTED_RUNS} runs in a row" in last and "cached anyway" in last
+    cached = cached_costs(smollm2_path, settings, 32)
+    assert cached is not None and not is_trusted(cached.spread)
+    assert not list(cost_table_path(cached.key).parent.glob("*.untrusted.json"))
 
 
 def test_a_cost_per_row_that_rises_is_measured_again_and_kept_when_its_repeats_agree(home, smollm2_path):
