@@ -13,6 +13,7 @@ import torch
 
 from conftest import built_engine
 from pocketspec.backends.torch_backend import TorchBackend
+from pocketspec.backends.row_split import rank_settings
 from pocketspec.backends.torch_open import open_backend
 from pocketspec.conversation.chat_template import encode_chat, template_for
 from pocketspec.speculation.engine import SpeculativeEngine
@@ -63,6 +64,16 @@ def test_row_split_greedy_equals_single_device_plain(tiny_pair):
             result = _generate(rows, 96, drafter, draft if drafter == "model" else None)
             assert result.tokens == expected, drafter
             assert result.stats.num_accepted > 0, drafter
+
+
+@pytest.mark.parametrize("devices", [("cpu:0", "cpu:1"), ("cuda:0", "cuda:1")])
+@pytest.mark.parametrize("decode_step, compile", [("auto", None), ("auto", True), ("static", None)])
+def test_every_rank_decodes_with_the_dynamic_step_as_the_split_model_does(devices, decode_step, compile):
+    """A rank's settings name one device, where `auto` picked the static step on a GPU (or with --compile): its
+    verify skipped RowSplitBackend.forward, the followers never heard of it, and the split hung."""
+    settings = ModelSettings(**{**ROW, "devices": devices}, decode_step=decode_step, compile=compile)
+    assert not settings.uses_static_step
+    assert not any(rank_settings(settings, rank, 2).uses_static_step for rank in range(2))
 
 
 def test_self_drafts_are_refused(tiny_pair):

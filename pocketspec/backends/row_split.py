@@ -98,11 +98,15 @@ def _report(backend: TorchBackend) -> tuple[dict, dict]:
     return TorchBackend.memory_by_device(backend), TorchBackend.allocator_peaks(backend)
 
 
-def _rank_settings(settings: ModelSettings, rank: int, world_size: int) -> ModelSettings:
-    """One rank's own settings: its device alone, and on a CPU its share of the cores."""
+def rank_settings(settings: ModelSettings, rank: int, world_size: int) -> ModelSettings:
+    """One rank's own settings: its device alone, on a CPU its share of the cores, and the dynamic step that a
+    split model decodes with (ModelSettings.uses_static_step). With one device left, `auto` would pick the static
+    step on a GPU, whose verify and choose skip this class's forward: the followers were never told of a verify,
+    and the split hung (found on gloo ranks on the CPU, with the static step asked for)."""
     num_threads = settings.num_threads or max(1, default_num_threads() // world_size)
     device = settings.devices[rank]
-    return replace(settings, devices=(), device=device, num_threads=0 if is_gpu(device) else num_threads)
+    return replace(settings, devices=(), device=device, num_threads=0 if is_gpu(device) else num_threads,
+                   decode_step="dynamic")
 
 
 def _shard(model_path: Path, rank: int, world_size: int):
@@ -122,7 +126,7 @@ def _load_rank(model_path: Path, settings: ModelSettings, ranks: Ranks, backend_
     backend, error = None, ""
     try:
         shard = _shard(model_path, ranks.rank, ranks.world_size)
-        backend = backend_class.open(model_path, _rank_settings(settings, ranks.rank, ranks.world_size),
+        backend = backend_class.open(model_path, rank_settings(settings, ranks.rank, ranks.world_size),
                                      shard=shard, with_tokenizer=ranks.rank == 0)
         install_all_reduce(backend.model)
     except Exception as found:  # noqa: BLE001 - every rank must hear of it, or the others wait for this one
