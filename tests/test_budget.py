@@ -78,8 +78,9 @@ def test_peak_memory_is_the_whole_process_high_water_mark():
     assert child.returncode == 0, stderr
     reported = json.loads(stdout)["stats"]["peak_memory_bytes"]
     # After reading its own peak the child still serializes and prints the JSON and exits, which can
-    # touch a few more pages (8 KiB seen once): an observer may see that much more, never a model's worth
-    after_the_report = 2**20
+    # touch a few more pages (8 KiB seen once; one transparent huge page is 2 MiB where they are always on): an
+    # observer may see that much more, never a model's worth
+    after_the_report = 4 * 2**20
     assert seen_peak > 100 * 2**20 and seen_peak - after_the_report <= reported <= budget
 
 

@@ -225,7 +225,9 @@ def test_kv_reuse_across_calls_equals_a_fresh_run(smollm2_path):
         assert reused.stats.num_reused_tokens >= len(first_prompt)
     with built_engine(smollm2_path, drafter="ngram") as fresh_engine:
         fresh = fresh_engine.generate(follow_up, 24)
-    assert reused.tokens == fresh.tokens
+        # the reused run prefills the follow-up's new tokens alone, the fresh one the whole follow-up (past the
+        # row-exact kernels' 32 rows): stock kernels round by where a prefill starts, so a near-tie may part them
+        assert_matches_plain(fresh_engine.target, follow_up, reused.tokens, fresh.tokens)
 
 
 def test_stops_at_end_of_generation(smollm2_path):

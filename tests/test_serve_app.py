@@ -40,10 +40,11 @@ class ByteTokenizer:
 class ScriptedSlots(Slots):
     """Replies to every request with the same text, `step` tokens at a time, on its own thread."""
 
-    def __init__(self, reply: str, step: int = 1, refusal: Exception | None = None):
+    def __init__(self, reply: str, step: int = 1, refusal: Exception | None = None, seconds_per_step: float = 0.002):
         super().__init__()
         self.tokenizer, self.template, self.max_context = ByteTokenizer(), ChatTemplate(None), 256
         self.reply, self.step, self.refusal = list(reply.encode()), step, refusal
+        self.seconds_per_step = seconds_per_step
         self._thread = ThreadPoolExecutor(1)
 
     def submit(self, request, on_tokens, is_cancelled):
@@ -60,7 +61,7 @@ class ScriptedSlots(Slots):
                 return GenerationOutcome(emitted, "cancelled", len(request.prompt_tokens))
             emitted += tokens[start:start + self.step]
             on_tokens(tokens[start:start + self.step])
-            time.sleep(0.002)
+            time.sleep(self.seconds_per_step)
         reason = "max_tokens" if len(self.reply) > request.max_new_tokens else "end_of_generation"
         return GenerationOutcome(emitted, reason, len(request.prompt_tokens), num_drafted=4, num_accepted=3)
 
@@ -74,8 +75,10 @@ class ScriptedSlots(Slots):
         self._thread.shutdown()
 
 
-def _client(reply: str, step: int = 1, api_key: str | None = None, refusal: Exception | None = None) -> TestClient:
-    state = new_server_state(ScriptedSlots(reply, step, refusal), SessionSettings(target="/models/fake.gguf"),
+def _client(reply: str, step: int = 1, api_key: str | None = None, refusal: Exception | None = None,
+            seconds_per_step: float = 0.002) -> TestClient:
+    state = new_server_state(ScriptedSlots(reply, step, refusal, seconds_per_step),
+                             SessionSettings(target="/models/fake.gguf"),
                              ServeSettings(), max_tokens=64, api_key=api_key)
     return TestClient(build_app(state))
 
@@ -90,8 +93,9 @@ def _streamed(client: TestClient, body: dict) -> tuple[str, list[dict]]:
 
 def test_stop_string_spanning_tokens_is_cut_and_stops_the_generation():
     reply = "Hello wonderful world, and much more text after it"
-    text, chunks = _streamed(_client(reply), {"prompt": "hi", "stop": ["wonder", "zzz"],
-                                              "stream_options": {"include_usage": True}})
+    # 40 ms a token: the cancel has over a second to arrive (at 2 ms, a loaded machine's 60 ms lost the race)
+    text, chunks = _streamed(_client(reply, seconds_per_step=0.04), {"prompt": "hi", "stop": ["wonder", "zzz"],
+                                                                     "stream_options": {"include_usage": True}})
     assert text == "Hello " and chunks[-2]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-1]["usage"]["completion_tokens"] < len(reply) - 10  # cancelled soon after the stop
 
