@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+import hypothesis
 import pytest
 
 from pocketspec.models.catalog import model_path, pocketspec_home
@@ -29,6 +30,13 @@ if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and hasattr(os, "s
 # anything. Give the test run, and so every process it starts, the terminal's default.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# Property tests draw the same examples on every run and machine, with no time limit per example: a gate that
+# passed once passes again, a loaded 2-core machine cannot fail one on time (DeadlineExceeded, Flaky), and the
+# two workers share no example database in the checkout. A failure prints the example that broke it.
+hypothesis.settings.register_profile("pocketspec", derandomize=True, deadline=None, database=None)
+hypothesis.settings.load_profile("pocketspec")
 
 
 def require_model(name: str) -> Path:

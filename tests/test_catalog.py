@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SESSION_HOME
+
 from pocketspec.models.catalog import load_catalog, model_path, pocketspec_home, resolve_pair
 from pocketspec.models.model_files import resolve_model
 from pocketspec.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_HOME = Path.home() / ".cache" / "pocketspec"
+REAL_HOME = SESSION_HOME  # the home `make test` pulled the models into
 SMOLLM2 = REAL_HOME / "models" / "smollm2-135m-instruct.gguf"
 
 
@@ -27,8 +29,9 @@ def empty_home(tmp_path, monkeypatch) -> Path:
 
 
 def _require_smollm2() -> Path:
+    """The session home's SmolLM2 (a test may have pointed POCKETSPEC_HOME elsewhere already)."""
     if not SMOLLM2.exists():
-        pytest.skip(f"{SMOLLM2} is absent; run: pocketspec models pull smollm2-135m-instruct")
+        pytest.fail(f"{SMOLLM2} is absent; run `make models-test` (or `pocketspec models pull smollm2-135m-instruct`)")
     return SMOLLM2
 
 

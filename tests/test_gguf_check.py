@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SESSION_HOME
+
 from pocketspec.errors import UserError
 from pocketspec.models.gguf_check import check_gguf, check_same_vocab
 
-CACHE = Path.home() / ".cache" / "pocketspec" / "models"
+CACHE = SESSION_HOME / "models"  # where `make test` pulled them
 SMOLLM2 = CACHE / "smollm2-135m-instruct.gguf"
 QWEN_DRAFT = CACHE / "qwen2.5-coder-0.5b-instruct.gguf"
 QWEN_TARGET = CACHE / "qwen2.5-coder-1.5b-instruct.gguf"
@@ -18,7 +20,7 @@ QWEN_TARGET = CACHE / "qwen2.5-coder-1.5b-instruct.gguf"
 
 def _require(path: Path) -> Path:
     if not path.exists():
-        pytest.skip(f"{path} is absent; run: pocketspec models pull {path.stem}")
+        pytest.fail(f"{path} is absent; run `make models-test` (or `pocketspec models pull {path.stem}`)")
     return path
 
 

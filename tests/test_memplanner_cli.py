@@ -7,12 +7,13 @@ import pytest
 from click.testing import CliRunner
 
 from apps.cli import main
+from conftest import SESSION_HOME
 
-MODELS = Path.home() / ".cache" / "pocketspec" / "models"
+MODELS = SESSION_HOME / "models"  # where `make test` pulled them
 SMOLLM2 = MODELS / "smollm2-135m-instruct.gguf"
 QWEN_PAIR = [MODELS / "qwen2.5-coder-1.5b-instruct.gguf", MODELS / "qwen2.5-coder-0.5b-instruct.gguf"]
-needs_smollm2 = pytest.mark.skipif(not SMOLLM2.exists(), reason="smollm2 GGUF not downloaded")
-needs_qwen = pytest.mark.skipif(not all(p.exists() for p in QWEN_PAIR), reason="qwen-coder pair not downloaded")
+needs_smollm2 = pytest.mark.usefixtures("smollm2_path")  # which fails, saying how to pull it, where it is absent
+needs_qwen = pytest.mark.usefixtures("qwen_target_path", "qwen_draft_path")
 KEYS = {"feasible", "predicted_peak_bytes", "terms", "settings", "min_budget_any_bytes", "min_budget_keep_bytes",
         "predicted_tokens_per_second", "degradations", "budget_bytes"}
 

@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SESSION_HOME
+
 from memplanner import constants, terms
 from memplanner.shapes import ModelShape, hf_parameter_count, shape_from_gguf, shape_from_hf_config
 
-MODELS = Path.home() / ".cache" / "pocketspec" / "models"
+MODELS = SESSION_HOME / "models"  # where `make test` pulled them
 OBSERVATIONS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "memory_calibration.json"
 MIB = 2**20
 
@@ -97,7 +99,7 @@ def test_shape_from_hf_config(tmp_path):
     assert shape_from_hf_config(QWEN15_CONFIG, dtype="f32").weight_bytes == 4 * 1_543_714_304
 
 
-@pytest.mark.skipif(not (MODELS / "smollm2-135m-instruct.gguf").exists(), reason="smollm2 GGUF not downloaded")
+@pytest.mark.usefixtures("smollm2_path")  # which fails, saying how to pull it, where it is absent
 def test_shape_from_gguf_smollm2_matches_models_md():
     shape = shape_from_gguf(MODELS / "smollm2-135m-instruct.gguf")
     assert (shape.arch, shape.num_layers, shape.hidden_size) == ("llama", 30, 576)
