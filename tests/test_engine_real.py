@@ -87,7 +87,7 @@ def test_a_draft_model_that_pays_drafts_from_the_first_step_after_a_long_prompt(
     widths = range(1, 33)
     verify = MeasuredCosts("nearly free verify", {0: {width: 0.02 * (1 + 0.02 * (width - 1)) for width in widths}})
     draft = MeasuredCosts("cheap draft", {0: {width: 0.0005 * width for width in widths}})
-    settings = ModelSettings(num_threads=2, max_context=2048)
+    settings = ModelSettings(num_threads=1, max_context=2048)  # a test worker has one core: 2 threads spin
     with open_backend(smollm2_path, settings) as target, open_backend(smollm2_path, settings) as draft_backend:
         engine = SpeculativeEngine(target, draft_backend=draft_backend, target_costs=verify, draft_costs=draft,
                                    speculation=SpeculationSettings(drafter="model"))
