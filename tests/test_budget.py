@@ -33,6 +33,17 @@ def test_draft_none_plans_plain_decoding():
     assert "drafter none" in notes and output["stats"]["num_drafted"] == 0
 
 
+def test_a_budget_keeps_the_context_asked_for():
+    """The plan counts γ + 1 verify cells past --max-context; as the runtime's context they let a budgeted run
+    decode past it (400 tokens in a context of 256, where the run without a budget stopped at 238, context full)."""
+    flags = ["--prompt", "Count from 1 to 500: 1, 2, 3,", "--draft", "ngram", "--gamma", "4", "--max-context", "256",
+             "--max-tokens", "400", "--threads", "1"]
+    alone, _ = _generate_json(*flags)
+    budgeted, _ = _generate_json(*flags, "--memory-budget", "1GiB")
+    assert alone["stop_reason"] == "context_full" and len(alone["tokens"]) < 256
+    assert budgeted["tokens"] == alone["tokens"] and budgeted["stop_reason"] == "context_full"
+
+
 def test_a_tight_budget_degrades_and_is_announced():
     from memplanner.planner import Workload, min_budget_any
     from memplanner.shapes import shape_from_gguf
