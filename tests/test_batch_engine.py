@@ -296,6 +296,20 @@ def test_a_request_that_fails_its_admission_gives_its_row_back(tiny):
     assert [tuple(result.tokens) for result in finished] == [tiny.alone((1, 5, 6), 8)[0]]
 
 
+def test_a_request_told_to_stop_before_its_prefill_is_left_waiting_unprefilled(tiny):
+    """A server shutting down: the pool admitted every waiting request, prefilling each prompt, before the slots
+    looked at the signal again (past the grace period). Told to stop, they wait for stop_all, never prefilled."""
+    engine = tiny.engine("ngram", max_batch=2, num_rows=2)
+    pool = BatchPool(engine)
+    pool.add(0, Request([1, 5, 6], 40))
+    pool.step()  # the first request runs
+    for index in (1, 2):
+        pool.add(index, Request([1, 7, 8, 9], 8))
+    pool.step(should_stop=lambda index: index > 0)
+    assert [waiting[0] for waiting in pool.waiting] == [1, 2] and list(pool.active) == [0]
+    assert [result.stop_reason for result in pool.stop_all()] == ["interrupted"] * 3
+
+
 # the first prompt holds many tokens, so that the n-gram drafter (from one token on) has proposals to make
 SAMPLED_PROMPTS = [[1, *range(40, 100, 2)], [1, 90, 100, 90, 100]]
 NUM_RUNS, POSITION = 1000, 2

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -93,6 +94,42 @@ def test_signal_during_a_request_exits_0_in_bounded_time(smollm2_path, sig):
         assert time.monotonic() - started < 30
         assert "shutting_down" in rest and rest.rstrip().endswith("data: [DONE]")
         assert "Traceback" not in server.stderr()
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def test_a_signal_while_long_prompts_prefill_or_wait_ends_every_reply_as_a_shutdown(smollm2_path):
+    """The slots' thread went on admitting every waiting request, prefilling its prompt, before it looked at the
+    signal again; and a prompt's chunk can outlast the grace period on a CPU. uvicorn then cancelled the handlers:
+    500s, streams cut without [DONE], tracebacks. Every reply now ends as a shutdown ends it."""
+    server = ServerProcess("--max-context", "4096", "--max-concurrency", "4", "--shutdown-seconds", "2")
+    prompts = [[100 + (index * 7919 + position * 104729) % 40000 for position in range(1800)] for index in range(6)]
+
+    def send(index: int) -> str:
+        body = {"prompt": prompts[index], "max_tokens": 50, "stream": index % 2 == 0}
+        with server.client() as http:
+            response = http.post("/v1/completions", json=body)
+        assert response.status_code in (200, 503), response.text
+        if response.status_code == 503:  # not started: the error object
+            return error_of(response)["code"]
+        if body["stream"]:  # started: ended with an error event (shutting_down) or whole, and [DONE]
+            assert response.text.rstrip().endswith("data: [DONE]"), response.text
+        return "answered"
+
+    try:
+        with ThreadPoolExecutor(len(prompts)) as pool, server.client() as http:
+            replies = [pool.submit(send, index) for index in range(len(prompts))]
+            deadline = time.monotonic() + 60
+            while (sum(http.get("/health").json()[key] for key in ("slots_in_use", "queued")) < len(prompts)
+                   and time.monotonic() < deadline):
+                time.sleep(0.02)
+            started = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            outcomes = [reply.result(timeout=60) for reply in replies]
+        assert server.process.wait(timeout=60) == 0, server.stderr()
+        assert time.monotonic() - started < 30, server.stderr()  # the replies at 2 s; the exit after the chunk
+        assert set(outcomes) <= {"answered", "shutting_down"}
+        assert "Traceback" not in server.stderr() and "graceful shutdown exceeded" not in server.stderr()
     finally:
         server.stop(signal.SIGKILL)
 

@@ -35,9 +35,13 @@ class BatchPool:
 
     def step(self, should_stop: Callable[[int], bool] | None = None) -> list[BatchResult]:
         """Admit what fits, run one draft + verify step for the scheduler's group; the results that ended.
-        should_stop(index), asked between the chunks of a prompt's prefill, ends that request there."""
+        should_stop(index), asked between the chunks of a prompt's prefill, ends that request there; asked before
+        a waiting request's prefill starts, it ends the admissions of this step (the request stays waiting for
+        stop or stop_all: a server shutting down prefilled every queued prompt first, past its grace period)."""
         finished = []
         while self.waiting and self.free_rows:
+            if should_stop is not None and should_stop(self.waiting[0][0]):
+                break
             index, request, submitted_at = self.waiting.popleft()
             row = self.engine.best_row(request.prompt, self.free_rows)
             self.free_rows.remove(row)

@@ -96,7 +96,8 @@ async def completions(request: Request, state: ServerState):
 
 
 def _record(state: ServerState, endpoint: str, live: LiveGeneration) -> None:
-    """When a generation ends, however: free its place and count it."""
+    """When a generation ends, however: free its place, count it and forget it."""
+    state.live.discard(live)
     state.admission.release()
     future = live.future
     if future.cancelled() or future.exception() is not None:
@@ -122,6 +123,8 @@ async def _respond(request: Request, state: ServerState, shape: ResponseShape, o
         raise
     if live.future.done() and live.future.exception() is not None:  # refused when submitted
         raise generation_error(live.future.exception())
+    if not live.is_done:
+        state.live.add(live)
     # the seed the reply was sampled with, so that a `seed: -1` request can be repeated (OpenAI's body has no field)
     headers = {SEED_HEADER: str(options.sampling.seed)}
     if options.is_stream:

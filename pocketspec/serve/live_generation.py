@@ -9,7 +9,9 @@ leaves or the server shuts down, so the slot frees within one step. The slots ma
 few tokens more by then: the reply's token count is the tokens decoded up to the one that completed
 the stop string, the same in every run (the text is the same too). Every token is decoded before the
 generation's end is handled, so on_done sees whether a stop string ended the reply however far the
-client has read.
+client has read. A generation the slots have not ended when the server's grace period runs out (a long
+prompt's chunk still computing) is abandoned: its reply ends there, cancelled, so that its response
+ends as a shutdown's does instead of being cut off with the connection.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class LiveGeneration:
         self._on_done = on_done
         self._is_cancelled = False  # written on the loop, read on the slots' thread
         self._num_tokens_read = 0
+        self._tokens: list[int] = []  # every token the slots sent, for an abandoned generation's outcome
+        self._abandoned: GenerationOutcome | None = None
+        self._num_prompt_tokens = len(request.prompt_tokens)
         self.is_client_gone = False
         self.is_done = False
         self.future = slots.submit(request, self._on_tokens, self._should_stop)
@@ -45,7 +50,7 @@ class LiveGeneration:
 
     def leave(self) -> None:
         """The client is gone (or its response ended early): stop generating for it."""
-        if not self.is_done:
+        if not self.is_done and self._abandoned is None:
             self.is_client_gone = self._is_cancelled = True
 
     def num_completion_tokens(self, outcome: GenerationOutcome) -> int:
@@ -68,12 +73,26 @@ class LiveGeneration:
         return text
 
     async def outcome(self) -> GenerationOutcome:
+        """How the generation ended; asked once texts() has ended."""
+        if self._abandoned is not None:
+            return self._abandoned
         return await asyncio.wrap_future(self.future)
+
+    def abandon(self) -> None:
+        """End the reply now, as cancelled, whatever the slots still do for it (on the loop)."""
+        if self.is_done or self._abandoned is not None:
+            return
+        self._is_cancelled = True
+        self._abandoned = GenerationOutcome(list(self._tokens), "cancelled", self._num_prompt_tokens)
+        self._end_texts()
 
     def _on_tokens(self, tokens: list[int]) -> None:  # on the slots' thread
         self._call_on_loop(self._take_tokens, list(tokens))
 
     def _take_tokens(self, tokens: list[int]) -> None:
+        if self._abandoned is not None:
+            return
+        self._tokens += tokens
         self._hand_on(self._decode_to_stop(tokens))
         self._is_cancelled = self._is_cancelled or self._stop_text.is_stopped
 
@@ -91,7 +110,12 @@ class LiveGeneration:
             self._is_cancelled = True
 
     def _finish(self) -> None:  # after every _take_tokens: the slots sent their tokens before the future ended
+        is_abandoned = self._abandoned is not None
         self.is_done = True
+        if not is_abandoned:
+            self._end_texts()
+        self._on_done(self)
+
+    def _end_texts(self) -> None:
         self._hand_on(self._stop_text.push(self._streamer.flush()) + self._stop_text.finish())
         self._pieces.put_nowait(_DONE)
-        self._on_done(self)

@@ -59,6 +59,13 @@ class ServerState:
     api_key: str | None = None
     shutting_down: threading.Event = field(default_factory=threading.Event)
     started_at: int = field(default_factory=lambda: int(time.time()))
+    live: set = field(default_factory=set)  # the LiveGenerations not ended yet (the event loop's thread only)
+
+    def abandon_live_generations(self) -> None:
+        """The shutdown's grace period is over: every reply still waiting for the slots ends now, as a
+        shutdown ends it (pocketspec/serve/live_generation.py), not cut off with its connection."""
+        for live in list(self.live):
+            live.abandon()
 
 
 def new_server_state(slots: Slots, settings: SessionSettings, serve: ServeSettings, *, max_tokens: int,
