@@ -9,8 +9,10 @@ block's heads (whole key/value groups) and feed-forward columns, the KV cache of
 whole embeddings, norm and head. On GPUs each device also holds the activations of the widest
 forward (the logits on the device with the head), the buffers that pass activations on (the
 hidden states a layer split hands over, a row split's all-reduces), the allocator's reserve and
-its own CUDA context (gpu_terms.py). cpu:N devices share one process, whose heap the
-single-device plan (torch_peak.py) covers.
+its own CUDA context (gpu_terms.py). On cpu:N devices, with counts_process, the process's own terms
+(torch_peak.py: the interpreter, torch, the tokenizer, the widest forward's activations, the GGUF
+mapped while loading) go on the first device of a layer split, whose devices share one process,
+and on every rank of a row split, each rank a process of its own.
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ from memplanner.defaults import MAX_GAMMA, N_BATCH
 from memplanner.shapes import ModelShape
 from memplanner.sizes import format_bytes
 from memplanner.split import DeviceBudget, DeviceShare, assign_layers, even_layer_counts
-from memplanner.torch_peak import activation_bytes
+from memplanner.torch_peak import activation_bytes, torch_peak_terms
 from memplanner.torch_sizes import (compute_dtype_bytes, lighter_torch_settings, torch_block_bytes,
                                     torch_block_tensor_sizes, torch_embedding_bytes, torch_head_bytes, torch_kv_bytes)
 
+# A row split's rank on a CPU beside what one process of the torch backend holds (cpu_process_terms):
+# torch.distributed, its gloo groups and the command channel. Measured with SmolLM2 over cpu:0,cpu:1, torch
+# 2.13 CPU, Zen 4 EPYC, 2026-12-07 (VmHWM of each rank against its plan without this term): 122 and 94 MiB.
+ROW_RANK_DISTRIBUTED_BYTES = 128 * 1024 * 1024
 # The terms that are tensors the backend keeps (what memory_by_device reports); the rest are transient or
 # outside torch's tensors.
 TENSOR_TERMS = ("target_blocks", "target_kv_cache", "self_sparse_kv", "self_skip_kv", "embeddings", "output_head")
@@ -81,6 +87,17 @@ def _gpu_terms(shape: ModelShape, layout: TorchLayout, tensor_sizes: list[int], 
     return {name: size for name, size in found.items() if size}
 
 
+def cpu_process_terms(shape: ModelShape, layout: TorchLayout, tensor_terms: list[dict[str, int]]) -> dict[str, int]:
+    """What a CPU process holds beside its tensors (`tensor_terms`, summed): torch_peak's terms but the tensors."""
+    weights = sum(size for terms in tensor_terms for name, size in terms.items() if "kv" not in name)
+    kv = sum(size for terms in tensor_terms for name, size in terms.items() if "kv" in name)
+    kv_is_int8 = "int8" in (layout.kv_dtype, layout.draft_kv_dtype if layout.self_draft else layout.kv_dtype)
+    peak = torch_peak_terms(shape, {"weights": weights, "kv": kv}, weights_format=layout.weights_format,
+                            max_context=layout.max_context, n_batch=layout.n_batch,
+                            max_logits_rows=layout.max_logits_rows, kv_is_int8=kv_is_int8, is_tied=layout.is_tied)
+    return {name: size for name, size in peak.items() if name not in ("weights", "kv") and size}
+
+
 def _widest(layout: TorchLayout) -> int:
     return max(min(layout.n_batch, layout.max_context), layout.max_logits_rows)
 
@@ -115,15 +132,18 @@ def _refusal(shape: ModelShape, layout: TorchLayout, devices: list[DeviceBudget]
              mode: str) -> TorchSplitPlan:
     listed = ", ".join(f"{device.name} {format_bytes(device.budget_bytes)}" for device in devices)
     return TorchSplitPlan(False, f"{shape.name} does not fit across {listed} with a {mode} split of the torch "
-                                 f"backend's tensors ({format_bytes(needed)} in all); raise a budget, add a device, "
+                                 f"backend ({format_bytes(needed)} in all); raise a budget, add a device, "
                                  f"or {lighter_torch_settings(layout.weights_format, layout.kv_dtype)}")
 
 
 def plan_layer_split(devices: list[DeviceBudget], shape: ModelShape, layout: TorchLayout,
-                     layers_per_device: tuple[int, ...] = ()) -> TorchSplitPlan:
-    """Blocks per device by room (or as given), each device's terms, or a refusal naming the total."""
+                     layers_per_device: tuple[int, ...] = (), counts_process: bool = False) -> TorchSplitPlan:
+    """Blocks per device by room (or as given), each device's terms, or a refusal naming the total.
+    counts_process: on CPUs, the one process's own terms too, on the first device."""
     blocks = [_block_terms(shape, layout, layer) for layer in range(shape.num_layers)]
     fixed = [_fixed_terms(shape, layout, index, devices) for index in range(len(devices))]
+    if counts_process and not layout.on_gpu:
+        fixed[0].update(cpu_process_terms(shape, layout, blocks + fixed))
     room = [device.budget_bytes - sum(terms.values()) for device, terms in zip(devices, fixed)]
     counts = list(layers_per_device) or assign_layers([sum(terms.values()) for terms in blocks], room)
     needed = sum(sum(terms.values()) for terms in blocks + fixed)
@@ -155,8 +175,10 @@ def _shard(num_units: int, world_size: int, rank: int) -> int:
     return even_layer_counts(num_units, world_size)[rank]
 
 
-def plan_row_split(devices: list[DeviceBudget], shape: ModelShape, layout: TorchLayout) -> TorchSplitPlan:
-    """Each rank's slice of every block, its KV heads, and whole embeddings and head."""
+def plan_row_split(devices: list[DeviceBudget], shape: ModelShape, layout: TorchLayout,
+                   counts_process: bool = False) -> TorchSplitPlan:
+    """Each rank's slice of every block, its KV heads, and whole embeddings and head. counts_process: on CPUs,
+    each rank's process's own terms too."""
     world_size = len(devices)
     group_size = shape.num_heads // shape.num_kv_heads
     shares = []
@@ -181,6 +203,9 @@ def plan_row_split(devices: list[DeviceBudget], shape: ModelShape, layout: Torch
             terms.update(_gpu_terms(shape, layout, shape.num_layers * block_tensors + kv_tensors
                                     + [terms["embeddings"], terms["output_head"]], holds_head=True,
                                     buffer_bytes=reduce))
+        elif counts_process:
+            terms.update(cpu_process_terms(shape, layout, [terms]))
+            terms["distributed_runtime"] = ROW_RANK_DISTRIBUTED_BYTES
         shares.append(DeviceShare(device.name, device.budget_bytes, 0, shape.num_layers, False, terms))
     if all(share.peak_bytes <= share.budget_bytes for share in shares):
         return TorchSplitPlan(True, "", shares)

@@ -81,6 +81,21 @@ def test_splits_that_cannot_fit_are_refused(uneven_model):
     assert not plan_row_split(_devices(4, 0.5), shape, _layout(uneven_model)).feasible
 
 
+def test_on_cpus_the_process_is_counted_once_for_a_layer_split_and_on_every_rank_of_a_row_split(uneven_model):
+    """A split on cpu:N planned its tensors only: a layer split of SmolLM2 planned in 420 MiB a device peaked at
+    968 MiB, and each rank of a row split is a process of its own, with its own torch."""
+    shape = shape_from_gguf(uneven_model)
+    layers = plan_layer_split(_devices(1024, 1024), shape, _layout(uneven_model), counts_process=True)
+    first, last = (share.terms for share in layers.shares)
+    assert first["torch_runtime"] > 0 and first["activations"] > 0 and "torch_runtime" not in last
+    rows = plan_row_split(_devices(1024, 1024), shape, _layout(uneven_model), counts_process=True)
+    assert all(share.terms["torch_runtime"] > 0 and share.terms["distributed_runtime"] > 0 for share in rows.shares)
+    assert not plan_row_split(_devices(256, 256), shape, _layout(uneven_model), counts_process=True).feasible
+    gpus = [DeviceBudget("cuda:0", 4 << 30), DeviceBudget("cuda:1", 4 << 30)]
+    on_gpus = _layout(uneven_model, weights_format="bf16", kv_dtype="bf16", on_gpu=True)
+    assert "torch_runtime" not in plan_row_split(gpus, shape, on_gpus, counts_process=True).shares[0].terms
+
+
 def test_a_tied_head_costs_the_last_device_a_copy_of_the_embeddings(uneven_model):
     shape = shape_from_gguf(uneven_model)
     untied = plan_layer_split(_devices(4, 4), shape, _layout(uneven_model))

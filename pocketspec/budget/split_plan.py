@@ -37,7 +37,8 @@ def _torch_split(applied: MemoryPlan, budgets: list[DeviceBudget]) -> MemoryPlan
 
     shape, layout = torch_layout(applied.choice, applied.target_settings, applied.speculation)
     is_row = applied.target_settings.split_mode == "row"
-    found = plan_row_split(budgets, shape, layout) if is_row else plan_layer_split(budgets, shape, layout)
+    found = plan_row_split(budgets, shape, layout, counts_process=True) if is_row else \
+        plan_layer_split(budgets, shape, layout, counts_process=True)
     if not found.feasible:
         raise BudgetError(found.reason)
     applied.lines = [_share_note(share.device, share.first_layer, share.num_layers, share.terms, share.budget_bytes)
