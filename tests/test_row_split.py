@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -17,7 +20,7 @@ from pocketspec.backends.row_split import rank_settings
 from pocketspec.backends.torch_open import open_backend
 from pocketspec.conversation.chat_template import encode_chat, template_for
 from pocketspec.speculation.engine import SpeculativeEngine
-from pocketspec.errors import UserError
+from pocketspec.errors import ModelLost, UserError
 from pocketspec.settings import ModelSettings, SpeculationSettings
 from tiny_models import write_tiny_pair
 
@@ -106,11 +109,41 @@ def test_a_follower_that_dies_ends_generation_with_one_clear_error(tiny_pair):
         backend.forward([5, 6, 7], [2])
         os.kill(follower.pid, signal.SIGKILL)
         follower.join(10)
-        with pytest.raises(UserError, match="rank 1 stopped"):
+        with pytest.raises(ModelLost, match="rank 1 was killed by signal 9"):
             backend.forward([8], [0])
     finally:
         backend.close()
     assert not follower.is_alive()
+
+
+def _follower_of(process: subprocess.Popen, timeout_s: float = 120) -> psutil.Process:
+    """The rank `process` spawned, once it runs (multiprocessing's spawn: a new interpreter importing torch)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child in psutil.Process(process.pid).children():
+            if "spawn_main" in " ".join(child.cmdline()):
+                return child
+        time.sleep(0.05)
+    raise AssertionError("no rank was spawned")
+
+
+@pytest.mark.parametrize("sig, exit_code, line", [(signal.SIGINT, 130, "interrupted"),
+                                                  (signal.SIGTERM, 143, "terminated")])
+def test_a_signal_to_the_terminals_group_while_the_ranks_load_stops_at_once(tiny_pair, sig, exit_code, line):
+    """Ctrl-C as the follower imported torch: a KeyboardInterrupt's traceback from it, then rank 0 waited two
+    minutes inside init_process_group for a rank that was gone."""
+    generate = subprocess.Popen([sys.executable, "-m", "apps.cli", "generate", "--target", str(tiny_pair[0]),
+                                 "--backend", "torch", "--devices", "cpu:0,cpu:1", "--split-mode", "row",
+                                 "--threads", "1", "--max-tokens", "8", "--prompt", PROMPT_TEXT],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    follower = _follower_of(generate)
+    time.sleep(0.3)  # into its imports
+    started = time.monotonic()
+    os.killpg(generate.pid, sig)
+    stderr = generate.communicate(timeout=60)[1]
+    assert generate.returncode == exit_code and time.monotonic() - started < 20, stderr
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == line, stderr
+    assert not follower.is_running() or follower.status() == psutil.STATUS_ZOMBIE
 
 
 def test_a_forward_cut_short_on_rank_0_still_closes_every_rank(tiny_pair):

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 
 import openai
+import psutil
 import pytest
 
-from serve_process import ServerProcess
+from serve_process import ServerProcess, error_of
 from test_cli_errors import assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.real_model
@@ -50,6 +52,30 @@ def test_a_split_target_serves_what_generate_returns_with_the_same_split(smollm2
         reply = ask(QUESTION)
         assert expected["tokens"] and reply.choices[0].message.content == expected["text"]
         assert reply.usage.completion_tokens == len(expected["tokens"])
+
+
+def test_a_row_split_server_whose_rank_died_says_so_on_health_and_to_every_request(smollm2_path):
+    """It answered every later request 400 invalid_request, counted as rejected, logged nothing, and /health
+    stayed ok: no load balancer or supervisor could tell the server could not generate any more."""
+    server = ServerProcess(*SPLIT, "--split-mode", "row", "--max-tokens", "8")
+    try:
+        follower = next(child for child in psutil.Process(server.process.pid).children()
+                        if "spawn_main" in " ".join(child.cmdline()))
+        follower.kill()
+        while follower.is_running() and follower.status() != psutil.STATUS_ZOMBIE:  # rank 0 reaps it later
+            time.sleep(0.05)
+        with server.client() as http:
+            for _ in range(2):  # the request that finds the rank gone, and one after it
+                answer = http.post("/v1/completions", json={"prompt": "hi"})
+                assert answer.status_code == 500 and error_of(answer)["code"] == "model_lost", answer.text
+                assert "rank 1 was killed by signal 9" in error_of(answer)["message"]
+            health = http.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "model_lost"
+            metrics = http.get("/metrics").text
+        assert 'pocketspec_requests_total{endpoint="completions",outcome="failed"} 2.0' in metrics
+        assert server.stderr().count("the model cannot run any more") == 1
+    finally:
+        assert server.stop() == 0, server.stderr()
 
 
 def test_concurrent_requests_on_a_split_torch_target_are_refused_with_one_line(smollm2_path):

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -23,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pocketspec.errors import UserError
+from pocketspec.errors import ModelLost
 
 # The first forward (where --compile compiles, on every rank at once) may take minutes longer on one
 # rank than on another; NCCL's watchdog would end the process at the serving timeout.
@@ -66,9 +68,25 @@ class Ranks:
         """Meet the other ranks (bounded by timeout_s) and open the command group."""
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        if self.rank and self.rendezvous_dir is not None:  # a spawned follower, its imports done
+            self._joining_mark(self.rank).touch()
         dist.init_process_group(collective_backend(device), init_method=init_method or "env://", rank=self.rank,
                                 world_size=self.world_size, timeout=timedelta(seconds=timeout_s))
         self.control = dist.new_group(backend="gloo", timeout=COMMAND_WAIT)
+
+    def _joining_mark(self, rank: int) -> Path:
+        return self.rendezvous_dir / f"rank{rank}.joining"
+
+    def wait_for_followers(self, timeout_s: float) -> None:
+        """Rank 0: wait until every spawned follower is about to join (seconds of importing torch), in Python, so
+        that Ctrl-C stops the wait and a follower that died is said at once: inside init_process_group rank 0
+        waited out timeout_s (two minutes) in C++ for either."""
+        deadline = time.monotonic() + timeout_s
+        for rank, process in enumerate(self.followers, start=1):
+            while not self._joining_mark(rank).exists():
+                if not process.is_alive() or time.monotonic() > deadline:
+                    raise self.failure(RuntimeError(f"rank {rank} did not join"))
+                time.sleep(0.02)
 
     def set_timeout(self, timeout_s: float) -> None:
         """The all-reduces' timeout from now on (set at join: the serving one)."""
@@ -112,26 +130,29 @@ class Ranks:
     def error_file(self, rank: int) -> Path | None:
         return self.rendezvous_dir / f"rank{rank}.error" if self.rendezvous_dir is not None else None
 
-    def failure(self, error: BaseException) -> UserError:
+    def failure(self, error: BaseException) -> ModelLost:
         """Rank 0: what to tell the user when a collective failed: a follower's own error where it left one."""
         for rank, process in enumerate(self.followers, start=1):
             path = self.error_file(rank)
             process.join(1.0)
             if path is not None and path.exists():
-                return UserError(f"row split: rank {rank} failed: {path.read_text().strip()}")
+                return ModelLost(f"row split: rank {rank} failed: {path.read_text().strip()}")
             if process.exitcode is not None:
-                return UserError(f"row split: rank {rank} stopped (exit code {process.exitcode}), so generation "
-                                 "cannot go on; see its output above")
+                how = f"was killed by signal {-process.exitcode}" if process.exitcode < 0 else \
+                    f"stopped (exit code {process.exitcode}; see its output above)"
+                return ModelLost(f"row split: rank {rank} {how}, so generation cannot go on")
         reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
-        return UserError(f"row split: a rank stopped or timed out ({reason}); see the other ranks' output")
+        return ModelLost(f"row split: a rank stopped or timed out ({reason}); see the other ranks' output")
 
-    def close(self) -> None:
-        """Rank 0 stops the followers (terminating stragglers); every rank leaves the process groups."""
-        deadline = time.monotonic() + STOP_WAIT_S
+    def close(self, stop_wait_s: float = STOP_WAIT_S) -> None:
+        """Rank 0 stops the followers (killing those not stopped within stop_wait_s; 0: at once, where a failed or
+        interrupted forward may have left them inside an all-reduce, from which no STOP reaches them); every rank
+        leaves the process groups."""
+        deadline = time.monotonic() + stop_wait_s
         is_stopping = False
-        if self.rank == 0 and self.control is not None:
+        if self.rank == 0 and self.control is not None and stop_wait_s > 0:
             try:
-                is_stopping = self.send(Command.STOP, wait_s=STOP_WAIT_S)
+                is_stopping = self.send(Command.STOP, wait_s=stop_wait_s)
             except RuntimeError:
                 pass  # a follower already gone: it is joined or killed below
         for process in self.followers:
@@ -157,9 +178,18 @@ def spawn_followers(world_size: int, max_tokens: int, follower_main, args: tuple
     init_method = f"file://{rendezvous_dir / 'store'}"
     context = mp.get_context("spawn")
     followers = []
-    for rank in range(1, world_size):
-        process = context.Process(target=follower_main, args=(rank, world_size, init_method, str(rendezvous_dir), *args),
-                                  daemon=True, name=f"pocketspec-rank{rank}")
-        process.start()
-        followers.append(process)
+    # Started with Ctrl-C ignored, which the new interpreter keeps until run_follower says so itself: a Ctrl-C
+    # while it imports torch (seconds) was a KeyboardInterrupt's traceback from the follower.
+    is_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if is_main_thread else None
+    try:
+        for rank in range(1, world_size):
+            process = context.Process(target=follower_main,
+                                      args=(rank, world_size, init_method, str(rendezvous_dir), *args),
+                                      daemon=True, name=f"pocketspec-rank{rank}")
+            process.start()
+            followers.append(process)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     return Ranks(0, world_size, max_tokens, followers=followers, rendezvous_dir=rendezvous_dir), init_method

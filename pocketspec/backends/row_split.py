@@ -23,7 +23,7 @@ import torch
 from memplanner.device import is_gpu
 from pocketspec.backends.distributed import WARM_UP_TIMEOUT_S, Command, Ranks, spawn_followers, torchrun_rank
 from pocketspec.backends.torch_backend import TorchBackend
-from pocketspec.errors import UserError
+from pocketspec.errors import ModelLost, UserError
 from pocketspec.settings import ModelSettings, default_num_threads
 from pocketspec.torch_model.device import resolve_device, resolve_devices
 
@@ -32,6 +32,7 @@ class RowSplitBackend(TorchBackend):
     """Rank 0's backend: a TorchBackend over its slice whose every forward the followers mirror."""
 
     ranks: Ranks
+    lost: ModelLost | None = None  # why the ranks were torn down, where a rank failed
 
     @contextlib.contextmanager
     def _failures_reported(self):
@@ -39,23 +40,24 @@ class RowSplitBackend(TorchBackend):
         torn down after any error or interruption: a follower may be left inside an all-reduce that the
         next forward's first all-reduce would silently pair with, and NCCL cannot cancel it."""
         if self.ranks is None:
-            raise UserError("row split: an earlier forward failed or was interrupted, so its ranks were "
-                            "stopped; start again to keep generating")
+            raise self.lost or ModelLost(
+                "row split: an earlier forward failed or was interrupted, so its ranks were stopped; start again "
+                "to keep generating")
         try:
             yield
         except torch.OutOfMemoryError:
             self._tear_down()
             raise
         except RuntimeError as error:
-            failure = self.ranks.failure(error)
+            self.lost = self.ranks.failure(error)  # said again to every later forward (a server's next requests)
             self._tear_down()
-            raise failure from None
+            raise self.lost from None
         except BaseException:
             self._tear_down()
             raise
 
     def _tear_down(self) -> None:
-        self.ranks.close()
+        self.ranks.close(stop_wait_s=0)  # a follower may be inside an all-reduce: no STOP reaches it (5 s lost)
         self.ranks = None
 
     def forward(self, tokens: Sequence[int], logits_rows: Sequence[int]) -> np.ndarray:
@@ -220,13 +222,14 @@ def open_row_split(model_path: Path, settings: ModelSettings) -> RowSplitBackend
         ranks, init_method = spawn_followers(world_size, settings.n_batch, _spawned_follower,
                                              (str(model_path), settings))
     try:
+        ranks.wait_for_followers(settings.distributed_timeout_s)
         try:
             ranks.join(_rank_device(settings, 0), settings.distributed_timeout_s, init_method)
         except RuntimeError as error:  # a follower never came (it failed to start, or timed out)
             raise ranks.failure(error) from None
         backend = _load_rank(model_path, settings, ranks, RowSplitBackend)
     except BaseException:
-        ranks.close()
+        ranks.close(stop_wait_s=0)  # the followers wait in the load's collectives, not for a command
         raise
     backend.ranks = ranks
     return backend

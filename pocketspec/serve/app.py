@@ -65,10 +65,12 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/health")
     async def health():
         slots = state.slots
-        is_up = not state.shutting_down.is_set()
-        body = {"status": "ok" if is_up else "shutting_down", "model": state.model_id, "slots": slots.num_slots,
+        status = "shutting_down" if state.shutting_down.is_set() else "model_lost" if state.model_lost else "ok"
+        body = {"status": status, "model": state.model_id, "slots": slots.num_slots,
                 "slots_in_use": slots.in_use(), "queued": slots.queued()}
-        return JSONResponse(body, status_code=200 if is_up else 503)
+        if state.model_lost:
+            body["error"] = state.model_lost
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics", dependencies=with_key)
     async def metrics():

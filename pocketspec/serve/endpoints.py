@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from pocketspec.conversation.chat_template import encode_chat, encode_prompt
-from pocketspec.errors import UserError
+from pocketspec.errors import ModelLost, UserError
 from pocketspec.serve.api_errors import (CLIENT_CLOSED_REQUEST, APIError, bad_request, error_body, from_validation,
                                          shutting_down_error)
 from pocketspec.serve.api_requests import ChatCompletionRequest, CompletionRequest
@@ -46,7 +46,9 @@ def check_prompt(prompt_tokens: list[int], max_context: int, param: str) -> None
 
 def generation_error(error: BaseException) -> APIError:
     """What a client is told when its generation raised (the slots refused it, or it failed)."""
-    if isinstance(error, UserError):
+    if isinstance(error, ModelLost):  # logged once, when _record marks the server down
+        answer = APIError(500, f"{error}; the server cannot generate any more: restart it", code="model_lost")
+    elif isinstance(error, UserError):
         answer = bad_request(str(error))
     else:
         log.error("generation failed: %s: %s", type(error).__name__, error)
@@ -101,7 +103,11 @@ def _record(state: ServerState, endpoint: str, live: LiveGeneration) -> None:
     state.admission.release()
     future = live.future
     if future.cancelled() or future.exception() is not None:
-        is_refused = not future.cancelled() and isinstance(future.exception(), UserError)
+        error = None if future.cancelled() else future.exception()
+        if isinstance(error, ModelLost) and state.model_lost is None:
+            log.error("the model cannot run any more: %s; /health answers 503 until the server is restarted", error)
+            state.model_lost = str(error)
+        is_refused = isinstance(error, UserError) and not isinstance(error, ModelLost)
         state.metrics.record_generation(endpoint, "rejected" if is_refused else "failed", None, 0)
         return
     outcome = future.result()

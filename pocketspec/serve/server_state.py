@@ -60,6 +60,7 @@ class ServerState:
     shutting_down: threading.Event = field(default_factory=threading.Event)
     started_at: int = field(default_factory=lambda: int(time.time()))
     live: set = field(default_factory=set)  # the LiveGenerations not ended yet (the event loop's thread only)
+    model_lost: str | None = None  # why the model cannot run any more (errors.ModelLost): /health says so
 
     def abandon_live_generations(self) -> None:
         """The shutdown's grace period is over: every reply still waiting for the slots ends now, as a
