@@ -111,9 +111,11 @@ def layer_counts(planned: tuple[int, ...], num_layers: int, num_devices: int) ->
 
 
 def _device_names(devices: str) -> list[str]:
-    names = [name.strip() for name in devices.split(",") if name.strip()]
-    if not names:
+    names = [name.strip() for name in devices.split(",")]
+    if not any(names):
         raise ValueError("--devices is empty; give e.g. cuda:0,cuda:1")
+    if not all(names):  # `cpu:0,,cpu:1`: a device left out by mistake, maybe
+        raise ValueError("an entry is empty; give the devices separated by single commas")
     return names
 
 

@@ -32,7 +32,8 @@ def test_budget_forms_and_their_errors():
     for devices, budgets, message in [("cuda:0,cuda:1", "1GiB,2GiB,3GiB", "2 devices"),
                                       ("tpu:0", "1GiB", "not one of"), ("cuda:0", "0", "must be positive"),
                                       ("cuda:0,cuda:0", "1GiB", "listed twice"), (None, "cuda:0=1GiB,2GiB", "mixes"),
-                                      ("cuda:1", "cuda:0=1GiB", "differ"), ("cuda:0", "lots", "cannot read")]:
+                                      ("cuda:1", "cuda:0=1GiB", "differ"), ("cuda:0", "lots", "cannot read"),
+                                      ("cuda:0,,cuda:1", "1GiB", "an entry is empty")]:
         with pytest.raises(ValueError, match=message):
             parse_device_budgets(devices, budgets)
 
