@@ -167,7 +167,7 @@ def _candidate_settings(target: ModelShape, draft: ModelShape | None, workload: 
         for gamma in gammas:
             # beside a draft model the runtime also verifies n-gram proposals, up to their own γ
             verify_rows = 1 + (gamma if drafter == "ngram" else max(gamma, workload.max_draftless_gamma))
-            target_ctx = terms.padded_context(workload.max_context + verify_rows)
+            target_ctx = plain_ctx  # a step's γ shrinks to the room left: no verify cells past the context
             windows, draft_kv_types = [(0, 0)], DRAFT_KV_PREFERENCE[:1]
             if drafter == "model":
                 draft_kv_types = DRAFT_KV_PREFERENCE

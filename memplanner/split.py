@@ -57,9 +57,11 @@ def execution_order(names: list[str]) -> list[str]:
 
 def parse_device_budgets(devices: str | None, budgets: str) -> list[DeviceBudget]:
     """`cuda:0,cuda:1` with `6GiB,4GiB` (or one size for each), or `cuda:0=6GiB,cuda:1=4GiB`."""
-    items = [item.strip() for item in budgets.split(",") if item.strip()]
-    if not items:
+    items = [item.strip() for item in budgets.split(",")]
+    if not any(items):
         raise ValueError("--memory-budget is empty; give e.g. 6GiB,4GiB or cuda:0=6GiB,cuda:1=4GiB")
+    if not all(items):  # `6GiB,,4GiB`: a budget left out by mistake, maybe
+        raise ValueError("an entry of --memory-budget is empty; give the sizes separated by single commas")
     named = [item.partition("=") for item in items]
     if all(sep for _, sep, _ in named):
         pairs = [(name.strip(), size) for name, _, size in named]
