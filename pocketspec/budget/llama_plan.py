@@ -135,9 +135,9 @@ def settings_from_plan(settings: PlanSettings, choice: ModelChoice, target_setti
     if settings.target_kv_type != target_settings.kv_type:
         raise AssertionError(f"the plan changed the target's KV type {target_settings.kv_type} -> "
                              f"{settings.target_kv_type}")
-    # The context stays the user's: the plan counted γ + 1 verify cells past it (target_n_ctx, padded as llama.cpp
-    # pads), which the runtime never needs (a step's γ shrinks to the room left), and as the context they let a
-    # budgeted run decode past --max-context where the same run without a budget stopped, context full.
+    # The context stays the user's (the plan's target_n_ctx is it, padded as llama.cpp pads): a plan that added
+    # γ + 1 verify cells to it let a budgeted run decode past --max-context where the same run without a budget
+    # stopped, context full.
     target_settings = replace(
         target_settings,
         n_batch=settings.n_batch,
