@@ -35,6 +35,7 @@ ROW_RANK_DISTRIBUTED_BYTES = 128 * 1024 * 1024
 # The terms that are tensors the backend keeps (what memory_by_device reports); the rest are transient or
 # outside torch's tensors.
 TENSOR_TERMS = ("target_blocks", "target_kv_cache", "self_sparse_kv", "self_skip_kv", "embeddings", "output_head")
+KV_TERMS = ("target_kv_cache", "self_sparse_kv", "self_skip_kv")
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def _gpu_terms(shape: ModelShape, layout: TorchLayout, tensor_sizes: list[int], 
     """A GPU's terms beside its tensors: activations of the widest forward (prefill chunk or verify; the
     logits only where the head is), the buffers passing activations on, the allocator's reserve, the context."""
     compute_bytes = compute_dtype_bytes(layout.weights_format, on_gpu=True)
-    kv_is_int8 = "int8" in (layout.kv_dtype, layout.draft_kv_dtype if layout.self_draft else layout.kv_dtype)
+    kv_is_int8 = _kv_is_int8(layout)
     widths = [(min(layout.n_batch, layout.max_context), 1), (layout.max_logits_rows, layout.max_logits_rows)]
     activations = max(activation_bytes(shape, num_tokens, layout.max_context, compute_bytes,
                                        rows if holds_head else 0, kv_is_int8, on_gpu=True)
@@ -87,15 +88,20 @@ def _gpu_terms(shape: ModelShape, layout: TorchLayout, tensor_sizes: list[int], 
     return {name: size for name, size in found.items() if size}
 
 
-def cpu_process_terms(shape: ModelShape, layout: TorchLayout, tensor_terms: list[dict[str, int]]) -> dict[str, int]:
-    """What a CPU process holds beside its tensors (`tensor_terms`, summed): torch_peak's terms but the tensors."""
-    weights = sum(size for terms in tensor_terms for name, size in terms.items() if "kv" not in name)
-    kv = sum(size for terms in tensor_terms for name, size in terms.items() if "kv" in name)
-    kv_is_int8 = "int8" in (layout.kv_dtype, layout.draft_kv_dtype if layout.self_draft else layout.kv_dtype)
-    peak = torch_peak_terms(shape, {"weights": weights, "kv": kv}, weights_format=layout.weights_format,
-                            max_context=layout.max_context, n_batch=layout.n_batch,
-                            max_logits_rows=layout.max_logits_rows, kv_is_int8=kv_is_int8, is_tied=layout.is_tied)
-    return {name: size for name, size in peak.items() if name not in ("weights", "kv") and size}
+def cpu_process_terms(shape: ModelShape, layout: TorchLayout, tensor_terms: list[dict[str, int]], *,
+                      has_tokenizer: bool = True) -> dict[str, int]:
+    """What a CPU process holds beside its tensors (`tensor_terms`, summed; their KV caches bound the loading's
+    excess): torch_peak's terms but the tensors. has_tokenizer: False for a row split's follower."""
+    kv = sum(size for terms in tensor_terms for name, size in terms.items() if name in KV_TERMS)
+    peak = torch_peak_terms(shape, {"kv": kv}, weights_format=layout.weights_format, max_context=layout.max_context,
+                            n_batch=layout.n_batch, max_logits_rows=layout.max_logits_rows,
+                            kv_is_int8=_kv_is_int8(layout), is_tied=layout.is_tied)
+    left_out = {"kv"} | (set() if has_tokenizer else {"tokenizer"})
+    return {name: size for name, size in peak.items() if name not in left_out and size}
+
+
+def _kv_is_int8(layout: TorchLayout) -> bool:
+    return "int8" in (layout.kv_dtype, layout.draft_kv_dtype if layout.self_draft else layout.kv_dtype)
 
 
 def _widest(layout: TorchLayout) -> int:
@@ -139,7 +145,8 @@ def _refusal(shape: ModelShape, layout: TorchLayout, devices: list[DeviceBudget]
 def plan_layer_split(devices: list[DeviceBudget], shape: ModelShape, layout: TorchLayout,
                      layers_per_device: tuple[int, ...] = (), counts_process: bool = False) -> TorchSplitPlan:
     """Blocks per device by room (or as given), each device's terms, or a refusal naming the total.
-    counts_process: on CPUs, the one process's own terms too, on the first device."""
+    counts_process: on CPUs, the one process's own terms too, on the first device (without them: the tensors
+    alone, as memory_by_device reports them)."""
     blocks = [_block_terms(shape, layout, layer) for layer in range(shape.num_layers)]
     fixed = [_fixed_terms(shape, layout, index, devices) for index in range(len(devices))]
     if counts_process and not layout.on_gpu:
@@ -204,7 +211,7 @@ def plan_row_split(devices: list[DeviceBudget], shape: ModelShape, layout: Torch
                                     + [terms["embeddings"], terms["output_head"]], holds_head=True,
                                     buffer_bytes=reduce))
         elif counts_process:
-            terms.update(cpu_process_terms(shape, layout, [terms]))
+            terms.update(cpu_process_terms(shape, layout, [terms], has_tokenizer=rank == 0))
             terms["distributed_runtime"] = ROW_RANK_DISTRIBUTED_BYTES
         shares.append(DeviceShare(device.name, device.budget_bytes, 0, shape.num_layers, False, terms))
     if all(share.peak_bytes <= share.budget_bytes for share in shares):

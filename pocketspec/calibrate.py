@@ -24,7 +24,7 @@ from pocketspec.cost_samples import (MAX_EXTRA_ROUNDS, MAX_SPREAD, NUM_ROUNDS, d
                                      summarize_depth, widths_to_measure_again)
 from pocketspec.measured_cache import costs_dir, measuring_alone, write_json
 from pocketspec.settings import draft_settings_for
-from pocketspec.untrusted_runs import forget_untrusted_runs, is_last_untrusted_run, untrusted_ending
+from pocketspec.untrusted_runs import forget_untrusted_runs, count_untrusted_run, untrusted_ending
 
 CALIBRATION_DEPTHS = (0, 1024)  # cached tokens before the measured forward; clipped to the context
 MAX_CALIBRATED_WIDTH = 32
@@ -177,7 +177,7 @@ def calibrated_costs(backend, *, min_width: int = 1, on_measure=None, force: boo
         costs = measure_costs(backend, max_width=max(min_width, MAX_CALIBRATED_WIDTH), clock=clock)
         path = cost_table_path(costs.key)
         is_trusted_table = is_trusted(costs.spread)
-        is_cached = is_trusted_table or is_last_untrusted_run(path)
+        is_cached = is_trusted_table or count_untrusted_run(path)
         if not is_trusted_table and on_measure is not None:
             on_measure(f"{Path(backend.model_path).name}'s forward costs varied by more than {MAX_SPREAD:.0%} "
                        f"between repeats at {disagreeing_share(costs.spread):.0%} of the widths"

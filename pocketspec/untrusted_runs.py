@@ -22,14 +22,13 @@ def _count_path(table_path: Path) -> Path:
     return Path(table_path).with_suffix(".untrusted.json")
 
 
-def is_last_untrusted_run(table_path: Path) -> bool:
-    """Counts one more run whose table for `table_path` was not trusted; True when it is the
-    MAX_UNTRUSTED_RUNS-th in a row, which caches its table (and the count starts again)."""
+def count_untrusted_run(table_path: Path) -> bool:
+    """Counts one more run whose table for `table_path` was not trusted (under the home's measuring lock);
+    whether it is the MAX_UNTRUSTED_RUNS-th in a row, which caches its table (then forget_untrusted_runs)."""
     counted = read_json(_count_path(table_path))
     runs = counted.get("runs") if isinstance(counted, dict) else None
     runs = (runs if type(runs) is int and 0 <= runs < MAX_UNTRUSTED_RUNS else 0) + 1
     if runs >= MAX_UNTRUSTED_RUNS:
-        forget_untrusted_runs(table_path)
         return True
     write_json(_count_path(table_path), {"runs": runs})  # a home that cannot be written never caches it: said
     return False

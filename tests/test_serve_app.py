@@ -4,6 +4,7 @@ characters split over tokens, a stop string cancelling the generation, the API k
 from __future__ import annotations
 
 import json
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -40,8 +41,10 @@ class ByteTokenizer:
 class ScriptedSlots(Slots):
     """Replies to every request with the same text, `step` tokens at a time, on its own thread."""
 
-    def __init__(self, reply: str, step: int = 1, refusal: Exception | None = None, seconds_per_step: float = 0.002):
+    def __init__(self, reply: str, step: int = 1, refusal: Exception | None = None, seconds_per_step: float = 0.002,
+                 gate: threading.Event | None = None):
         super().__init__()
+        self.gate = gate  # each step waits for it: a step that outlasts a shutdown's grace period
         self.tokenizer, self.template, self.max_context = ByteTokenizer(), ChatTemplate(None), 256
         self.reply, self.step, self.refusal = list(reply.encode()), step, refusal
         self.seconds_per_step = seconds_per_step
@@ -57,6 +60,8 @@ class ScriptedSlots(Slots):
     def _generate(self, request, on_tokens, is_cancelled) -> GenerationOutcome:
         tokens, emitted = self.reply[:request.max_new_tokens], []
         for start in range(0, len(tokens), self.step):
+            if self.gate is not None:
+                self.gate.wait()
             if is_cancelled():
                 return GenerationOutcome(emitted, "cancelled", len(request.prompt_tokens))
             emitted += tokens[start:start + self.step]
@@ -98,6 +103,27 @@ def test_stop_string_spanning_tokens_is_cut_and_stops_the_generation():
                                                                      "stream_options": {"include_usage": True}})
     assert text == "Hello " and chunks[-2]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-1]["usage"]["completion_tokens"] < len(reply) - 10  # cancelled soon after the stop
+
+
+def test_replies_still_waiting_for_a_step_at_the_end_of_the_grace_period_end_as_a_shutdown():
+    """A step that outlasts --shutdown-seconds (a long prompt's chunk on a CPU): uvicorn cancelled the handlers
+    waiting for it, a 500 in plain text and a stream cut without [DONE]. They now end as a shutdown ends them."""
+    gate = threading.Event()
+    state = new_server_state(ScriptedSlots("never sent", gate=gate), SessionSettings(target="/models/fake.gguf"),
+                             ServeSettings(), max_tokens=64, api_key=None)
+    with TestClient(build_app(state)) as client, ThreadPoolExecutor(2) as pool:
+        whole = pool.submit(client.post, "/v1/completions", json={"prompt": "hi"})
+        stream = pool.submit(client.post, "/v1/completions", json={"prompt": "hi", "stream": True})
+        deadline = time.monotonic() + 30
+        while len(state.live) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        state.shutting_down.set()
+        client.portal.call(state.abandon_live_generations)
+        whole_answer, stream_answer = whole.result(timeout=30), stream.result(timeout=30)
+        gate.set()  # the scripted step ends: cancelled, after the replies
+    assert whole_answer.status_code == 503 and whole_answer.json()["error"]["code"] == "shutting_down"
+    assert '"code":"shutting_down"' in stream_answer.text and stream_answer.text.rstrip().endswith("data: [DONE]")
 
 
 def test_multibyte_characters_split_over_tokens_arrive_whole():

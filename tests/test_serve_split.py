@@ -62,17 +62,20 @@ def test_a_row_split_server_whose_rank_died_says_so_on_health_and_to_every_reque
         follower = next(child for child in psutil.Process(server.process.pid).children()
                         if "spawn_main" in " ".join(child.cmdline()))
         follower.kill()
+        deadline = time.monotonic() + 30
         while follower.is_running() and follower.status() != psutil.STATUS_ZOMBIE:  # rank 0 reaps it later
+            assert time.monotonic() < deadline
             time.sleep(0.05)
         with server.client() as http:
-            for _ in range(2):  # the request that finds the rank gone, and one after it
-                answer = http.post("/v1/completions", json={"prompt": "hi"})
+            # the request that finds the rank gone, then one refused before it is queued (a stream too)
+            for stream in (False, False, True):
+                answer = http.post("/v1/completions", json={"prompt": "hi", "stream": stream})
                 assert answer.status_code == 500 and error_of(answer)["code"] == "model_lost", answer.text
                 assert "rank 1 was killed by signal 9" in error_of(answer)["message"]
             health = http.get("/health")
             assert health.status_code == 503 and health.json()["status"] == "model_lost"
             metrics = http.get("/metrics").text
-        assert 'pocketspec_requests_total{endpoint="completions",outcome="failed"} 2.0' in metrics
+        assert 'pocketspec_requests_total{endpoint="completions",outcome="failed"} 3.0' in metrics
         assert server.stderr().count("the model cannot run any more") == 1
     finally:
         assert server.stop() == 0, server.stderr()

@@ -178,9 +178,9 @@ def spawn_followers(world_size: int, max_tokens: int, follower_main, args: tuple
     init_method = f"file://{rendezvous_dir / 'store'}"
     context = mp.get_context("spawn")
     followers = []
-    # Started with Ctrl-C ignored, which the new interpreter keeps until run_follower says so itself: a Ctrl-C
-    # while it imports torch (seconds) was a KeyboardInterrupt's traceback from the follower.
-    is_main_thread = threading.current_thread() is threading.main_thread()
+    # Started with Ctrl-C ignored, which the new interpreter inherits (run_follower ignores it again, for good):
+    # a Ctrl-C while it imported torch (seconds) was a KeyboardInterrupt's traceback from the follower.
+    is_main_thread = threading.current_thread() is threading.main_thread()  # where signal.signal may be called
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if is_main_thread else None
     try:
         for rank in range(1, world_size):
@@ -190,6 +190,6 @@ def spawn_followers(world_size: int, max_tokens: int, follower_main, args: tuple
             process.start()
             followers.append(process)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        if is_main_thread:
+            signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
     return Ranks(0, world_size, max_tokens, followers=followers, rendezvous_dir=rendezvous_dir), init_method

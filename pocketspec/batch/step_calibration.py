@@ -9,9 +9,8 @@ fastest pass of each point kept, pocketspec/cost_samples.py):
   every row (the kv term, by the cached tokens summed over the rows);
 - every row's wider queries after the whole context (attention's cost by query width).
 Points whose repeats disagree are timed again, up to MAX_EXTRA_ROUNDS more times.
-Tables are cached in POCKETSPEC_HOME/costs when their repeats agree (or at the last of
-pocketspec/untrusted_runs.py's runs in a row where they did not), keyed by the model, its settings
-and the batch's shape (pocketspec/batch/step_costs.py).
+Tables are cached in POCKETSPEC_HOME/costs when their repeats agree, keyed by the model, its
+settings and the batch's shape (pocketspec/batch/step_costs.py).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from typing import Callable
 
 from memplanner.batch_step_costs import StepCosts
 from pocketspec.batch.batched_model import BatchedModel
-from pocketspec.batch.step_costs import batch_models, step_costs_key, step_costs_path, store_step_costs
+from pocketspec.batch.step_costs import batch_models, step_costs_key, store_step_costs
 from pocketspec.batch_session import open_batch_session
 from pocketspec.cost_samples import (MAX_EXTRA_ROUNDS, MAX_SPREAD, NUM_ROUNDS, disagreeing_share, is_trusted,
                                      relative_spread, robust_cost)
@@ -30,7 +29,6 @@ from pocketspec.errors import UserError
 from pocketspec.measured_cache import measuring_alone
 from pocketspec.session_settings import settings_for
 from pocketspec.speculation.draft_limits import batch_speculation
-from pocketspec.untrusted_runs import forget_untrusted_runs, is_last_untrusted_run, untrusted_ending
 
 Point = tuple[int, int, int]  # (rows, width, cached tokens per row)
 # widths whose attention is timed: a batch-invariant kernel's query tiles of 4 step at 5, 9, 17, 33
@@ -108,16 +106,14 @@ def measure_and_store(model: BatchedModel, key: str, *, max_rows: int,
         if on_measure is not None:
             on_measure("measuring the batch's forward costs on this machine (cached in POCKETSPEC_HOME/costs)")
         costs, spread = measure_step_costs(model, key, max_rows=max_rows, clock=clock)
-    is_trusted_table = is_trusted({0: spread})
-    is_cached = is_trusted_table or is_last_untrusted_run(step_costs_path(key))
-    if not is_trusted_table and on_measure is not None:
-        on_measure(f"{disagreeing_share({0: spread}):.0%} of the batch's timed forwards varied by more than "
-                   f"{MAX_SPREAD:.0%} between repeats{untrusted_ending(is_cached)}")
-    if is_cached:
-        forget_untrusted_runs(step_costs_path(key))
+    if is_trusted({0: spread}):
         if not store_step_costs(costs) and on_measure is not None:
             on_measure("could not save the batch's forward costs in POCKETSPEC_HOME/costs (is it writable?); this "
                        "run uses them, the next one measures them again")
+    elif on_measure is not None:
+        on_measure(f"{disagreeing_share({0: spread}):.0%} of the batch's timed forwards varied by more than "
+                   f"{MAX_SPREAD:.0%} between repeats (is the machine busy?); they are not cached: measure again "
+                   "on a quieter machine")
     return costs
 
 

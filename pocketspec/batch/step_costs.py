@@ -77,12 +77,12 @@ def step_costs_key(model_path: Path, settings: ModelSettings, shape: BatchShape)
     return json.dumps({"model": json.loads(cost_key(model_path, settings)), **asdict(shape)}, sort_keys=True)
 
 
-def step_costs_path(key: str) -> Path:
+def _path(key: str) -> Path:
     return costs_dir() / f"batch-{hashlib.sha1(key.encode()).hexdigest()[:20]}.json"
 
 
 def cached_step_costs(key: str) -> StepCosts | None:
-    data = read_json(step_costs_path(key))
+    data = read_json(_path(key))
     try:
         costs = StepCosts.from_json(data) if data is not None else None
     except (KeyError, TypeError, ValueError, AttributeError):
@@ -91,7 +91,7 @@ def cached_step_costs(key: str) -> StepCosts | None:
 
 
 def store_step_costs(costs: StepCosts) -> bool:
-    return write_json(step_costs_path(costs.key), costs.to_json())
+    return write_json(_path(costs.key), costs.to_json())
 
 
 def batch_step_costs(model: BatchModel, settings: ModelSettings, *, may_be_measured: bool = True) -> StepCosts:

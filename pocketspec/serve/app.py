@@ -67,9 +67,7 @@ def build_app(state: ServerState) -> FastAPI:
         slots = state.slots
         status = "shutting_down" if state.shutting_down.is_set() else "model_lost" if state.model_lost else "ok"
         body = {"status": status, "model": state.model_id, "slots": slots.num_slots,
-                "slots_in_use": slots.in_use(), "queued": slots.queued()}
-        if state.model_lost:
-            body["error"] = state.model_lost
+                "slots_in_use": slots.in_use(), "queued": slots.queued()}  # the reason is logged, not shown to all
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics", dependencies=with_key)

@@ -44,10 +44,14 @@ def check_prompt(prompt_tokens: list[int], max_context: int, param: str) -> None
                           f"{max_context}: shorten it", param=param, code="context_length_exceeded")
 
 
+def model_lost_error(reason: str) -> APIError:
+    return APIError(500, f"{reason}; the server cannot generate any more: restart it", code="model_lost")
+
+
 def generation_error(error: BaseException) -> APIError:
     """What a client is told when its generation raised (the slots refused it, or it failed)."""
     if isinstance(error, ModelLost):  # logged once, when _record marks the server down
-        answer = APIError(500, f"{error}; the server cannot generate any more: restart it", code="model_lost")
+        answer = model_lost_error(str(error))
     elif isinstance(error, UserError):
         answer = bad_request(str(error))
     else:
@@ -60,6 +64,8 @@ def generation_error(error: BaseException) -> APIError:
 async def _parsed(request: Request, state: ServerState, body_class):
     if state.shutting_down.is_set():
         raise shutting_down_error()
+    if state.model_lost is not None:  # not queued for a model that cannot run
+        raise model_lost_error(state.model_lost)
     try:
         body = body_class.model_validate_json(await read_body(request, state.max_body_bytes,
                                                               state.shutting_down.is_set))
@@ -129,8 +135,7 @@ async def _respond(request: Request, state: ServerState, shape: ResponseShape, o
         raise
     if live.future.done() and live.future.exception() is not None:  # refused when submitted
         raise generation_error(live.future.exception())
-    if not live.is_done:
-        state.live.add(live)
+    state.live.add(live)  # until _record (its _finish runs on this loop, later)
     # the seed the reply was sampled with, so that a `seed: -1` request can be repeated (OpenAI's body has no field)
     headers = {SEED_HEADER: str(options.sampling.seed)}
     if options.is_stream:

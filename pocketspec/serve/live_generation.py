@@ -80,7 +80,7 @@ class LiveGeneration:
 
     def abandon(self) -> None:
         """End the reply now, as cancelled, whatever the slots still do for it (on the loop)."""
-        if self.is_done or self._abandoned is not None:
+        if self.is_done or self.future.done() or self._abandoned is not None:  # done: _finish is on its way
             return
         self._is_cancelled = True
         self._abandoned = GenerationOutcome(list(self._tokens), "cancelled", self._num_prompt_tokens)

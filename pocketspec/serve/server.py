@@ -23,6 +23,10 @@ from pocketspec.serve.listen import url_of
 from pocketspec.serve.server_state import ServerState
 
 
+# how long uvicorn waits, past the grace period, for the responses of the replies ended then to go out
+RESPONSES_MARGIN_SECONDS = 2.0
+
+
 class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState):
         super().__init__(config)
@@ -38,19 +42,16 @@ class _Server(uvicorn.Server):
             self.force_exit = True
         self.should_exit = True
 
-
     def _abandon_after_grace(self) -> None:
         """At the end of the grace period, the replies still waiting for the slots end (on the loop)."""
         try:
-            loop = asyncio.get_running_loop()  # a signal handler runs on the loop's thread, between its callbacks
+            # a signal handler runs on the loop's thread, maybe in the middle of a callback: the timer is set
+            # from the loop itself (call_soon_threadsafe, which a signal handler may call)
+            loop = asyncio.get_running_loop()
         except RuntimeError:  # not serving yet: nothing to end
             return
-        grace_seconds = self.config.timeout_graceful_shutdown - _RESPONSES_MARGIN_SECONDS
+        grace_seconds = self.config.timeout_graceful_shutdown - RESPONSES_MARGIN_SECONDS
         loop.call_soon_threadsafe(loop.call_later, grace_seconds, self.state.abandon_live_generations)
-
-
-# how long uvicorn waits, past the grace period, for the responses of the replies ended then to go out
-_RESPONSES_MARGIN_SECONDS = 2.0
 
 
 def run_server(state: ServerState, sock: socket.socket, *, shutdown_seconds: float,
@@ -60,7 +61,7 @@ def run_server(state: ServerState, sock: socket.socket, *, shutdown_seconds: flo
     sock.listen(128)
     on_listening(url_of(sock))
     config = uvicorn.Config(build_app(state), log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=shutdown_seconds + _RESPONSES_MARGIN_SECONDS,
+                            timeout_graceful_shutdown=shutdown_seconds + RESPONSES_MARGIN_SECONDS,
                             server_header=False,
                             http=OpenAIErrorH11Protocol, h11_max_incomplete_event_size=MAX_HEADER_BYTES)
     server = _Server(config, state)
