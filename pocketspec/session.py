@@ -60,11 +60,12 @@ class Session(PromptEncoding):
     def peak_memory_bytes(self) -> int:
         """What --memory-budget bounds: torch's allocator peaks, summed over every GPU used (target, draft,
         split devices, a row split's other ranks); on a CPU the whole process's peak resident memory
-        (VmHWM, as `top` and /usr/bin/time -v show it), the interpreter and the front end's modules included."""
+        (VmHWM, as `top` and /usr/bin/time -v show it), the interpreter and the front end's modules included,
+        and a row split's other ranks' processes' too."""
         gpu_peaks = {**gpu_allocator_peaks(), **self.engine.allocator_peaks()}
         if gpu_peaks:
             return sum(gpu_peaks.values())
-        return peak_rss_bytes()
+        return peak_rss_bytes() + self.engine.followers_peak_rss_bytes()
 
     def memory_in_use_bytes(self) -> int:
         return psutil.Process().memory_info().rss

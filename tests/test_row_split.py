@@ -62,6 +62,8 @@ def test_row_split_greedy_equals_single_device_plain(tiny_pair):
         assert set(by_device) == {"cpu:0", "cpu:1"}
         assert by_device["cpu:0"] == by_device["cpu:1"]  # 2 of 4 heads and 64 of 128 columns each
         assert rows.model.layers[0].attention.num_heads == 2 and rows.cache.keys[0].shape[1] == 1
+        # rank 1's own process (the interpreter and torch, over 100 MiB): counted in the run's peak on cpu:N
+        assert rows.followers_peak_rss_bytes() > 100 * 2**20
         assert _generate(rows, 96, "none").tokens == expected
         for drafter in ("ngram", "model"):
             result = _generate(rows, 96, drafter, draft if drafter == "model" else None)

@@ -25,6 +25,7 @@ from pocketspec.backends.distributed import WARM_UP_TIMEOUT_S, Command, Ranks, s
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.errors import ModelLost, UserError
 from pocketspec.settings import ModelSettings, default_num_threads
+from pocketspec.stats import peak_rss_bytes
 from pocketspec.torch_model.device import resolve_device, resolve_devices
 
 
@@ -75,18 +76,23 @@ class RowSplitBackend(TorchBackend):
         raise UserError("self-drafts run the target's own layers, which a row split spreads over every rank; "
                         "use --draft ngram, a draft model, or --split-mode layer")
 
-    def _reports(self) -> list[tuple[dict, dict]]:
+    def _reports(self) -> list[tuple[dict, dict, int]]:
         with self._failures_reported():
             self.ranks.send(Command.REPORT)
             return self.ranks.gather(_report(self))
 
     def memory_by_device(self) -> dict[str, dict[str, int]]:
         """Every rank's weights and KV cache, under its device's name."""
-        return {name: terms for memory, _ in self._reports() for name, terms in memory.items()}
+        return {name: terms for memory, _, _ in self._reports() for name, terms in memory.items()}
 
     def allocator_peaks(self) -> dict[str, int]:
         """Every rank's allocator peak, on GPUs."""
-        return {name: peak for _, peaks in self._reports() for name, peak in peaks.items()}
+        return {name: peak for _, peaks, _ in self._reports() for name, peak in peaks.items()}
+
+    def followers_peak_rss_bytes(self) -> int:
+        """The other ranks' processes' peak resident memory, summed: on cpu:N, what --memory-budget bounds beside
+        this process's own."""
+        return sum(peak_rss for _, _, peak_rss in self._reports()[1:])
 
     def close(self) -> None:
         if getattr(self, "ranks", None) is not None:
@@ -95,9 +101,9 @@ class RowSplitBackend(TorchBackend):
         super().close()
 
 
-def _report(backend: TorchBackend) -> tuple[dict, dict]:
-    """What a rank answers REPORT with: its own tensor bytes and allocator peak."""
-    return TorchBackend.memory_by_device(backend), TorchBackend.allocator_peaks(backend)
+def _report(backend: TorchBackend) -> tuple[dict, dict, int]:
+    """What a rank answers REPORT with: its own tensor bytes, allocator peak and process's peak resident memory."""
+    return TorchBackend.memory_by_device(backend), TorchBackend.allocator_peaks(backend), peak_rss_bytes()
 
 
 def rank_settings(settings: ModelSettings, rank: int, world_size: int) -> ModelSettings:

@@ -131,6 +131,11 @@ class SpeculativeEngine:
         other ranks); {} on llama.cpp and the CPU."""
         return getattr(self.target, "allocator_peaks", dict)()
 
+    def followers_peak_rss_bytes(self) -> int:
+        """The peak resident memory of the processes beside this one that run the target (a row split's other
+        ranks, on cpu:N), summed; 0 where there are none."""
+        return getattr(self.target, "followers_peak_rss_bytes", int)()
+
     def close(self) -> None:
         if self.model is not None:
             self.model.close()
