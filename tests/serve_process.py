@@ -72,3 +72,14 @@ def error_of(response: httpx.Response) -> dict:
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}, error
     return error
+
+
+def metric_value(text: str, name: str, **labels) -> float:
+    """One sample's value in /metrics' exposition text (0 where it is absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(key) == value for key, value in labels.items()):
+                return sample.value
+    return 0.0

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from serve_process import ServerProcess, error_of
+from serve_process import ServerProcess, error_of, metric_value
 from test_cli_errors import run_cli
 
 from pocketspec.backends.gguf_tokenizer import load_tokenizer
@@ -208,16 +208,6 @@ def test_unknown_endpoint_and_method(server):
         assert http.get("/v1/chat/completions").status_code == 405
 
 
-def _metric(text: str, name: str, **labels) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(key) == value for key, value in labels.items()):
-                return sample.value
-    return 0.0
-
-
 def _wait_for_free_slot(http: httpx.Client, seconds: float = 20) -> None:
     deadline = time.monotonic() + seconds
     while http.get("/health").json()["slots_in_use"] and time.monotonic() < deadline:
@@ -234,10 +224,10 @@ def test_client_leaving_mid_stream_frees_the_slot(server, client):
             assert all(next(lines) is not None for _ in range(6))
         _wait_for_free_slot(http)
         after = http.get("/metrics").text
-    assert _metric(after, "pocketspec_requests_total", outcome="disconnected") == \
-        _metric(before, "pocketspec_requests_total", outcome="disconnected") + 1
-    num_generated = _metric(after, "pocketspec_tokens_total", kind="completion") - \
-        _metric(before, "pocketspec_tokens_total", kind="completion")
+    assert metric_value(after, "pocketspec_requests_total", outcome="disconnected") == \
+        metric_value(before, "pocketspec_requests_total", outcome="disconnected") + 1
+    num_generated = metric_value(after, "pocketspec_tokens_total", kind="completion") - \
+        metric_value(before, "pocketspec_tokens_total", kind="completion")
     assert num_generated < 400  # it stopped before its 400 tokens (how soon depends on this machine's speed)
     assert _chat(client, max_tokens=2).choices[0].message.content is not None
 
@@ -251,13 +241,13 @@ def test_a_whole_request_whose_client_leaves_counts_once_as_disconnected(server)
             http.post("/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.15))
         _wait_for_free_slot(http)
         deadline = time.monotonic() + 20
-        while _metric(after := http.get("/metrics").text, "pocketspec_requests_total", endpoint="completions",
-                      outcome="disconnected") == _metric(before, "pocketspec_requests_total", endpoint="completions",
+        while metric_value(after := http.get("/metrics").text, "pocketspec_requests_total", endpoint="completions",
+                      outcome="disconnected") == metric_value(before, "pocketspec_requests_total", endpoint="completions",
                                                          outcome="disconnected") and time.monotonic() < deadline:
             time.sleep(0.05)
     for outcome, more in (("disconnected", 1), ("busy", 0), ("length", 0)):
-        assert _metric(after, "pocketspec_requests_total", endpoint="completions", outcome=outcome) == \
-            _metric(before, "pocketspec_requests_total", endpoint="completions", outcome=outcome) + more, outcome
+        assert metric_value(after, "pocketspec_requests_total", endpoint="completions", outcome=outcome) == \
+            metric_value(before, "pocketspec_requests_total", endpoint="completions", outcome=outcome) + more, outcome
 
 
 def test_client_leaving_while_sending_its_body_is_counted_not_logged_as_a_failure(server):
@@ -269,13 +259,13 @@ def test_client_leaving_while_sending_its_body_is_counted_not_logged_as_a_failur
             connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                                b"Content-Length: 1000\r\n\r\n" + b'{"prompt": "1, 2, 3,')
         deadline = time.monotonic() + 20
-        while _metric(after := http.get("/metrics").text, "pocketspec_requests_total", outcome="disconnected") == \
-                _metric(before, "pocketspec_requests_total", outcome="disconnected") and time.monotonic() < deadline:
+        while metric_value(after := http.get("/metrics").text, "pocketspec_requests_total", outcome="disconnected") == \
+                metric_value(before, "pocketspec_requests_total", outcome="disconnected") and time.monotonic() < deadline:
             time.sleep(0.05)
-    assert _metric(after, "pocketspec_requests_total", endpoint="completions", outcome="disconnected") == \
-        _metric(before, "pocketspec_requests_total", endpoint="completions", outcome="disconnected") + 1
-    assert _metric(after, "pocketspec_requests_total", outcome="failed") == \
-        _metric(before, "pocketspec_requests_total", outcome="failed")
+    assert metric_value(after, "pocketspec_requests_total", endpoint="completions", outcome="disconnected") == \
+        metric_value(before, "pocketspec_requests_total", endpoint="completions", outcome="disconnected") + 1
+    assert metric_value(after, "pocketspec_requests_total", outcome="failed") == \
+        metric_value(before, "pocketspec_requests_total", outcome="failed")
     assert "ClientDisconnect" not in server.stderr() and "Traceback" not in server.stderr()
 
 
@@ -323,15 +313,15 @@ def test_metrics_count_requests_and_tokens(server, client):
         _chat(client, max_tokens=3)
         assert http.post("/v1/chat/completions", json={"messages": [], "n": 2}).status_code == 422
         after = http.get("/metrics").text
-    finished = sum(_metric(after, "pocketspec_requests_total", endpoint="chat", outcome=outcome) -
-                   _metric(before, "pocketspec_requests_total", endpoint="chat", outcome=outcome)
+    finished = sum(metric_value(after, "pocketspec_requests_total", endpoint="chat", outcome=outcome) -
+                   metric_value(before, "pocketspec_requests_total", endpoint="chat", outcome=outcome)
                    for outcome in ("stop", "length"))
     assert finished == 1
-    assert _metric(after, "pocketspec_tokens_total", kind="prompt") > _metric(before, "pocketspec_tokens_total",
+    assert metric_value(after, "pocketspec_tokens_total", kind="prompt") > metric_value(before, "pocketspec_tokens_total",
                                                                              kind="prompt")
-    assert _metric(after, "pocketspec_peak_memory_bytes") > 0 and _metric(after, "pocketspec_slots") == 1
-    assert _metric(after, "pocketspec_requests_total", endpoint="chat", outcome="rejected") == \
-        _metric(before, "pocketspec_requests_total", endpoint="chat", outcome="rejected") + 1
+    assert metric_value(after, "pocketspec_peak_memory_bytes") > 0 and metric_value(after, "pocketspec_slots") == 1
+    assert metric_value(after, "pocketspec_requests_total", endpoint="chat", outcome="rejected") == \
+        metric_value(before, "pocketspec_requests_total", endpoint="chat", outcome="rejected") + 1
 
 
 def _reply_text(reply: httpx.Response, stream: bool) -> str:

@@ -14,7 +14,8 @@ import openai
 import psutil
 import pytest
 
-from serve_process import ServerProcess, error_of
+from pocketspec.stats import vm_hwm_bytes
+from serve_process import ServerProcess, error_of, metric_value
 from test_cli_errors import assert_one_line_error, run_cli
 
 pytestmark = pytest.mark.real_model
@@ -38,8 +39,12 @@ def _asking(flags: tuple, max_tokens: int):
     server = ServerProcess(*flags, "--max-tokens", str(max_tokens))
     try:
         client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0, timeout=120)
-        yield lambda question: client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": question}], temperature=0)
+
+        def ask(question: str):
+            return client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": question}], temperature=0)
+        ask.server = server
+        yield ask
     finally:
         assert server.stop() == 0, server.stderr()
 
@@ -52,6 +57,17 @@ def test_a_split_target_serves_what_generate_returns_with_the_same_split(smollm2
         reply = ask(QUESTION)
         assert expected["tokens"] and reply.choices[0].message.content == expected["text"]
         assert reply.usage.completion_tokens == len(expected["tokens"])
+        if split_mode == "row":
+            _assert_peak_gauge_counts_every_rank(ask.server)
+
+
+def _assert_peak_gauge_counts_every_rank(server: ServerProcess) -> None:
+    """On cpu:N the budget bounds every rank's process; the gauge showed the serving process's alone."""
+    with server.client() as http:
+        gauge = metric_value(http.get("/metrics").text, "pocketspec_peak_memory_bytes")
+    processes = [psutil.Process(server.process.pid), *psutil.Process(server.process.pid).children(recursive=True)]
+    peaks = [vm_hwm_bytes(process.pid) or 0 for process in processes]
+    assert len(peaks) >= 2 and gauge >= 0.9 * sum(peaks), (gauge, peaks)
 
 
 def test_a_row_split_server_whose_rank_died_says_so_on_health_and_to_every_request(smollm2_path):

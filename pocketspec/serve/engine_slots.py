@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
+from pocketspec.errors import ModelLost
 from pocketspec.serve.generation import GenerationOutcome, PendingGeneration, Slots
 
 _STOP = object()
@@ -28,6 +29,7 @@ class EngineSlots(Slots):
         self.max_context = session.engine.max_context
         self.num_slots = 1
         self._is_generating = False
+        self._peak_memory_bytes = session.peak_memory_bytes()  # measured on the slot's thread after each request
         self._thread = threading.Thread(target=self._serve, name="pocketspec-engine", daemon=True)
         self._thread.start()
 
@@ -44,6 +46,15 @@ class EngineSlots(Slots):
                 pending.future.set_exception(error)
             finally:
                 self._is_generating = False
+            self._measure_peak_memory()
+
+    def _measure_peak_memory(self) -> None:
+        """Session.peak_memory_bytes asks a row split's other ranks for theirs, which only this thread, between
+        forwards, may do; a rank found gone here is left for the next request to report."""
+        try:
+            self._peak_memory_bytes = self.session.peak_memory_bytes()
+        except ModelLost:
+            pass
 
     def _generate(self, pending: PendingGeneration) -> GenerationOutcome:
         started = time.perf_counter()
@@ -86,6 +97,9 @@ class EngineSlots(Slots):
 
     def queued(self) -> int:
         return self._incoming.qsize()
+
+    def peak_memory_bytes(self) -> int:
+        return self._peak_memory_bytes
 
     def close(self, timeout_seconds: float = 30.0) -> None:
         """Cancel what runs and what waits (the running request stops within one step), then close the engine."""

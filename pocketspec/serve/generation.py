@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pocketspec.settings import SamplingSettings
+from pocketspec.stats import gpu_allocator_peaks, peak_rss_bytes
 
 OnTokens = Callable[[list[int]], None]
 IsCancelled = Callable[[], bool]
@@ -57,7 +58,7 @@ class PendingGeneration:
 
 
 class Slots:
-    """The interface: tokenizer, template, max_context, num_slots; submit, in_use, queued, close.
+    """The interface: tokenizer, template, max_context, num_slots; submit, in_use, queued, peak_memory_bytes, close.
 
     Submitted requests wait in `_incoming` until the implementation's own thread takes them."""
 
@@ -94,6 +95,11 @@ class Slots:
     def queued(self) -> int:
         """Requests waiting for a slot."""
         raise NotImplementedError
+
+    def peak_memory_bytes(self) -> int:
+        """What --memory-budget bounds, as the metrics show it: GPU allocator peaks where torch used a GPU,
+        else this process's peak resident memory."""
+        return sum(gpu_allocator_peaks().values()) or peak_rss_bytes()
 
     def close(self) -> None:
         raise NotImplementedError

@@ -1,6 +1,6 @@
 """The server's Prometheus metrics (GET /metrics): requests by endpoint and outcome, tokens (prompt,
-completion, drafted, accepted, found cached), queue depth, slots in use, and the process's peak memory
-beside the budget. One registry per server, so several can live in one process (tests)."""
+completion, drafted, accepted, found cached), queue depth, slots in use, and the peak memory the budget
+bounds beside it. One registry per server, so several can live in one process (tests)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from pocketspec.serve.api_errors import CLIENT_CLOSED_REQUEST
 from pocketspec.serve.generation import GenerationOutcome, Slots
-from pocketspec.stats import peak_rss_bytes
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 # outcome labels: stop, length (finish reasons); disconnected (the client left), shutdown (cancelled by a
@@ -35,7 +34,9 @@ class ServerMetrics:
         self._gauge("pocketspec_queue_depth", "Requests waiting for a slot").set_function(slots.queued)
         self._gauge("pocketspec_slots_in_use", "Slots generating now").set_function(slots.in_use)
         self._gauge("pocketspec_slots", "Slots: requests that can generate at once").set(slots.num_slots)
-        self._gauge("pocketspec_peak_memory_bytes", "The process's peak resident memory").set_function(peak_rss_bytes)
+        self._gauge("pocketspec_peak_memory_bytes", "Peak memory as --memory-budget counts it: GPU allocator peaks, "
+                    "or on a CPU the peak resident memory of the server and of a row split's other ranks"
+                    ).set_function(slots.peak_memory_bytes)
         if budget_bytes is not None:
             self._gauge("pocketspec_memory_budget_bytes", "--memory-budget").set(budget_bytes)
 
