@@ -205,7 +205,7 @@ BACKEND_OPTIONS = {  # flag -> its click option, in --help's order
 
 
 # the torch flags `pocketspec plan --batch` takes (it has its own --max-gamma, and plans on one device)
-PLAN_BATCH_FLAGS = ("--backend", "--device", "--weights", "--torch-kv-type", "--self-draft-window",
+PLAN_BATCH_FLAGS = ("--backend", "--device", "--split-mode", "--weights", "--torch-kv-type", "--self-draft-window",
                     "--self-draft-kv-type", "--self-skip-layers")  # not --self-draft-keys: either window plans alike
 
 

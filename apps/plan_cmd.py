@@ -10,10 +10,11 @@ from apps.flags import (MODEL, PLAN_BATCH_FLAGS, backend_options, model_choice_o
                         threads_option)
 from memplanner import format_bytes
 from memplanner.batch_step_costs import CONTEXT_GRID
+from memplanner.memory_budget import is_split
 from pocketspec.budget.batch_preview import BatchPreview, preview_batch_plan
 from pocketspec.budget.preview import preview_plan
 from pocketspec.errors import UserError
-from pocketspec.session_settings import SessionSettings
+from pocketspec.session_settings import SessionSettings, requested_devices
 from pocketspec.settings import (ACCEPTANCE_PRIORS, LLAMA_KV_TYPES, SELF_DRAFTS, BatchSettings, GenerationSettings,
                                  ModelSettings, SamplingSettings, SpeculationSettings)
 
@@ -62,15 +63,21 @@ def _print_plan(plan_, title: str) -> None:
         click.echo(f"note: {plan_.reason}")
 
 
-def _print_split(plan_, title: str) -> None:
+def _print_shares(plan_, title: str, *, is_row: bool = False) -> None:
     click.echo(title)
     for share in plan_.shares:
         layers = (f"target blocks {share.first_layer}-{share.first_layer + share.num_layers - 1}"
                   if share.num_layers else "no target blocks")
+        if is_row:
+            layers = f"a slice of all {share.num_layers} target blocks"
         click.echo(f"{share.device}: {layers}{', the draft model' if share.holds_draft else ''}; predicted peak "
                    f"{format_bytes(share.peak_bytes)} of {format_bytes(share.budget_bytes)}")
         for name, size in share.terms.items():
             click.echo(f"  {name.ljust(24)}{size:>14}  {format_bytes(size)}")
+
+
+def _print_split(plan_, title: str) -> None:
+    _print_shares(plan_, title)
     if plan_.host_terms:
         click.echo("host memory: " + ", ".join(f"{name} {format_bytes(size)}" for name, size in plan_.host_terms.items()))
     click.echo(f"settings: {_settings_line(plan_)}")
@@ -140,8 +147,9 @@ def _plan_batch(settings: SessionSettings, max_batch: int, as_json: bool) -> Non
 @setting_option("--max-tokens", GenerationSettings, "max_new_tokens", show_default=True)
 @setting_option("--temperature", SamplingSettings, "temperature", show_default=True)
 @setting_option("--max-gamma", SpeculationSettings, "max_gamma", show_default=True)
-@click.option("--kv-type", type=click.Choice(LLAMA_KV_TYPES), default=MODEL.kv_type, show_default=True,
-              help="The target's KV cache type; the plan never changes it (only the draft's).")
+@click.option("--kv-type", type=click.Choice(LLAMA_KV_TYPES), default=None,
+              help=f"The target's KV cache type [default: {MODEL.kv_type}]; the plan never changes it (only the "
+                   "draft's).")
 @setting_option("--alpha", SpeculationSettings, "expected_acceptance",
                 help=f"Expected per-token acceptance of the draft model [default: {ACCEPTANCE_PRIORS['model']}].")
 @repack_option
@@ -165,9 +173,10 @@ def plan_command(target, draft, pair, memory_budget, devices, max_context, max_t
         _plan_batch(settings, batch, as_json)
         return
     backend = backend_args["backend"]
-    if backend != "llama.cpp":
-        batches = " and --backend torch batches (--batch N)" if backend == "torch" else ""
-        raise UserError(f"pocketspec plan plans llama.cpp sessions{batches}; `generate --backend {backend} "
+    is_torch_split = backend == "torch" and is_split(requested_devices(settings), settings.budget)
+    if backend != "llama.cpp" and not is_torch_split:
+        torch_plans = " and --backend torch batches (--batch N) or splits (--devices)" if backend == "torch" else ""
+        raise UserError(f"pocketspec plan plans llama.cpp sessions{torch_plans}; `generate --backend {backend} "
                         "--memory-budget ...` prints one sequence's plan before it runs")
     if draft in SELF_DRAFTS:  # planned as n-grams otherwise: llama.cpp cannot run it
         raise UserError(f"--draft {draft} drafts with the target's own weights and needs --backend torch; pocketspec "
@@ -175,6 +184,9 @@ def plan_command(target, draft, pair, memory_budget, devices, max_context, max_t
     preview = preview_plan(settings)
     if as_json:
         click.echo(json.dumps(preview.result.to_dict(), sort_keys=True))
+        return
+    if is_torch_split:
+        _print_shares(preview.result, preview.title, is_row=backend_args["split_mode"] == "row")
         return
     if preview.is_split:  # devices that need not be here: priced by the reference tables
         _print_split(preview.result, preview.title)

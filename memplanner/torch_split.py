@@ -17,7 +17,7 @@ and on every rank of a row split, each rank a process of its own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from memplanner import gpu_terms
 from memplanner.defaults import MAX_GAMMA, N_BATCH
@@ -65,6 +65,11 @@ class TorchSplitPlan:
     @property
     def layers_per_device(self) -> tuple[int, ...]:
         return tuple(share.num_layers for share in self.shares)
+
+    def to_dict(self) -> dict:
+        found = asdict(self)
+        found["predicted_peak_bytes"] = {share.device: share.peak_bytes for share in self.shares}
+        return found
 
 
 def tensor_bytes(share: DeviceShare) -> int:

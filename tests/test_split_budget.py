@@ -5,6 +5,7 @@ and under torchrun; llama.cpp with a draft), and what cannot run is one clear li
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,19 @@ def test_torch_layer_split_from_per_device_budgets(tiny_pair, torch_plain):
     assert _tokens(result) == torch_plain
     assert "memory plan cpu:0: target blocks 0-0;" in result.stderr and "torch_runtime" in result.stderr
     assert "memory plan cpu:1: target blocks 1-3;" in result.stderr
+    _assert_plan_shows(result.stderr, tiny_pair[0], "--draft", "ngram", "--backend", "torch", "--devices",
+                       "cpu:0,cpu:1", "--memory-budget", "262MiB,1MiB")
+
+
+def _assert_plan_shows(generate_stderr: str, target: str, *flags: str) -> None:
+    """`pocketspec plan` with generate's flags shows each device's blocks and peak as generate's notes did."""
+    planned = run_cli("plan", "--target", target, "--max-context", "256", "--max-tokens", "32", *flags)
+    assert planned.returncode == 0, planned.stderr
+    notes = re.findall(r"memory plan (cpu:\d): (target blocks [\d-]+|a slice).*= ([\d.]+ \w+ of [\d.]+ \w+)",
+                       generate_stderr)
+    shown = re.findall(r"^(cpu:\d): (target blocks [\d-]+|a slice).*predicted peak ([\d.]+ \w+ of [\d.]+ \w+)",
+                       planned.stdout, re.MULTILINE)
+    assert len(notes) == 2 and [peak for *_, peak in shown] == [peak for *_, peak in notes], (shown, notes)
 
 
 def test_torch_row_split_spawned_and_under_torchrun(tiny_pair, torch_plain):
@@ -62,6 +76,8 @@ def test_torch_row_split_spawned_and_under_torchrun(tiny_pair, torch_plain):
                          "--split-mode", "row", runner=torchrun)
     assert _tokens(launched) == torch_plain
     assert "memory plan cpu:1: target blocks 0-3" in launched.stderr  # every rank a slice of every block
+    _assert_plan_shows(launched.stderr, tiny_pair[0], "--draft", "ngram", "--backend", "torch", "--memory-budget",
+                       "cpu:0=512MiB,cpu:1=512MiB", "--split-mode", "row")
 
 
 def test_llama_cpp_loads_the_planned_split(tiny_pair):

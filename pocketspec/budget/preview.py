@@ -4,20 +4,21 @@ they are there."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
 from memplanner.memory_budget import is_split
 from memplanner.split import plan_split
 from pocketspec.budget.llama_plan import plan_on_device, workload_for
+from pocketspec.budget.split_plan import plan_torch_split
 from pocketspec.errors import BudgetError, UserError
 from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
 
 
 @dataclass(frozen=True)
 class PlanPreview:
-    result: object  # memplanner's Plan, or SplitPlan when is_split
+    result: object  # memplanner's Plan, or SplitPlan (llama.cpp) or TorchSplitPlan (torch) when is_split
     title: str  # "plan for <pair>, max context N, budget B on <device>" (or split over <devices>)
     is_split: bool
     uses_measured_costs: bool  # speed from this machine's cost table, else from the reference tables
@@ -37,6 +38,13 @@ def preview_plan(settings: SessionSettings) -> PlanPreview:
     drafting = "n-gram drafting" if choice.drafter == "ngram" else "plain decoding"
     pair_name = target_shape.name + (f" + {draft_shape.name}" if draft_shape else f" ({drafting})")
     temperature, repack = settings.sampling.temperature, repack_allowed(settings.repack)
+    if is_split_run and target_settings.backend == "torch":
+        budgets = list(budget.per_device)
+        target_settings = replace(target_settings, devices=tuple(device.name for device in budgets))
+        result = plan_torch_split(choice, target_settings, speculation, budgets)
+        title = (f"plan for {pair_name} on torch, max context {max_context}, {target_settings.split_mode} split over "
+                 f"{', '.join(device.name for device in budgets)}")
+        return PlanPreview(result, title, True, False)
     if is_split_run:
         budgets = budget.per_device
         workload = workload_for(choice, target_settings, speculation, settings.max_new_tokens, temperature)

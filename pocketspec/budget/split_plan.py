@@ -31,16 +31,24 @@ def _share_note(device: str, first: int, count: int, terms: dict[str, int], budg
     return f"memory plan {device}: {blocks}; {parts} = {format_bytes(sum(terms.values()))}{of_budget}"
 
 
-def _torch_split(applied: MemoryPlan, budgets: list[DeviceBudget]) -> MemoryPlan:
+def plan_torch_split(choice: ModelChoice, target_settings: ModelSettings, speculation: SpeculationSettings,
+                     budgets: list[DeviceBudget]):
+    """memplanner.torch_split's plan (TorchSplitPlan) of a torch target over the budgets' devices, by layers or
+    by rows as target_settings.split_mode says, each process's own terms counted; refused when it does not fit."""
     from pocketspec.budget.torch_plan import torch_layout
     from memplanner.torch_split import plan_layer_split, plan_row_split
 
-    shape, layout = torch_layout(applied.choice, applied.target_settings, applied.speculation)
-    is_row = applied.target_settings.split_mode == "row"
-    found = plan_row_split(budgets, shape, layout, counts_process=True) if is_row else \
-        plan_layer_split(budgets, shape, layout, counts_process=True)
+    shape, layout = torch_layout(choice, target_settings, speculation)
+    plan_for_mode = plan_row_split if target_settings.split_mode == "row" else plan_layer_split
+    found = plan_for_mode(budgets, shape, layout, counts_process=True)
     if not found.feasible:
         raise BudgetError(found.reason)
+    return found
+
+
+def _torch_split(applied: MemoryPlan, budgets: list[DeviceBudget]) -> MemoryPlan:
+    is_row = applied.target_settings.split_mode == "row"
+    found = plan_torch_split(applied.choice, applied.target_settings, applied.speculation, budgets)
     applied.lines = [_share_note(share.device, share.first_layer, share.num_layers, share.terms, share.budget_bytes)
                      for share in found.shares]
     applied.planner_result = found
