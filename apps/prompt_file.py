@@ -100,11 +100,16 @@ def _seed(row: dict, where: str) -> int | None:
 
 def read_prompt_rows(path: Path, flag: str, shape_hint: str = SUITE_SHAPE) -> list[PromptRow]:
     """Every prompt in the file, in order; a bad file or line is one UserError naming both."""
-    rows = []
+    rows, line_by_id = [], {}
     for line_number, row, where in read_jsonl_objects(path, flag, shape_hint):
-        rows.append(PromptRow(line_number, str(row.get("question_id", row.get("id", line_number))),
-                              str(row.get("category") or DEFAULT_CATEGORY), _turns(row, where, shape_hint),
-                              _seed(row, where), _whole_number(row, "max_tokens", where, 1)))
+        prompt_id = str(row.get("question_id", row.get("id", line_number)))
+        if prompt_id in line_by_id:  # results are matched to their prompt by id
+            raise UserError(f"{where} has the id {prompt_id!r} of line {line_by_id[prompt_id]} (a line without "
+                            "`question_id` or `id` is known by its line number); give each prompt its own id")
+        line_by_id[prompt_id] = line_number
+        rows.append(PromptRow(line_number, prompt_id, str(row.get("category") or DEFAULT_CATEGORY),
+                              _turns(row, where, shape_hint), _seed(row, where),
+                              _whole_number(row, "max_tokens", where, 1)))
     if not rows:
         raise UserError(f"{flag} {path} holds no prompts: write one JSON object per line")
     return rows

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.bench.report import OVERALL, build_report, speedups, summaries_by_category
+from apps.bench.report import OVERALL, build_report, complete_repeats, speedups, summaries_by_category, summarize
 
 RESULTS_PATH = Path(__file__).parent / "data" / "bench_results_small.json"
 
@@ -75,8 +75,8 @@ def test_report_states_targets_skipped_systems_notes_and_plots(results):
 def test_report_states_where_each_system_falls_behind_the_fastest_peer(results):
     report = build_report(results)
     assert "- pocketspec-auto: at or above every peer in 2 of 2 categories\n" in report
-    assert ("- pocketspec-auto@1GiB: at or above every peer in 1 of 2 categories; below the fastest in 1 "
-            "(0 of them with a spread that reaches 1.00×): writing 0.95× the tok/s of llama.cpp-speculative") in report
+    assert ("- pocketspec-auto@1GiB: at or above every peer in 1 of 2 categories; below the fastest in 1: "
+            "writing 0.95× the tok/s of llama.cpp-speculative\n") in report  # no repeats: no spread to speak of
 
 
 def test_a_deficit_the_repeats_cannot_tell_from_noise_is_counted_as_such(results):
@@ -128,7 +128,8 @@ def test_partial_report_says_so_with_the_rounds_completed_and_their_start_up_cos
     assert report.startswith("# PocketSpec bench: fake.jsonl (partial)\n")
     assert "Ran in 3 rounds (one per category, cut into groups of at most 5 prompts)" in report
     assert "**Partial results: the run stopped after 1 of 3 rounds**" in report
-    assert "mean: plain 1.5 s, pocketspec-auto 3.0 s; the rounds after the first added 1.5 s (1.5% of the 100 s run)" \
+    # each system's later start-ups as measured (the first one can be slower: a fresh cost table, a cold cache)
+    assert "mean: plain 1.5 s, pocketspec-auto 3.0 s; the rounds after the first added 1.0 s (1.0% of the 100 s run)" \
         in report
 
 
@@ -168,3 +169,45 @@ def test_the_report_shows_the_calibrated_curve_beside_the_learned_one(results):
                        for row in results["rows"]]
     report = build_report(results)
     assert "### pocketspec-auto: verify cost by width at 512 cached tokens" in report
+
+
+def test_tokens_per_step_counts_the_tokens_output_not_drafts_accepted_past_the_end(results):
+    """A last step that accepts 4 drafts after the end token yields the end token alone: counting the drafts
+    made 10 steps look like 14 tokens where 12 came out."""
+    row = {**results["rows"][4], "num_steps": 10, "num_accepted": 4, "num_drafted": 8, "num_decode_tokens": 12}
+    summary = summarize([row])
+    assert summary["tokens_per_step"] == pytest.approx(1.2) and summary["acceptance_rate"] == pytest.approx(0.5)
+
+
+def test_a_run_stopped_within_a_repeat_leaves_that_repeat_out_of_the_overall_ratio(results):
+    """Repeat 2 ran coding only: pooled into ALL, coding weighed double and ALL's spread mixed a coding-only
+    ratio with a both-categories one."""
+    first = [{**row, "repeat": 0, "round": 0 if row["category"] == "coding" else 1} for row in results["rows"]]
+    second = [{**row, "repeat": 1, "round": 2, "decode_seconds": row["decode_seconds"] / 4}
+              for row in results["rows"] if row["category"] == "coding"]
+    results["rows"] = first + second
+    results["settings"]["max_prompts_per_round"] = 5
+    results["rounds"] = {"num_planned": 4, "num_completed": 3, "is_partial": True, "wall_seconds": 100.0}
+    assert complete_repeats(results["rows"]) == {0}
+    report = build_report(results)
+    assert table_rows(report, "Overall")["pocketspec-auto"]["× plain"] == "1.29×"  # repeat 1 alone, no spread
+    assert table_rows(report, "coding")["pocketspec-auto"]["× plain"] == "2.00× (2.00–2.00)"
+    assert "ALL counts the 1 repeats that ran every prompt" in report
+    assert table_rows(report, "Overall")["plain"]["prompts"] == "4"  # prompts, not rows of every repeat
+
+
+def test_a_failed_system_is_not_listed_as_not_run(results):
+    results["systems"][0].update(status="failed", reason="round writing: plain worker exited with status 1")
+    results["rows"] = [row for row in results["rows"] if row["category"] == "coding"]
+    report = build_report(results)
+    assert "## Failed\n\n- plain: round writing: plain worker exited with status 1 (its rows of the rounds before " \
+           "are kept)" in report
+    assert "## Not run\n\n- transformers-assisted: transformers is not installed\n\n" in report
+
+
+def test_peak_memory_is_named_for_what_each_system_measured(results):
+    assert "peak is the resident memory of the process that ran the system (the most" in build_report(results)
+    for row in results["rows"]:
+        if row["system"] == "pocketspec-auto":
+            row["peak_gpu_bytes"] = row["peak_memory_bytes"]
+    assert "but for pocketspec-auto: torch's allocator peak over the GPUs it used" in build_report(results)

@@ -58,3 +58,12 @@ def test_a_peer_that_ran_past_max_tokens_is_told_with_its_mean_excess():
     on_time = System("llama.cpp-ngram-mod", "peer", "llama-speculative", "llama.cpp-ngram-mod", spec_type="ngram-mod")
     add_closing_notes([on_time], JOB, [{**rows[0], "num_tokens": 4}])
     assert not any("past --max-tokens" in note for note in on_time.notes)
+
+
+def test_llama_bench_runs_once_for_every_llama_cpp_peer():
+    """Each peer ran llama-bench again and noted its own rate: three notes of one figure, three different."""
+    peers = [System(f"llama.cpp-{kind}", "peer", "llama-speculative", f"llama.cpp-{kind}", spec_type=kind)
+             for kind in ("ngram-simple", "ngram-mod")]
+    add_closing_notes(peers, JOB, [{"system": peer.name, "num_tokens": 4, "is_retokenized": False} for peer in peers])
+    assert [sum("llama-bench" in note for note in peer.notes) for peer in peers] == [1, 0]
+

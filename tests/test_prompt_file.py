@@ -37,6 +37,8 @@ def test_prompts_turns_seeds_and_blank_lines(tmp_path):
     ('{"prompt": "a", "seed": 9223372036854775808}\n', ["line 1", "`seed`", "from 0 to"]),
     ('{"prompt": "a", "max_tokens": 0}\n', ["line 1", "`max_tokens`", "at least 1"]),
     ("\n\n", ["holds no prompts"]),
+    ('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n', ["line 2 has the id 'a' of line 1"]),
+    ('{"prompt": "x"}\n{"id": 1, "prompt": "y"}\n', ["line 2 has the id '1' of line 1", "line number"]),
 ])
 def test_bad_lines_are_named(tmp_path, text, fragments):
     with pytest.raises(UserError) as error:

@@ -3,9 +3,10 @@ speedup over plain per category per system, and tok/s against peak memory."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from apps.bench.report import OVERALL, speedups, summaries_by_category
+from apps.bench.report import OVERALL, gpu_systems, speedups, summaries_by_category
 
 SPEEDUP_PLOT = "speedup.png"
 FRONTIER_PLOT = "frontier.png"
@@ -43,7 +44,8 @@ def plot_speedups(results: dict, path: Path) -> Path:
     figure, axes = pyplot.subplots(figsize=(max(6.0, 1.0 + 0.9 * len(categories)), 4.5))
     for index, system in enumerate(systems):
         positions = [number + (index - (len(systems) - 1) / 2) * width for number in range(len(categories))]
-        axes.bar(positions, [table[category].get(system) or 0.0 for category in categories], width, label=system)
+        ratios = [table[category].get(system) for category in categories]  # None: no shared round, no bar
+        axes.bar(positions, [math.nan if ratio is None else ratio for ratio in ratios], width, label=system)
     axes.axhline(1.0, color="black", linewidth=0.8)
     axes.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
     return _save(figure, axes, path, "Decode speed relative to plain decoding", None,
@@ -70,7 +72,9 @@ def plot_frontier(results: dict, path: Path) -> Path:
         for memory, rate, label in points:
             if label:
                 axes.annotate(label, (memory, rate), fontsize="x-small", textcoords="offset points", xytext=(4, 4))
-    return _save(figure, axes, path, "Speed against memory", "peak resident memory (GiB)",
+    memory = "peak memory (GiB; torch's GPU allocator peak where a GPU ran)" if gpu_systems(results) else \
+        "peak resident memory (GiB)"
+    return _save(figure, axes, path, "Speed against memory", memory,
                  "decode tok/s (all prompts)")
 
 

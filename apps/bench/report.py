@@ -59,6 +59,8 @@ def summarize(rows: list[dict]) -> dict:
     drafted = sum(row["num_drafted"] for row in counted)
     accepted = sum(row["num_accepted"] for row in counted)
     steps = sum(row["num_steps"] for row in counted)
+    # the tokens the steps yielded: accepted drafts past an end token or --max-tokens are verified, not output
+    yielded = sum(row["num_decode_tokens"] for row in counted)
     matches = [row["matches_plain"] for row in rows if row.get("matches_plain") is not None]
     plain_steps = sum(row.get("steps_by_drafter", {}).get("none", 0) for row in rows)
     plain_step_seconds = sum(row.get("step_seconds_by_drafter", {}).get("none", 0.0) for row in rows)
@@ -69,14 +71,14 @@ def summarize(rows: list[dict]) -> dict:
         for gamma, count in row.get("steps_by_gamma", {}).items():
             gammas[int(gamma)] += count
     return {
-        "num_prompts": len(rows),
+        "num_prompts": len({row.get("prompt_id") for row in rows}),  # each once, whatever the repeats
         "tokens_per_second": _rate(rows),
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_accepted_per_step": accepted / steps if steps else None,
         "ttft_seconds": sum(row["ttft_seconds"] for row in rows) / len(rows),
         "peak_memory_bytes": max(row["peak_memory_bytes"] for row in rows),
         "match_rate": sum(matches) / len(matches) if matches else None,
-        "tokens_per_step": (accepted + steps) / steps if steps else None,
+        "tokens_per_step": yielded / steps if steps else None,
         # mean time of a step that drafted nothing: what speculation costs where it cannot help
         "plain_step_ms": 1000 * plain_step_seconds / plain_steps if plain_steps else None,
         # time a step spends outside the model forwards: the speculative loop's own overhead
@@ -85,13 +87,27 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
+def complete_repeats(rows: list[dict]) -> set[int]:
+    """The repeats that ran every prompt any repeat ran: a run stopped within a repeat (--repeats) leaves its
+    last one short of some categories, which would weigh the others double in OVERALL and skew its spread."""
+    prompts_by_repeat: dict[int, set] = defaultdict(set)
+    for row in rows:
+        prompts_by_repeat[row.get("repeat", 0)].add(row.get("prompt_id"))
+    every_prompt = set().union(*prompts_by_repeat.values())
+    complete = {repeat for repeat, prompts in prompts_by_repeat.items() if prompts == every_prompt}
+    return complete or set(prompts_by_repeat)  # repeats of different prompts (not the bench's own): all count
+
+
 def rows_by_category(results: dict) -> dict[str, dict[str, list[dict]]]:
-    """{category: {system: rows}}, categories in suite order and OVERALL last, systems in their order."""
+    """{category: {system: rows}}, categories in suite order and OVERALL last (the complete repeats' rows),
+    systems in their order."""
     grouped: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for row in results["rows"]:
         grouped[row["category"]][row["system"]].append(row)
+    complete = complete_repeats(results["rows"])
     for row in results["rows"]:
-        grouped[OVERALL][row["system"]].append(row)
+        if row.get("repeat", 0) in complete:
+            grouped[OVERALL][row["system"]].append(row)
     order = [system["name"] for system in results["systems"]]
     return {category: {name: by_system[name] for name in order if name in by_system}
             for category, by_system in grouped.items()}
@@ -183,14 +199,15 @@ def _best_peer_line(name: str, grouped: dict[str, dict[str, list[dict]]], peers:
         fastest = min(ratios, key=ratios.get)
         if ratios[fastest] < 1.0:
             spread = ratio_spread(by_system[name], by_system[fastest])
-            behind.append((category, fastest, ratio_cell(by_system[name], by_system[fastest]),
-                           spread is not None and spread[1] >= 1.0))
+            behind.append((category, fastest, ratio_cell(by_system[name], by_system[fastest]), spread))
     if not num_categories:
         return None
     line = f"{name}: at or above every peer in {num_categories - len(behind)} of {num_categories} categories"
     if behind:
-        within = sum(reaches_one for *_, reaches_one in behind)
-        line += (f"; below the fastest in {len(behind)} ({within} of them with a spread that reaches 1.00×): "
+        spreads = [spread for *_, spread in behind if spread is not None]
+        within = sum(spread[1] >= 1.0 for spread in spreads)
+        noise = f" ({within} of them with a spread that reaches 1.00×)" if spreads else ""  # none without repeats
+        line += (f"; below the fastest in {len(behind)}{noise}: "
                  + "; ".join(f"{category} {cell} the tok/s of {peer}" for category, peer, cell, _ in behind))
     return line
 
@@ -207,10 +224,15 @@ def _rounds_lines(results: dict) -> list[str]:
     if rounds["is_partial"]:
         lines.append(f"**Partial results: the run stopped after {rounds['num_completed']} of {rounds['num_planned']} "
                      "rounds**; only completed rounds are counted.")
+        repeats = {row.get("repeat", 0) for row in results["rows"]}
+        complete = complete_repeats(results["rows"])
+        if repeats - complete:
+            lines.append(f"{OVERALL} counts the {len(complete)} repeats that ran every prompt; the categories' "
+                         "tables also count the rounds of the repeat that was stopped.")
     startups = {system["name"]: system["startup_seconds"] for system in results["systems"]
                 if system.get("startup_seconds")}
-    if startups:
-        extra = sum(sum(seconds) - sum(seconds) / len(seconds) for seconds in startups.values())
+    if startups:  # each system's first start-up is paid by any run; the later ones are the rounds' price
+        extra = sum(sum(seconds[1:]) for seconds in startups.values())
         share = f" ({extra / rounds['wall_seconds']:.1%} of the {rounds['wall_seconds']:.0f} s run)" \
             if rounds.get("wall_seconds") else ""
         lines.append("Start-up of each worker process, once per system per round (imports, model load from the page "
@@ -256,6 +278,26 @@ def _learned_curve_sections(grouped: dict) -> list[str]:
             if body else [])
 
 
+def gpu_systems(results: dict) -> list[str]:
+    """The systems whose peak is torch's GPU allocator peak (bench/worker.py), in their order."""
+    names = {row["system"] for row in results["rows"] if row.get("peak_gpu_bytes") is not None}
+    return [system["name"] for system in results["systems"] if system["name"] in names]
+
+
+def _peak_meaning(results: dict) -> str:
+    on_gpu = gpu_systems(results)
+    resident = "the resident memory of the process that ran the system"
+    if not on_gpu:
+        return resident
+    return f"{resident}, but for {', '.join(on_gpu)}: torch's allocator peak over the GPUs it used"
+
+
+def _rows_kept(system: dict, grouped: dict) -> str:
+    if system["name"] in grouped.get(OVERALL, {}):  # plain: the rounds before its failure still compare
+        return "its rows of the rounds before are kept"
+    return "no rows: every system is compared over the same prompts"
+
+
 def build_report(results: dict, plot_names: list[str] = ()) -> str:
     """report.md: settings, the overall table, the speedup matrix, one table per category, plots."""
     settings = results["settings"]
@@ -271,7 +313,7 @@ def build_report(results: dict, plot_names: list[str] = ()) -> str:
             f"context {settings['max_context']}.", "",
             "tok/s is the decode rate (the decode steps' tokens, an end-of-generation token included, over their "
             "time; prompt processing excluded); TTFT is the prompt's processing time; "
-            "peak is the resident memory of the process that ran the system (the most over its rounds); ratios "
+            f"peak is {_peak_meaning(results)} (the most over its rounds); ratios "
             "compare summed tokens over summed seconds.", ""]
     body += [line for text in _rounds_lines(results) + _huge_pages_lines(results, peers) for line in (text, "")]
     if OVERALL not in grouped:
@@ -286,9 +328,13 @@ def build_report(results: dict, plot_names: list[str] = ()) -> str:
         if category != OVERALL:
             body += [f"## {category}", "", _table(by_system, peers), ""]
     body += _learned_curve_sections(grouped)
-    not_run = [system for system in results["systems"] if system["status"] != "ok"]
+    not_run = [system for system in results["systems"] if system["status"] == "skipped"]
     if not_run:
         body += ["## Not run", ""] + [f"- {system['name']}: {system['reason']}" for system in not_run] + [""]
+    failed = [system for system in results["systems"] if system["status"] == "failed"]
+    if failed:
+        body += ["## Failed", ""] + [f"- {system['name']}: {system['reason']} ({_rows_kept(system, grouped)})"
+                                     for system in failed] + [""]
     notes = [note for system in results["systems"] for note in system.get("notes", [])] + results.get("notes", [])
     if notes:
         body += ["## Notes", ""] + [f"- {note}" for note in notes] + [""]

@@ -115,7 +115,8 @@ def _run_llama_speculative(system: System, job: BenchJob, prompts: list[SuitePro
             draft_max=job.peer_draft_max, kv_type=job.pocketspec_options.get("kv_type"))
         run = run_peer(argv)
         if run.returncode != 0:
-            system.status, system.reason = "failed", describe_failure(run, llama_speculative.TOOL)
+            system.status, system.reason = "failed", f"prompt {prompt.prompt_id}: " + describe_failure(
+                run, llama_speculative.TOOL)
             return []
         row = llama_speculative.measured_row(prompt.prompt_id, run, reference[prompt.prompt_id]["prompt_text"],
                                              job.max_tokens)
@@ -138,10 +139,9 @@ def run_system(system: System, job: BenchJob, prompts: list[SuitePrompt], refere
 
 def add_closing_notes(systems: list[System], job: BenchJob, rows: list[dict]) -> None:
     """Notes that need every round: llama-speculative-simple's settings and tokenization, and
-    llama-bench's plain-decoding rate on the target (run once, after the rounds)."""
-    for system in systems:
-        if system.runner != "llama-speculative" or system.status != "ok":
-            continue
+    llama-bench's plain-decoding rate on the target (run once, after the rounds, noted on the first of them)."""
+    peers = [system for system in systems if system.runner == "llama-speculative" and system.status == "ok"]
+    for system in peers:
         own_rows = [row for row in rows if row["system"] == system.name]
         num_retokenized = sum(row["is_retokenized"] for row in own_rows)
         if num_retokenized:
@@ -154,8 +154,9 @@ def add_closing_notes(systems: list[System], job: BenchJob, rows: list[dict]) ->
             system.note(f"{system.name}: {overshoot:.0f} tokens a prompt past --max-tokens {job.max_tokens}, on "
                         f"average: its last draft ignores the limit; its tok/s counts the {job.max_tokens} tokens "
                         f"asked for over all its decode time")
-        system.note(llama_bench.reference_note(job.llama_tools_dir, job.target_path, num_tokens=job.max_tokens,
-                                               num_threads=job.num_threads))
+    if peers:
+        peers[0].note(llama_bench.reference_note(job.llama_tools_dir, job.target_path, num_tokens=job.max_tokens,
+                                                 num_threads=job.num_threads))
 
 
 def _draft_setting(system: System, rows: list[dict]) -> str:

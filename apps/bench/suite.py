@@ -37,9 +37,15 @@ class SuitePrompt:
 
 
 def read_suite(path: Path) -> list[SuitePrompt]:
-    """Every conversation in the file, in order, as its first turn; a bad file or line is one UserError naming both."""
-    return [SuitePrompt(row.prompt_id, row.category, row.text, later_turns=row.turns[1:])
-            for row in read_prompt_rows(path, "--suite")]
+    """Every conversation in the file, in order, as its first turn; a bad file or line is one UserError naming both.
+    Every system runs every prompt with the bench's --max-tokens and --seed, so a line's own are refused."""
+    rows = read_prompt_rows(path, "--suite")
+    for row in rows:
+        own = [key for key, value in (("max_tokens", row.max_tokens), ("seed", row.seed)) if value is not None]
+        if own:
+            raise UserError(f"--suite {path} line {row.line_number} sets {' and '.join(own)}: bench runs every "
+                            "prompt with its own --max-tokens and --seed; leave them out of the suite")
+    return [SuitePrompt(row.prompt_id, row.category, row.text, later_turns=row.turns[1:]) for row in rows]
 
 
 def with_later_turns(prompts: list[SuitePrompt], max_turns: int | None = None) -> list[SuitePrompt]:
