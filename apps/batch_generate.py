@@ -1,9 +1,9 @@
 """`pocketspec generate --prompt-file FILE.jsonl --batch N`: many prompts decoded together (torch or llama.cpp).
 
 Outputs are JSONL, one line per prompt in input order, each written as soon as it and
-every prompt before it are done. The first Ctrl-C stops after the current forward:
-prompts not finished are written with what they have and stop reason `interrupted`,
-then the command exits with 130. An --output file appears under its name only once every
+every prompt before it are done, with the prompt's id and line in the file. The first Ctrl-C
+(or SIGTERM, SIGHUP) stops after the current forward: prompts not finished are written with
+what they have and stop reason `interrupted`, then the command exits with 130 (143, 129). An --output file appears under its name only once every
 line is in it (see pocketspec/atomic_file.py), and is never one of the inputs; an interrupted
 run never replaces an earlier file: its lines go beside it (out.jsonl: out.interrupted.jsonl).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 
 from apps.flags import BATCH
-from apps.prompt_file import read_batch_prompts
+from apps.prompt_file import PromptRow, read_batch_prompts
 from apps.terminal import note
 from pocketspec.atomic_file import replaced_on_success
 from pocketspec.batch.sequence import BatchResult, Request
@@ -30,6 +30,7 @@ from pocketspec.errors import UserError
 from pocketspec.session_settings import SessionSettings, check_output
 from pocketspec.setting_ranges import setting_range
 from pocketspec.settings import SamplingSettings
+from pocketspec.signals import STOP_SIGNALS, Terminated
 from pocketspec.stats import drafting_text
 
 
@@ -37,8 +38,8 @@ class OrderedWriter:
     """Writes results in input order as soon as each one and all before it are done, each with the seed it
     sampled with (the same prompt alone with that --seed gives the same tokens)."""
 
-    def __init__(self, stream, tokenizer, seeds: list[int]):
-        self.stream, self.tokenizer, self.seeds = stream, tokenizer, seeds
+    def __init__(self, stream, tokenizer, seeds: list[int], rows: list[PromptRow]):
+        self.stream, self.tokenizer, self.seeds, self.rows = stream, tokenizer, seeds, rows
         self.pending: dict[int, BatchResult] = {}
         self.next_index = 0
 
@@ -47,7 +48,9 @@ class OrderedWriter:
         while self.next_index in self.pending:
             done = self.pending.pop(self.next_index)
             stats = {**done.stats.as_dict(), "latency_seconds": round(done.latency_seconds, 4)}
-            line = {"index": done.index, "text": self.tokenizer.decode(done.tokens), "tokens": done.tokens,
+            row = self.rows[done.index]
+            line = {"index": done.index, "id": row.given_id, "line": row.line_number,
+                    "text": self.tokenizer.decode(done.tokens), "tokens": done.tokens,
                     "stop_reason": done.stop_reason, "seed": self.seeds[done.index], "stats": stats}
             self.stream.write(json.dumps(line) + "\n")
             self.stream.flush()
@@ -67,8 +70,13 @@ def refuse_single_prompt_flags(settings: SessionSettings) -> None:
 
 def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, batch_args: dict) -> None:
     refuse_single_prompt_flags(settings)
-    if prompt is not None or prompt_file is None:
+    if prompt is not None:
         raise UserError("--batch reads its prompts from --prompt-file FILE (one JSON object per line), not --prompt")
+    if prompt_file is None:
+        raise UserError("--batch needs --prompt-file FILE: one JSON object per line, e.g. {\"prompt\": \"...\"}")
+    if 0 < batch_args["pool_rows"] < batch_args["batch"]:  # a step picks its rows among those held
+        raise UserError(f"--pool-rows {batch_args['pool_rows']} holds fewer sequences than --batch "
+                        f"{batch_args['batch']} steps together: raise it, or leave it out (the batch size)")
     lines = read_batch_prompts(prompt_file)
     output = batch_args["output"]
     if output is not None:
@@ -90,16 +98,18 @@ def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, bat
                                 "shorten it or raise --max-context")
         seeds = [request.seed for request in requests]
         if output is None:
-            is_interrupted = _decode(session.engine, requests, OrderedWriter(sys.stdout, session.tokenizer, seeds))
+            stopped_by = _decode(session.engine, requests, OrderedWriter(sys.stdout, session.tokenizer, seeds, lines))
         else:
             with replaced_on_success(output, what="--output") as stream:
-                is_interrupted = _decode(session.engine, requests, OrderedWriter(stream, session.tokenizer, seeds))
-                if is_interrupted and Path(output).expanduser().is_file():  # an earlier file: kept
+                stopped_by = _decode(session.engine, requests, OrderedWriter(stream, session.tokenizer, seeds, lines))
+                if stopped_by is not None and Path(output).expanduser().is_file():  # an earlier file: kept
                     stream.keep_beside("interrupted")
             if stream.kept_as is not None:
                 note(f"{output} is left as it was; this run's lines are in {stream.kept_as}")
-    if is_interrupted:
+    if stopped_by == signal.SIGINT:
         raise click.Abort()
+    if stopped_by is not None:
+        raise Terminated(128 + stopped_by)
 
 
 def _line_seed(seed: int, index: int) -> int:
@@ -108,20 +118,25 @@ def _line_seed(seed: int, index: int) -> int:
     return (seed + index) % (int(setting_range(SamplingSettings, "seed").high) + 1)
 
 
-def _decode(engine, requests: list[Request], writer: OrderedWriter) -> bool:
-    """Decode every request through `writer`; True when a Ctrl-C cut the run short."""
-    interrupted = []
+def _decode(engine, requests: list[Request], writer: OrderedWriter) -> int | None:
+    """Decode every request through `writer`; the stop signal that cut the run short (Ctrl-C, SIGTERM, SIGHUP:
+    `timeout` or `docker stop` keep the finished prompts as Ctrl-C does), else None."""
+    stopped_by: list[int] = []
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
 
-    def on_sigint(signum, frame) -> None:
-        interrupted.append(True)
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops at once
+    def on_stop(signum, frame) -> None:
+        stopped_by.append(signum)
+        for other, handler in previous.items():  # a second signal stops at once
+            signal.signal(other, handler)
 
-    previous_handler = signal.signal(signal.SIGINT, on_sigint)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, on_stop)
     started = time.perf_counter()
     try:
-        results = engine.run(requests, on_finished=writer, should_stop=lambda: bool(interrupted))
+        results = engine.run(requests, on_finished=writer, should_stop=lambda: bool(stopped_by))
     finally:
-        signal.signal(signal.SIGINT, previous_handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     seconds = time.perf_counter() - started
     num_tokens = sum(len(result.tokens) for result in results)
     num_drafted = sum(result.stats.num_drafted for result in results)
@@ -130,4 +145,4 @@ def _decode(engine, requests: list[Request], writer: OrderedWriter) -> bool:
     click.echo(f"[{prompts}, {num_tokens} tokens, {num_tokens / seconds:.2f} tok/s in all, "
                f"{drafting_text(num_drafted, num_accepted)}, "
                f"{engine.alignment_seconds / seconds:.1%} of the time aligning rows]", err=True)
-    return bool(interrupted)
+    return stopped_by[0] if stopped_by else None

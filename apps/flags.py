@@ -220,6 +220,19 @@ def backend_options(function=None, *, flags: tuple[str, ...] | None = None):
     return decorate if function is None else decorate(function)
 
 
+class DashPath(click.Path):
+    """A path where "-" means stdin or stdout; ./- (which pathlib prints as "-") is the file named "-"."""
+
+    def __init__(self, **options):
+        super().__init__(path_type=Path, dir_okay=False, **options)
+
+    def convert(self, value, param, ctx):
+        path = super().convert(value, param, ctx)
+        if isinstance(value, str) and value != "-" and str(path) == "-":
+            return Path.cwd() / "-"
+        return path
+
+
 def _dash_is_stdout(ctx, param, path: Path | None) -> Path | None:
     """--output -: stdout, as --prompt-file - is stdin (a file named "-" is ./-)."""
     return None if path is not None and str(path) == "-" else path
@@ -230,7 +243,7 @@ def batch_options(function):
         setting_option("--batch", BatchSettings, "max_batch", default=None,
                        help="Decode the prompts of a JSONL --prompt-file (one {\"prompt\": ...} per line) N at a "
                             "time with continuous batching (torch or llama.cpp); writes one JSON line per prompt."),
-        click.option("--output", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True), default=None,
+        click.option("--output", type=DashPath(allow_dash=True), default=None,
                      callback=_dash_is_stdout,
                      help="Write the output here instead of stdout (the JSONL lines with --batch); "
                           "the file appears once it is complete ('-': stdout). A Ctrl-C'd --batch writes what it "
@@ -264,6 +277,9 @@ def take_batch_options(options: dict) -> dict:
                 flag = "/".join(next(param.opts + param.secondary_opts for param in context.command.params
                                      if param.name == name))
                 raise UserError(f"{flag} applies to --batch; add --batch N or leave it out")
+    elif is_given("batch_invariant") and options.get("backend") != "torch":  # the default is every backend's
+        flag = "--batch-invariant" if taken["batch_invariant"] else "--fast-batch"
+        raise UserError(f"{flag} sets the torch backend's kernels; add --backend torch or leave it out")
     return taken
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from apps.batch_generate import run_batch
-from apps.flags import (backend_options, batch_options, model_choice_options, runtime_options, sampling_options,
+from apps.flags import (DashPath, backend_options, batch_options, model_choice_options, runtime_options, sampling_options,
                         session_settings, setting_option, take_batch_options)
 from apps.terminal import note, progress_line
 from apps.text_input import as_text, prompt_bytes_limit, read_text_file
@@ -39,7 +39,7 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None, max_context: int 
 @click.command()
 @model_choice_options
 @click.option("--prompt", default=None, help="Prompt text.")
-@click.option("--prompt-file", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Read the prompt from a file ('-': stdin).")
+@click.option("--prompt-file", type=DashPath(), default=None, help="Read the prompt from a file ('-': stdin).")
 @setting_option("--max-tokens", GenerationSettings, "max_new_tokens", show_default=True)
 @sampling_options
 @runtime_options
@@ -56,6 +56,8 @@ def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, 
         gamma=gamma, memory_budget=memory_budget, max_context=max_context, kv_type=kv_type, threads=threads,
         repack=repack, exact_verify=exact_verify, max_new_tokens=max_tokens, **backend_args)
     if batch_args["batch"] is not None:
+        if as_json:
+            raise UserError("--batch writes one JSON object per prompt already: leave --json out")
         run_batch(settings, prompt=prompt, prompt_file=prompt_file, chat=chat, batch_args=batch_args)
         return
     text = _read_prompt(prompt, prompt_file, settings.max_context)

@@ -87,6 +87,9 @@ def test_each_sampled_line_names_its_seed_and_that_seed_repeats_the_prompt_alone
     (["--batch", "2", "--kv-type", "q8_0"], ["--kv-type q8_0", "--torch-kv-type"]),
     (["--batch", "2", "--devices", "cpu:0,cpu:1"], ["--devices cpu:0,cpu:1", "one device"]),
     (["--batch", "2", "--compile"], ["--compile", "--batch pool runs its forwards eagerly"]),
+    (["--batch", "2", "--json"], ["--json", "one JSON object per prompt already"]),  # it did nothing
+    (["--batch", "2", "--backend", "llama.cpp", "--fast-batch"], ["--fast-batch", "torch"]),
+    (["--batch", "4", "--pool-rows", "2"], ["--pool-rows 2", "fewer sequences than --batch 4"]),
 ])
 def test_bad_batch_flags_are_one_line_errors(tiny_target, prompt_file, args, fragments):
     assert_one_line_error(_batch(tiny_target, prompt_file, *args), *fragments)
@@ -184,9 +187,9 @@ def test_a_killed_run_leaves_the_old_output_whole(tiny_target, tmp_path):
     assert output.read_text() == "the previous run's outputs\n"
 
 
-def test_sigterm_leaves_the_old_output_and_no_temporary_file(tiny_target, tmp_path):
-    """`kill`, `timeout` or `docker stop` mid-decode: exit 143 with one line, the previous output as it was, and
-    no hidden .partial file left beside it."""
+def test_sigterm_keeps_the_finished_prompts_as_ctrl_c_does_and_the_old_output(tiny_target, tmp_path):
+    """`kill`, `timeout` or `docker stop` mid-decode: exit 143 with one line, the previous output as it was, this
+    run's lines beside it (every finished prompt was lost), and no hidden .partial file left behind."""
     output = tmp_path / "out.jsonl"
     output.write_text("the previous run's outputs\n")
     process = _batch_writing_its_output(tiny_target, tmp_path, output)
@@ -194,7 +197,10 @@ def test_sigterm_leaves_the_old_output_and_no_temporary_file(tiny_target, tmp_pa
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 143 and stderr.strip().splitlines()[-1] == "terminated", stderr
     assert "Traceback" not in stderr and output.read_text() == "the previous run's outputs\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl", "out.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl", "out.interrupted.jsonl", "out.jsonl"]
+    lines = [json.loads(line) for line in (tmp_path / "out.interrupted.jsonl").read_text().splitlines()]
+    assert [line["index"] for line in lines] == list(range(len(PROMPTS) * 3))
+    assert lines[0]["stop_reason"] != "interrupted" and lines[-1]["stop_reason"] == "interrupted"
 
 
 def test_ctrl_c_with_output_writes_the_whole_file(tiny_target, tmp_path):
@@ -232,6 +238,19 @@ def test_an_output_in_a_missing_folder_is_refused_before_the_model_loads(tiny_ta
     source = ["--prompt-file", prompt_file] if batch else ["--prompt", "the cat is"]
     result = run_cli("generate", "--target", "no-such-model", *source, *batch, "--output", str(missing))
     assert_one_line_error(result, "--output", f"the folder {missing.parent} does not exist")
+
+
+def test_dot_slash_dash_is_the_file_named_dash(tiny_target, tmp_path, monkeypatch):
+    """pathlib prints ./- as "-": the piped stdin was read instead of the file, and stdout written instead."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "-").write_text(json.dumps({"prompt": "the cat is", "id": "from the file"}) + "\n")
+    result = subprocess.run([sys.executable, "-m", "apps.cli", "generate", "--target", tiny_target, "--backend",
+                             "torch", "--prompt-file", "./-", "--batch", "2", "--threads", "1", "--max-context",
+                             "256", "--max-tokens", "4", "--output", "./out-", "--draft", "none"],
+                            input=json.dumps({"prompt": "piped"}) + "\n", capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout == "", result.stderr
+    (line,) = [json.loads(text) for text in (tmp_path / "out-").read_text().splitlines()]
+    assert (line["id"], line["line"]) == ("from the file", 1)
 
 
 def test_output_dash_is_stdout_as_prompt_file_dash_is_stdin(tiny_target, tmp_path, monkeypatch):

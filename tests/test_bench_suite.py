@@ -26,7 +26,7 @@ def test_turns_and_prompt_rows_with_optional_fields(tmp_path):
                        json.dumps({"prompt": "no id"}))
     assert read_suite(path) == [SuitePrompt("7", "coding", "first", later_turns=("second",)),
                                 SuitePrompt("x1", DEFAULT_CATEGORY, "a prompt"),
-                                SuitePrompt("4", DEFAULT_CATEGORY, "no id")]  # the line number stands in for an id
+                                SuitePrompt("line 4", DEFAULT_CATEGORY, "no id")]  # the line number stands in
 
 
 def test_later_turns_follow_their_first_turn_in_a_category_of_their_own(tmp_path):
@@ -49,6 +49,7 @@ def test_later_turns_follow_their_first_turn_in_a_category_of_their_own(tmp_path
     (json.dumps({"prompt": "  "}), "line 2: `prompt` must be a non-empty string"),
     # results are matched to prompts by id: the second run under one id was compared with the first
     (json.dumps({"question_id": 1, "prompt": "again"}), "line 2 has the id '1' of line 1"),
+    (json.dumps({"id": "1", "prompt": "again"}), "line 2 has the id '1' of line 1"),
     (json.dumps({"prompt": "own limit", "max_tokens": 5}), "line 2 sets max_tokens: bench runs every prompt"),
     (json.dumps({"prompt": "own draws", "seed": 5}), "line 2 sets seed: bench runs every prompt"),
 ])

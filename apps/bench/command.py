@@ -27,7 +27,7 @@ from apps.bench.report import build_report
 from apps.bench.rounds import BenchProgress, plan_rounds, run_rounds
 from apps.bench.run import BenchJob, System, add_closing_notes
 from apps.bench.suite import read_suite, select_prompts, with_later_turns
-from apps.flags import (MODEL, SPECULATION, backend_options, kv_type_option, model_choice_options, repack_option,
+from apps.flags import (MODEL, SPECULATION, DashPath, backend_options, kv_type_option, model_choice_options, repack_option,
                         sampling_options, setting_option, threads_option)
 from apps.bench.peers import PEERS, parse_peers
 from apps.bench.peers.llama_speculative import default_tools_dir, missing_binary
@@ -114,7 +114,7 @@ def _command_line() -> str:
 
 @click.command(name="bench")
 @model_choice_options
-@click.option("--suite", type=click.Path(path_type=Path, dir_okay=False), default=DEFAULT_SUITE,
+@click.option("--suite", type=DashPath(), default=DEFAULT_SUITE,
               help="JSONL prompts: rows with `turns` (list) or `prompt`; `category` and an id optional "
                    "[default: Spec-Bench].")
 @click.option("--categories", "--category", "categories", multiple=True,

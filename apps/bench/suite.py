@@ -38,9 +38,14 @@ class SuitePrompt:
 
 def read_suite(path: Path) -> list[SuitePrompt]:
     """Every conversation in the file, in order, as its first turn; a bad file or line is one UserError naming both.
-    Every system runs every prompt with the bench's --max-tokens and --seed, so a line's own are refused."""
-    rows = read_prompt_rows(path, "--suite")
+    Ids are unique; every system runs every prompt with the bench's --max-tokens and --seed, so a line's own are
+    refused."""
+    rows, line_by_id = read_prompt_rows(path, "--suite"), {}
     for row in rows:
+        if row.prompt_id in line_by_id:  # each system's results are matched to plain decoding's by id
+            raise UserError(f"--suite {path} line {row.line_number} has the id {row.prompt_id!r} of line "
+                            f"{line_by_id[row.prompt_id]}: give each prompt its own id")
+        line_by_id[row.prompt_id] = row.line_number
         own = [key for key, value in (("max_tokens", row.max_tokens), ("seed", row.seed)) if value is not None]
         if own:
             raise UserError(f"--suite {path} line {row.line_number} sets {' and '.join(own)}: bench runs every "
