@@ -183,6 +183,7 @@ def test_a_saved_trimmed_chat_resumes_counting_every_reply_it_asked_for(tmp_path
     ("", "is empty"),
     ('{"type": "user", "content": "hi"}\nnot json\n{"type": "reset"}\n', "line 2 is not JSON"),
     ('[1, 2]\n', "line 1 is not a JSON object"),
+    ("[" * 100_000 + "]" * 100_000 + '\n{"type": "reset"}\n', "line 1 is not JSON"),  # past Python's stack
     ('{"type": "assistant", "content": "orphan"}\n', "record 1: a reply with no user message"),
     (b"\xff\xfe\n", "cannot read"),
     ('{"type": "header", "version": 1, "target": 123, "draft": "ngram"}\n', "the header's 'target' must name"),
