@@ -2,7 +2,7 @@
 
 Outputs are JSONL, one line per prompt in input order, each written as soon as it and
 every prompt before it are done, with the prompt's id and line in the file. The first Ctrl-C
-(or SIGTERM, SIGHUP) stops after the current forward: prompts not finished are written with
+(or SIGTERM, or SIGHUP unless ignored) stops after the current forward: prompts not finished are written with
 what they have and stop reason `interrupted`, then the command exits with 130 (143, 129). An --output file appears under its name only once every
 line is in it (see pocketspec/atomic_file.py), and is never one of the inputs; an interrupted
 run never replaces an earlier file: its lines go beside it (out.jsonl: out.interrupted.jsonl).
@@ -98,11 +98,13 @@ def run_batch(settings: SessionSettings, *, prompt, prompt_file, chat: bool, bat
                                 "shorten it or raise --max-context")
         seeds = [request.seed for request in requests]
         if output is None:
-            stopped_by = _decode(session.engine, requests, OrderedWriter(sys.stdout, session.tokenizer, seeds, lines))
+            stopped_by, is_cut = _decode(session.engine, requests,
+                                         OrderedWriter(sys.stdout, session.tokenizer, seeds, lines))
         else:
             with replaced_on_success(output, what="--output") as stream:
-                stopped_by = _decode(session.engine, requests, OrderedWriter(stream, session.tokenizer, seeds, lines))
-                if stopped_by is not None and Path(output).expanduser().is_file():  # an earlier file: kept
+                stopped_by, is_cut = _decode(session.engine, requests,
+                                             OrderedWriter(stream, session.tokenizer, seeds, lines))
+                if is_cut and Path(output).expanduser().is_file():  # an earlier file: kept
                     stream.keep_beside("interrupted")
             if stream.kept_as is not None:
                 note(f"{output} is left as it was; this run's lines are in {stream.kept_as}")
@@ -118,9 +120,10 @@ def _line_seed(seed: int, index: int) -> int:
     return (seed + index) % (int(setting_range(SamplingSettings, "seed").high) + 1)
 
 
-def _decode(engine, requests: list[Request], writer: OrderedWriter) -> int | None:
-    """Decode every request through `writer`; the stop signal that cut the run short (Ctrl-C, SIGTERM, SIGHUP:
-    `timeout` or `docker stop` keep the finished prompts as Ctrl-C does), else None."""
+def _decode(engine, requests: list[Request], writer: OrderedWriter) -> tuple[int | None, bool]:
+    """Decode every request through `writer`. Returns the stop signal that came (Ctrl-C, SIGTERM, SIGHUP: `timeout`
+    or `docker stop` keep the finished prompts as Ctrl-C does), else None; and whether it cut a prompt short (it
+    may come after the last one). A signal ignored (`nohup`, a background job) stays ignored."""
     stopped_by: list[int] = []
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
 
@@ -129,8 +132,9 @@ def _decode(engine, requests: list[Request], writer: OrderedWriter) -> int | Non
         for other, handler in previous.items():  # a second signal stops at once
             signal.signal(other, handler)
 
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, on_stop)
+    for signum, handler in previous.items():
+        if handler != signal.SIG_IGN:
+            signal.signal(signum, on_stop)
     started = time.perf_counter()
     try:
         results = engine.run(requests, on_finished=writer, should_stop=lambda: bool(stopped_by))
@@ -145,4 +149,5 @@ def _decode(engine, requests: list[Request], writer: OrderedWriter) -> int | Non
     click.echo(f"[{prompts}, {num_tokens} tokens, {num_tokens / seconds:.2f} tok/s in all, "
                f"{drafting_text(num_drafted, num_accepted)}, "
                f"{engine.alignment_seconds / seconds:.1%} of the time aligning rows]", err=True)
-    return stopped_by[0] if stopped_by else None
+    is_cut = any(result.stop_reason == "interrupted" for result in results)
+    return (stopped_by[0] if stopped_by else None), is_cut

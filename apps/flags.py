@@ -204,7 +204,8 @@ BACKEND_OPTIONS = {  # flag -> its click option, in --help's order
 }
 
 
-# the torch flags `pocketspec plan --batch` takes (it has its own --max-gamma, and plans on one device)
+# the torch flags `pocketspec plan` takes, for a batch (--batch N, on one device) or a split (--devices); it has its
+# own --max-gamma
 PLAN_BATCH_FLAGS = ("--backend", "--device", "--split-mode", "--weights", "--torch-kv-type", "--self-draft-window",
                     "--self-draft-kv-type", "--self-skip-layers")  # not --self-draft-keys: either window plans alike
 
@@ -246,8 +247,8 @@ def batch_options(function):
         click.option("--output", type=DashPath(allow_dash=True), default=None,
                      callback=_dash_is_stdout,
                      help="Write the output here instead of stdout (the JSONL lines with --batch); "
-                          "the file appears once it is complete ('-': stdout). A Ctrl-C'd --batch writes what it "
-                          "has, beside an earlier out.jsonl as out.interrupted.jsonl."),
+                          "the file appears once it is complete ('-': stdout). A --batch stopped by Ctrl-C or "
+                          "SIGTERM writes what it has, beside an earlier out.jsonl as out.interrupted.jsonl."),
         click.option("--scheduler", type=click.Choice(SCHEDULERS), default=BATCH.scheduler, show_default=True,
                      help="--batch: step the longest-waiting rows together (pad) or equal-length rows (group)."),
         click.option("--batch-invariant/--fast-batch", "batch_invariant", default=BATCH.is_batch_invariant,

@@ -6,16 +6,17 @@ import json
 
 import click
 
-from apps.flags import (MODEL, PLAN_BATCH_FLAGS, backend_options, model_choice_options, repack_option, setting_option,
-                        threads_option)
+from apps.flags import (PLAN_BATCH_FLAGS, backend_options, is_given, kv_type_option, model_choice_options,
+                        repack_option, setting_option, threads_option)
 from memplanner import format_bytes
 from memplanner.batch_step_costs import CONTEXT_GRID
 from memplanner.memory_budget import is_split
+from memplanner.torch_split import TorchSplitPlan
 from pocketspec.budget.batch_preview import BatchPreview, preview_batch_plan
 from pocketspec.budget.preview import preview_plan
 from pocketspec.errors import UserError
 from pocketspec.session_settings import SessionSettings, requested_devices
-from pocketspec.settings import (ACCEPTANCE_PRIORS, LLAMA_KV_TYPES, SELF_DRAFTS, BatchSettings, GenerationSettings,
+from pocketspec.settings import (ACCEPTANCE_PRIORS, SELF_DRAFTS, BatchSettings, GenerationSettings,
                                  ModelSettings, SamplingSettings, SpeculationSettings)
 
 
@@ -128,6 +129,16 @@ def _batch_json(preview: BatchPreview) -> dict:
                              "speedup": item.speedup, "gamma": item.gamma} for item in preview.predictions]}
 
 
+def _refuse_unused_by_a_torch_split() -> None:
+    """A torch split's plan counts tensors and processes: the flags that price llama.cpp's speed are refused,
+    not ignored."""
+    for name, flag in (("max_tokens", "--max-tokens"), ("temperature", "--temperature"), ("alpha", "--alpha"),
+                       ("repack", "--repack/--no-repack")):
+        if is_given(name):
+            raise UserError(f"{flag} does not change a torch split's plan (each device's tensors and processes); "
+                            "leave it out")
+
+
 def _plan_batch(settings: SessionSettings, max_batch: int, as_json: bool) -> None:
     preview = preview_batch_plan(settings, BatchSettings(max_batch=max_batch))
     if as_json:
@@ -147,9 +158,7 @@ def _plan_batch(settings: SessionSettings, max_batch: int, as_json: bool) -> Non
 @setting_option("--max-tokens", GenerationSettings, "max_new_tokens", show_default=True)
 @setting_option("--temperature", SamplingSettings, "temperature", show_default=True)
 @setting_option("--max-gamma", SpeculationSettings, "max_gamma", show_default=True)
-@click.option("--kv-type", type=click.Choice(LLAMA_KV_TYPES), default=None,
-              help=f"The target's KV cache type [default: {MODEL.kv_type}]; the plan never changes it (only the "
-                   "draft's).")
+@kv_type_option
 @setting_option("--alpha", SpeculationSettings, "expected_acceptance",
                 help=f"Expected per-token acceptance of the draft model [default: {ACCEPTANCE_PRIORS['model']}].")
 @repack_option
@@ -169,23 +178,28 @@ def plan_command(target, draft, pair, memory_budget, devices, max_context, max_t
         target=target, draft=draft, pair=pair, sampling=SamplingSettings(temperature=temperature),
         memory_budget=memory_budget, max_context=max_context, kv_type=None if batch else kv_type,
         max_new_tokens=max_tokens, repack=repack, threads=threads, options=options)
+    backend = backend_args["backend"]
+    is_torch_split = backend == "torch" and is_split(requested_devices(settings), settings.budget) and batch is None
+    if is_given("split_mode") and not is_torch_split:
+        raise UserError("--split-mode applies to a torch target split over --devices (pocketspec plan --backend "
+                        "torch --devices A,B); leave it out")
     if batch is not None:
         _plan_batch(settings, batch, as_json)
         return
-    backend = backend_args["backend"]
-    is_torch_split = backend == "torch" and is_split(requested_devices(settings), settings.budget)
     if backend != "llama.cpp" and not is_torch_split:
         torch_plans = " and --backend torch batches (--batch N) or splits (--devices)" if backend == "torch" else ""
         raise UserError(f"pocketspec plan plans llama.cpp sessions{torch_plans}; `generate --backend {backend} "
                         "--memory-budget ...` prints one sequence's plan before it runs")
-    if draft in SELF_DRAFTS:  # planned as n-grams otherwise: llama.cpp cannot run it
+    if is_torch_split:
+        _refuse_unused_by_a_torch_split()
+    if draft in SELF_DRAFTS and not is_torch_split:  # planned as n-grams otherwise: llama.cpp cannot run it
         raise UserError(f"--draft {draft} drafts with the target's own weights and needs --backend torch; pocketspec "
                         "plan plans it for --backend torch batches (--batch N)")
     preview = preview_plan(settings)
     if as_json:
         click.echo(json.dumps(preview.result.to_dict(), sort_keys=True))
         return
-    if is_torch_split:
+    if isinstance(preview.result, TorchSplitPlan):
         _print_shares(preview.result, preview.title, is_row=backend_args["split_mode"] == "row")
         return
     if preview.is_split:  # devices that need not be here: priced by the reference tables

@@ -2,8 +2,10 @@
 `bench --suite` and the benchmark scripts. Errors name the flag, the file and the line.
 
 A line holds `prompt` (a string) or `turns` (a list of user turns, as in Spec-Bench and
-MT-Bench). Optional: `category`, an id (`question_id` or `id`), `seed` (as --seed's, without -1) and
-`max_tokens` (at least 1). Blank lines are skipped.
+MT-Bench), not both. Optional: `category`, an id (`question_id` or `id`: a string or a whole number),
+`seed` (as --seed's, without -1) and `max_tokens` (as --max-tokens'). A --batch file holds no
+other key; a suite may (one from elsewhere holds its own). Blank lines are skipped; lines end at
+\n, \r\n or \r only.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ PROMPT_FILE_MAX_BYTES = 256 * 2**20  # a file of prompts past this is refused un
 @dataclass(frozen=True)
 class PromptRow:
     line_number: int
-    given_id: str | None  # question_id or id, as text; None without one
+    given_id: str | int | None  # question_id or id, as the line has it; None without one
     category: str
     turns: tuple[str, ...]  # the user turns; `prompt` is one turn
     seed: int | None = None
@@ -39,8 +41,8 @@ class PromptRow:
 
     @property
     def prompt_id(self) -> str:
-        """The given id, else "line N" (which no number or other line's id can be)."""
-        return self.given_id if self.given_id is not None else f"line {self.line_number}"
+        """The given id as text, else "line N" from the line's number (which no number can be)."""
+        return str(self.given_id) if self.given_id is not None else f"line {self.line_number}"
 
     @property
     def text(self) -> str:
@@ -62,6 +64,8 @@ def read_jsonl_objects(path: Path, flag: str, shape_hint: str) -> Iterator[tuple
             row = json.loads(line)
         except json.JSONDecodeError as error:
             raise UserError(f"{where} is not JSON ({error.msg}); {shape_hint}") from None
+        except ValueError as error:  # a number of more digits than Python converts
+            raise UserError(f"{where} is not JSON Python can read ({error}); {shape_hint}") from None
         except RecursionError:
             raise UserError(f"{where} nests its JSON too deeply to read; {shape_hint}") from None
         if not isinstance(row, dict):
@@ -107,7 +111,7 @@ def _whole_number(row: dict, key: str, where: str, minimum: int, maximum: int | 
     return value
 
 
-def _given_id(row: dict, where: str) -> str | None:
+def _given_id(row: dict, where: str) -> str | int | None:
     keys = [key for key in ID_KEYS if row.get(key) is not None]
     if len(keys) > 1:
         raise UserError(f"{where} has both `question_id` and `id`: keep one")
@@ -116,7 +120,7 @@ def _given_id(row: dict, where: str) -> str | None:
     value = row[keys[0]]
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise UserError(f"{where}: `{keys[0]}` must be a string or a whole number, got {_json_kind(value)}")
-    return str(value)
+    return value
 
 
 def _max_tokens(row: dict, where: str) -> int | None:
@@ -137,13 +141,13 @@ def read_prompt_rows(path: Path, flag: str, shape_hint: str = SUITE_SHAPE,
     keys a line may hold (None: any, as a suite from elsewhere holds its own)."""
     rows = []
     for line_number, row, where in read_jsonl_objects(path, flag, shape_hint):
-        _turns(row, where, shape_hint)  # a line without a prompt is told so first
+        turns = _turns(row, where, shape_hint)  # a line without a prompt is told so first
         unknown = sorted(set(row) - known_keys) if known_keys is not None else []
         if unknown:  # a misspelt `max_token`, or a `temperature` no line can set, would go unheeded
             raise UserError(f"{where} has {', '.join(f'`{key}`' for key in unknown)}, which {flag} does not read: "
                             f"a line holds {', '.join(f'`{key}`' for key in sorted(known_keys))}")
         rows.append(PromptRow(line_number, _given_id(row, where), str(row.get("category") or DEFAULT_CATEGORY),
-                              _turns(row, where, shape_hint), _seed(row, where), _max_tokens(row, where)))
+                              turns, _seed(row, where), _max_tokens(row, where)))
     if not rows:
         raise UserError(f"{flag} {path} holds no prompts: write one JSON object per line")
     return rows

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from apps.bench.report import OVERALL, speedups  # noqa: E402
+from apps.bench.figures import OVERALL, speedups  # noqa: E402
 from apps.report import markdown_table, write_results  # noqa: E402
 from memplanner.measured_costs import load_measured_costs  # noqa: E402
 from pocketspec.settings import SpeculationSettings  # noqa: E402

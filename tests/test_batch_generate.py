@@ -162,14 +162,16 @@ def test_an_output_onto_the_model_is_refused_before_it_loads(tiny_target, prompt
     assert Path(tiny_target).stat().st_mtime_ns == before.st_mtime_ns
 
 
-def _batch_writing_its_output(tiny_target, tmp_path, output: Path) -> subprocess.Popen:
+def _batch_writing_its_output(tiny_target, tmp_path, output: Path, max_tokens: int = 400,
+                              preexec_fn=None) -> subprocess.Popen:
     """A --batch run with --output, once its first line is in the temporary file: decoding is under way."""
     path = tmp_path / "long.jsonl"
     path.write_text("".join(json.dumps({"prompt": text}) + "\n" for text in PROMPTS * 3))
     process = subprocess.Popen([sys.executable, "-m", "apps.cli", "generate", "--target", tiny_target, "--backend",
                                 "torch", "--prompt-file", str(path), "--batch", "2", "--threads", "1",
-                                "--max-tokens", "400", "--max-context", "512", "--draft", "none",
-                                "--output", str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                "--max-tokens", str(max_tokens), "--max-context", "512", "--draft", "none",
+                                "--output", str(output)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=preexec_fn)
     deadline = time.monotonic() + 120
     while not any(partial.stat().st_size for partial in tmp_path.glob(f".{output.name}.*.partial")):
         assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
@@ -200,7 +202,19 @@ def test_sigterm_keeps_the_finished_prompts_as_ctrl_c_does_and_the_old_output(ti
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.jsonl", "out.interrupted.jsonl", "out.jsonl"]
     lines = [json.loads(line) for line in (tmp_path / "out.interrupted.jsonl").read_text().splitlines()]
     assert [line["index"] for line in lines] == list(range(len(PROMPTS) * 3))
-    assert lines[0]["stop_reason"] != "interrupted" and lines[-1]["stop_reason"] == "interrupted"
+    assert lines[0]["stop_reason"] != "interrupted" and any(line["stop_reason"] == "interrupted" for line in lines)
+
+
+def test_a_sighup_that_nohup_ignores_stays_ignored(tiny_target, tmp_path):
+    """Closing the terminal of a `nohup` run: the batch goes on to its end."""
+    output = tmp_path / "out.jsonl"
+    process = _batch_writing_its_output(tiny_target, tmp_path, output, max_tokens=40,
+                                        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    process.send_signal(signal.SIGHUP)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert len(lines) == len(PROMPTS) * 3 and all(line["stop_reason"] != "interrupted" for line in lines)
 
 
 def test_ctrl_c_with_output_writes_the_whole_file(tiny_target, tmp_path):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from apps.bench.report import OVERALL, build_report, complete_repeats, speedups, summaries_by_category, summarize
+from apps.bench.figures import OVERALL, complete_repeats, speedups, summaries_by_category, summarize
+from apps.bench.report import build_report
 
 RESULTS_PATH = Path(__file__).parent / "data" / "bench_results_small.json"
 
@@ -148,7 +149,7 @@ def _row(system: str, repeat: int, tokens: int, seconds: float, **extra) -> dict
 
 
 def test_a_ratio_over_repeats_comes_with_its_lowest_and_highest_repeat():
-    from apps.bench.report import ratio_cell, ratio_spread
+    from apps.bench.figures import ratio_cell, ratio_spread
 
     plain = [_row("plain", 0, 100, 10.0), _row("plain", 1, 100, 10.0), _row("plain", 2, 100, 10.0)]
     spec = [_row("spec", 0, 100, 8.0), _row("spec", 1, 100, 5.0), _row("spec", 2, 100, 4.0)]
@@ -190,9 +191,9 @@ def test_a_run_stopped_within_a_repeat_leaves_that_repeat_out_of_the_overall_rat
     results["rounds"] = {"num_planned": 4, "num_completed": 3, "is_partial": True, "wall_seconds": 100.0}
     assert complete_repeats(results["rows"]) == {0}
     report = build_report(results)
-    assert table_rows(report, "Overall")["pocketspec-auto"]["× plain"] == "1.29×"  # repeat 1 alone, no spread
+    assert table_rows(report, "Overall")["pocketspec-auto"]["× plain"] == "1.29×"  # the first repeat alone
     assert table_rows(report, "coding")["pocketspec-auto"]["× plain"] == "2.00× (2.00–2.00)"
-    assert "ALL counts the 1 repeats that ran every prompt" in report
+    assert "ALL counts the repeat that ran every prompt" in report
     assert table_rows(report, "Overall")["plain"]["prompts"] == "4"  # prompts, not rows of every repeat
 
 

@@ -48,13 +48,14 @@ def test_later_turns_follow_their_first_turn_in_a_category_of_their_own(tmp_path
     (json.dumps({"turns": []}), "line 2: `turns` must be a list"),
     (json.dumps({"prompt": "  "}), "line 2: `prompt` must be a non-empty string"),
     # results are matched to prompts by id: the second run under one id was compared with the first
-    (json.dumps({"question_id": 1, "prompt": "again"}), "line 2 has the id '1' of line 1"),
-    (json.dumps({"id": "1", "prompt": "again"}), "line 2 has the id '1' of line 1"),
+    (json.dumps({"question_id": 1, "prompt": "again"}), "line 2's id '1' is also line 1's"),
+    (json.dumps({"id": "1", "prompt": "again"}), "line 2's id '1' is also line 1's"),
+    (json.dumps({"id": "1/turn2", "prompt": "a later turn's id"}), "line 2's id '1/turn2' is also line 1's"),
     (json.dumps({"prompt": "own limit", "max_tokens": 5}), "line 2 sets max_tokens: bench runs every prompt"),
     (json.dumps({"prompt": "own draws", "seed": 5}), "line 2 sets seed: bench runs every prompt"),
 ])
 def test_bad_lines_name_the_file_and_line(tmp_path, line, fragment):
-    path = write_lines(tmp_path, json.dumps({"question_id": 1, "prompt": "fine"}), line)
+    path = write_lines(tmp_path, json.dumps({"question_id": 1, "turns": ["fine", "then"]}), line)
     with pytest.raises(UserError) as error:
         read_suite(path)
     assert str(path) in str(error.value) and fragment in str(error.value)

@@ -45,6 +45,7 @@ def test_prompts_turns_seeds_and_blank_lines(tmp_path):
     ('{"prompt": "a", "max_tokens": 100000000000}\n', ["line 1", "`max_tokens`", "from 1 to"]),
     ('{"prompt": "a", "max_tokens": "5"}\n', ['got "5"']),
     ('{"prompt": "a", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n", ["line 1 nests its JSON too deeply"]),
+    ('{"prompt": "a", "seed": ' + "1" * 5000 + "}\n", ["line 1 is not JSON Python can read"]),
 ])
 def test_bad_lines_are_named(tmp_path, text, fragments):
     with pytest.raises(UserError) as error:
@@ -76,7 +77,7 @@ def test_lines_end_only_at_line_breaks(tmp_path):
 def test_ids_repeat_in_a_batch_and_a_line_without_one_is_known_by_its_line(tmp_path):
     """The same prompt sampled under several seeds keeps its id; an id-less line cannot take another's id."""
     lines = _read(tmp_path, '{"prompt": "a", "id": "3", "seed": 1}\n{"prompt": "a", "id": "3", "seed": 2}\n'
-                            '{"prompt": "b"}\n{"prompt": "c", "id": null}\n')
+                            '{"prompt": "b"}\n{"prompt": "c", "id": null}\n{"prompt": "d", "id": 7}\n')
     assert [(line.given_id, line.prompt_id) for line in lines] == [
-        ("3", "3"), ("3", "3"), (None, "line 3"), (None, "line 4")]
+        ("3", "3"), ("3", "3"), (None, "line 3"), (None, "line 4"), (7, "7")]  # the output gives the id back as is
 

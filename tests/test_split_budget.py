@@ -63,6 +63,23 @@ def _assert_plan_shows(generate_stderr: str, target: str, *flags: str) -> None:
     assert len(notes) == 2 and [peak for *_, peak in shown] == [peak for *_, peak in notes], (shown, notes)
 
 
+@pytest.mark.parametrize("args, fragments", [
+    (["--backend", "torch", "--devices", "cpu:0,cpu:1", "--memory-budget", "1GiB,1GiB", "--alpha", "0.5"],
+     ["--alpha does not change a torch split's plan"]),
+    (["--memory-budget", "1GiB", "--split-mode", "row"], ["--split-mode applies to a torch target split"]),
+    (["--backend", "torch", "--devices", "cpu:0,cpu:1", "--memory-budget", "1GiB,1GiB", "--split-mode", "row",
+      "--draft", "self-sparse"], ["self-drafts run the target's own layers"]),
+])
+def test_a_plan_refuses_what_a_torch_split_does_not_read(tiny_pair, args, fragments):
+    assert_one_line_error(run_cli("plan", "--target", tiny_pair[0], "--max-context", "256", *args), *fragments)
+
+
+def test_a_layer_split_plans_a_self_draft_as_generate_runs_it(tiny_pair):
+    planned = run_cli("plan", "--target", tiny_pair[0], "--max-context", "256", "--backend", "torch", "--devices",
+                      "cpu:0,cpu:1", "--memory-budget", "1GiB,1GiB", "--draft", "self-sparse")
+    assert planned.returncode == 0 and "(self-sparse drafting) on torch" in planned.stdout, planned.stderr
+
+
 def test_torch_row_split_spawned_and_under_torchrun(tiny_pair, torch_plain):
     spawned = _generate(tiny_pair[0], "--draft", tiny_pair[1], "--gamma", "3", *TORCH, "--devices", "cpu:0,cpu:1",
                         "--split-mode", "row")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from apps.bench.report import OVERALL, gpu_systems, speedups, summaries_by_category
+from apps.bench.figures import OVERALL, gpu_systems, speedups, summaries_by_category
 
 SPEEDUP_PLOT = "speedup.png"
 FRONTIER_PLOT = "frontier.png"

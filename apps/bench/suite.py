@@ -42,15 +42,21 @@ def read_suite(path: Path) -> list[SuitePrompt]:
     refused."""
     rows, line_by_id = read_prompt_rows(path, "--suite"), {}
     for row in rows:
-        if row.prompt_id in line_by_id:  # each system's results are matched to plain decoding's by id
-            raise UserError(f"--suite {path} line {row.line_number} has the id {row.prompt_id!r} of line "
-                            f"{line_by_id[row.prompt_id]}: give each prompt its own id")
-        line_by_id[row.prompt_id] = row.line_number
+        # each system's results are matched to plain decoding's by id, a later turn's by ID/turnN
+        for prompt_id in [row.prompt_id, *(later_turn_id(row.prompt_id, turn) for turn in range(2, len(row.turns) + 1))]:
+            if prompt_id in line_by_id:
+                raise UserError(f"--suite {path} line {row.line_number}'s id {prompt_id!r} is also line "
+                                f"{line_by_id[prompt_id]}'s: give each prompt its own id")
+            line_by_id[prompt_id] = row.line_number
         own = [key for key, value in (("max_tokens", row.max_tokens), ("seed", row.seed)) if value is not None]
         if own:
             raise UserError(f"--suite {path} line {row.line_number} sets {' and '.join(own)}: bench runs every "
                             "prompt with its own --max-tokens and --seed; leave them out of the suite")
     return [SuitePrompt(row.prompt_id, row.category, row.text, later_turns=row.turns[1:]) for row in rows]
+
+
+def later_turn_id(prompt_id: str, turn: int) -> str:
+    return f"{prompt_id}/turn{turn}"
 
 
 def with_later_turns(prompts: list[SuitePrompt], max_turns: int | None = None) -> list[SuitePrompt]:
@@ -59,7 +65,8 @@ def with_later_turns(prompts: list[SuitePrompt], max_turns: int | None = None) -
     for prompt in prompts:
         found.append(prompt)
         for turn, text in enumerate(prompt.later_turns[:None if max_turns is None else max_turns - 1], start=2):
-            found.append(SuitePrompt(f"{prompt.prompt_id}/turn{turn}", prompt.category, text, turn, prompt.prompt_id))
+            found.append(SuitePrompt(later_turn_id(prompt.prompt_id, turn), prompt.category, text, turn,
+                                     prompt.prompt_id))
     return found
 
 

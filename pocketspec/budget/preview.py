@@ -14,6 +14,7 @@ from pocketspec.budget.llama_plan import plan_on_device, workload_for
 from pocketspec.budget.split_plan import plan_torch_split
 from pocketspec.errors import BudgetError, UserError
 from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
+from pocketspec.settings import SELF_DRAFTS
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ def preview_plan(settings: SessionSettings) -> PlanPreview:
         raise UserError("--devices needs --memory-budget: one size per device, e.g. 6GiB,4GiB")
     target_shape = shape_from_gguf(choice.target_path)
     draft_shape = shape_from_gguf(choice.draft_path) if choice.draft_path else None
-    drafting = "n-gram drafting" if choice.drafter == "ngram" else "plain decoding"
+    drafting = ("n-gram drafting" if choice.drafter == "ngram" else f"{choice.drafter} drafting"
+                if choice.drafter in SELF_DRAFTS else "plain decoding")
     pair_name = target_shape.name + (f" + {draft_shape.name}" if draft_shape else f" ({drafting})")
     temperature, repack = settings.sampling.temperature, repack_allowed(settings.repack)
     if is_split_run and target_settings.backend == "torch":

@@ -71,7 +71,7 @@ def _torn_tail_bytes(path: Path) -> int:
 def _is_whole_record(data: bytes) -> bool:
     try:
         return isinstance(json.loads(data.decode("utf-8")), dict)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # ValueError: JSONDecodeError, a number too long
         return False
 
 
@@ -209,7 +209,7 @@ def read_records(path: Path) -> list[dict]:
             if is_last:
                 break
             raise UserError(f"cannot read transcript {path}: line {number} is not UTF-8 ({error.reason})") from None
-        except (json.JSONDecodeError, RecursionError):  # RecursionError: nested deeper than Python's stack
+        except (ValueError, RecursionError):  # JSONDecodeError, a number too long; nested past Python's stack
             if is_last:
                 break
             raise UserError(f"transcript {path} is corrupt: line {number} is not JSON") from None

@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import time
 
-from pocketspec.errors import ModelLost
 from pocketspec.serve.generation import GenerationOutcome, PendingGeneration, Slots
 
 _STOP = object()
@@ -50,10 +49,11 @@ class EngineSlots(Slots):
 
     def _measure_peak_memory(self) -> None:
         """Session.peak_memory_bytes asks a row split's other ranks for theirs, which only this thread, between
-        forwards, may do; a rank found gone here is left for the next request to report."""
+        forwards, may do. A failure keeps the last figure: a rank found gone is the next request's to report, and
+        nothing here may end the thread every request waits on."""
         try:
             self._peak_memory_bytes = self.session.peak_memory_bytes()
-        except ModelLost:
+        except Exception:  # noqa: BLE001 (a metric, never worth the server)
             pass
 
     def _generate(self, pending: PendingGeneration) -> GenerationOutcome:
