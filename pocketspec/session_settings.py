@@ -17,7 +17,7 @@ from pocketspec.atomic_file import check_output_folder, refuse_output_onto_input
 from pocketspec.speculation.draft_limits import requested_draft_limits
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, choose_models, trained_context_limit
-from pocketspec.settings import SELF_DRAFTS, GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings
+from pocketspec.settings import GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings
 
 MODEL = ModelSettings()
 SPECULATION = SpeculationSettings()
@@ -140,13 +140,7 @@ def settings_for(settings: SessionSettings) -> tuple[ModelChoice, ModelSettings,
         raise UserError(f"--kv-type {settings.kv_type} sets llama.cpp's KV cache; with --backend "
                         f"{target_settings.backend} {instead}")
     check_self_draft_flags(speculation, (choice.drafter,))
-    if target_settings.split_mode == "row" and choice.drafter in SELF_DRAFTS:
-        raise UserError(ROW_SPLIT_SELF_DRAFT)
     return choice, with_verify_width(target_settings, speculation, choice), speculation
-
-
-ROW_SPLIT_SELF_DRAFT = ("self-drafts run the target's own layers, which a row split spreads over every rank; use "
-                        "--draft ngram, a draft model, or --split-mode layer")
 
 
 def flag_for(field_name: str) -> str:

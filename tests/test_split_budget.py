@@ -54,7 +54,7 @@ def test_torch_layer_split_from_per_device_budgets(tiny_pair, torch_plain):
 
 def _assert_plan_shows(generate_stderr: str, target: str, *flags: str) -> None:
     """`pocketspec plan` with generate's flags shows each device's blocks and peak as generate's notes did."""
-    planned = run_cli("plan", "--target", target, "--max-context", "256", "--max-tokens", "32", *flags)
+    planned = run_cli("plan", "--target", target, "--max-context", "256", *flags)
     assert planned.returncode == 0, planned.stderr
     notes = re.findall(r"memory plan (cpu:\d): (target blocks [\d-]+|a slice).*= ([\d.]+ \w+ of [\d.]+ \w+)",
                        generate_stderr)
@@ -68,7 +68,7 @@ def _assert_plan_shows(generate_stderr: str, target: str, *flags: str) -> None:
      ["--alpha does not change a torch split's plan"]),
     (["--memory-budget", "1GiB", "--split-mode", "row"], ["--split-mode applies to a torch target split"]),
     (["--backend", "torch", "--devices", "cpu:0,cpu:1", "--memory-budget", "1GiB,1GiB", "--split-mode", "row",
-      "--draft", "self-sparse"], ["self-drafts run the target's own layers"]),
+      "--draft", "self-sparse"], ["--draft self-sparse runs the target's own layers", "--split-mode row"]),
 ])
 def test_a_plan_refuses_what_a_torch_split_does_not_read(tiny_pair, args, fragments):
     assert_one_line_error(run_cli("plan", "--target", tiny_pair[0], "--max-context", "256", *args), *fragments)

@@ -25,7 +25,6 @@ from pocketspec.backends.distributed import WARM_UP_TIMEOUT_S, Command, Ranks, s
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.errors import ModelLost, UserError
 from pocketspec.settings import ModelSettings, default_num_threads
-from pocketspec.session_settings import ROW_SPLIT_SELF_DRAFT
 from pocketspec.stats import peak_rss_bytes
 from pocketspec.torch_model.device import resolve_device, resolve_devices
 
@@ -74,7 +73,8 @@ class RowSplitBackend(TorchBackend):
             super().shift_out(start, count)
 
     def self_draft(self, settings: ModelSettings, **kwargs) -> TorchBackend:
-        raise UserError(ROW_SPLIT_SELF_DRAFT)  # settings_for refuses it first, where --devices names the devices
+        raise UserError("self-drafts run the target's own layers, which a row split spreads over every rank; "
+                        "use --draft ngram, a draft model, or --split-mode layer")
 
     def _reports(self) -> list[tuple[dict, dict, int]]:
         with self._failures_reported():

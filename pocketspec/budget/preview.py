@@ -10,6 +10,7 @@ from memplanner.shapes import shape_from_gguf
 from memplanner.sizes import format_bytes
 from memplanner.memory_budget import is_split
 from memplanner.split import plan_split
+from pocketspec.backends.torch_open import check_self_draft
 from pocketspec.budget.llama_plan import plan_on_device, workload_for
 from pocketspec.budget.split_plan import plan_torch_split
 from pocketspec.errors import BudgetError, UserError
@@ -43,6 +44,8 @@ def preview_plan(settings: SessionSettings) -> PlanPreview:
     if is_split_run and target_settings.backend == "torch":
         budgets = list(budget.per_device)
         target_settings = replace(target_settings, devices=tuple(device.name for device in budgets))
+        if choice.drafter in SELF_DRAFTS:  # as generate refuses it before loading (a row split's, a small window)
+            check_self_draft(choice.drafter, target_settings, speculation)
         result = plan_torch_split(choice, target_settings, speculation, budgets)
         title = (f"plan for {pair_name} on torch, max context {max_context}, {target_settings.split_mode} split over "
                  f"{', '.join(device.name for device in budgets)}")
