@@ -50,7 +50,7 @@ HELP = """\
   /save FILE     save the conversation; continue it with --resume FILE
                  (an existing FILE is kept: /save FILE --force replaces it)
   /budget        the memory plan and the context
-  /exit          quit (Ctrl-D quits too); Ctrl-C stops a reply"""
+  /exit, /quit   quit (Ctrl-D quits too); Ctrl-C stops a reply"""
 
 
 class Repl:
@@ -83,6 +83,9 @@ class Repl:
         name, *rest = line.split(maxsplit=1)
         if name in self.commands:
             if self.commands[name] is None:
+                if rest:  # "/exit now": a message to rethink, as "/reset now" is, not a quit
+                    note(f"usage: {name} (nothing after it)")
+                    return True
                 return False
             self.commands[name](rest[0] if rest else "")
         elif re.fullmatch(r"/[a-zA-Z]+", name):
@@ -156,6 +159,8 @@ class Repl:
         words = argument.rsplit(maxsplit=1)
         is_forced = words[-1:] == ["--force"]
         name = (words[0] if len(words) == 2 else "") if is_forced else argument
+        if len(name) >= 2 and name[0] == name[-1] and name[0] in "'\"":  # quoted as a shell would: /save 'a b.jsonl'
+            name = name[1:-1]
         if not name or "--force" in name.split():
             note("usage: /save FILE [--force]")
             return

@@ -183,7 +183,7 @@ def test_piped_stdin_prints_only_the_reply(chat_home):
     assert "tok/s" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("case", ["missing", "corrupt", "not_a_transcript", "unknown_model"])
+@pytest.mark.parametrize("case", ["missing", "corrupt", "not_a_transcript", "fifo", "unknown_model"])
 def test_bad_input_is_one_line_and_exit_2(chat_home, tmp_path, case):
     args = ["chat", *SMOLLM2]
     if case == "missing":
@@ -191,6 +191,10 @@ def test_bad_input_is_one_line_and_exit_2(chat_home, tmp_path, case):
     elif case == "corrupt":
         path = tmp_path / "corrupt.jsonl"
         path.write_text('{"type": "header", "version": 1}\nnot json at all\n{"type": "reset"}\n')
+        args += ["--resume", str(path)]
+    elif case == "fifo":  # opening it waited for a writer for good
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
         args += ["--resume", str(path)]
     elif case == "not_a_transcript":
         path = tmp_path / "other.jsonl"
@@ -286,7 +290,7 @@ def test_save_never_replaces_a_file_unless_forced(chat_home, tmp_path):
     assert "already exists; add --force" in child.before
     assert precious.read_text() == "precious"
     fresh = tmp_path / "saved.jsonl"
-    _say(child, f"/save {fresh}")
+    _say(child, f"/save '{fresh}'")  # quoted as a shell would be: it made folders named after the quote
     assert f"saved 2 messages to {fresh}" in child.before
     _say(child, f"/save {precious} --force")
     assert f"saved 2 messages to {precious}" in child.before
@@ -335,7 +339,8 @@ def test_save_refuses_a_model_a_folder_a_device_and_another_chats_transcript(cha
 def test_stats_on_and_off_commands_that_take_nothing_and_a_system_prompt_past_the_context(chat_home):
     child = _spawn(chat_home, "--max-tokens", "8", "--max-context", "256", "--no-stats")
     for command, shown in (("/stats on", "stats on"), ("/stats on", "stats on"), ("/stats off", "stats off"),
-                           ("/stats maybe", "usage: /stats [on|off]"), ("/reset now please", "usage: /reset")):
+                           ("/stats maybe", "usage: /stats [on|off]"), ("/reset now please", "usage: /reset"),
+                           ("/exit now", "usage: /exit (nothing after it)")):  # it quit at once
         _say(child, command)
         assert shown in child.before, child.before
     _say(child, "/system " + "Always answer in rhyme. " * 60)

@@ -234,6 +234,8 @@ def _without_lone_surrogates(record: dict) -> dict:
 def check_not_in_use(path: Path, advice: str = "resume it once that chat ends") -> None:
     """UserError when another chat holds the transcript (TranscriptWriter locks it): two chats appending to
     one file would each take the other's reply for a dead one, and leave a file that no longer resumes."""
+    if Path(path).exists() and not Path(path).is_file():  # opening a FIFO would wait for a writer for good
+        raise UserError(f"transcript {path} is not a regular file: give a transcript a chat saved")
     try:
         descriptor = os.open(path, os.O_RDONLY)
     except OSError:
