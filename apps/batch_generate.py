@@ -2,10 +2,11 @@
 
 Outputs are JSONL, one line per prompt in input order, each written as soon as it and
 every prompt before it are done, with the prompt's id and line in the file. The first Ctrl-C
-(or SIGTERM, or SIGHUP unless ignored) stops after the current forward: prompts not finished are written with
-what they have and stop reason `interrupted`, then the command exits with 130 (143, 129). An --output file appears under its name only once every
-line is in it (see pocketspec/atomic_file.py), and is never one of the inputs; an interrupted
-run never replaces an earlier file: its lines go beside it (out.jsonl: out.interrupted.jsonl).
+(or SIGTERM, or SIGHUP unless ignored) stops after the current forward: prompts not finished are
+written with what they have and stop reason `interrupted`, then the command exits with 130 (143,
+129). An --output file appears under its name only once every line is in it (see
+pocketspec/atomic_file.py), and is never one of the inputs; an interrupted run never replaces an
+earlier file: its lines go beside it (out.jsonl: out.interrupted.jsonl).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from apps.batch_generate import run_batch
-from apps.flags import (DashPath, backend_options, batch_options, model_choice_options, runtime_options, sampling_options,
-                        session_settings, setting_option, take_batch_options)
+from apps.flags import (DashPath, backend_options, batch_options, model_choice_options, runtime_options,
+                        sampling_options, session_settings, setting_option, take_batch_options)
 from apps.terminal import note, progress_line
 from apps.text_input import as_text, prompt_bytes_limit, read_text_file
 from pocketspec.atomic_file import replaced_on_success

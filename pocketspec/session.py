@@ -29,7 +29,7 @@ from pocketspec.loader import ModelChoice, load_engine
 from pocketspec.settings import ModelSettings, SpeculationSettings, draft_settings_for
 from pocketspec.session_settings import SessionSettings, repack_allowed, settings_for
 from pocketspec.speculation.verify_mode import resolve_verify_mode
-from pocketspec.stats import GenerationStats, gpu_allocator_peaks, peak_rss_bytes
+from pocketspec.stats import GenerationStats, budgeted_peak_bytes, gpu_allocator_peaks
 
 Notify = Callable[[str], None]
 
@@ -62,10 +62,7 @@ class Session(PromptEncoding):
         split devices, a row split's other ranks); on a CPU the whole process's peak resident memory
         (VmHWM, as `top` and /usr/bin/time -v show it), the interpreter and the front end's modules included,
         and a row split's other ranks' processes' too."""
-        gpu_peaks = {**gpu_allocator_peaks(), **self.engine.allocator_peaks()}
-        if gpu_peaks:
-            return sum(gpu_peaks.values())
-        return peak_rss_bytes() + self.engine.followers_peak_rss_bytes()
+        return budgeted_peak_bytes(self.engine.allocator_peaks(), self.engine.followers_peak_rss_bytes)
 
     def memory_in_use_bytes(self) -> int:
         return psutil.Process().memory_info().rss

@@ -5,6 +5,7 @@ from __future__ import annotations
 import resource
 import sys
 from dataclasses import dataclass, field
+from typing import Callable
 
 
 def vm_hwm_bytes(pid: int | str) -> int | None:
@@ -30,6 +31,17 @@ def gpu_allocator_peaks(reserved: bool = False) -> dict[str, int]:
     read = torch.cuda.max_memory_reserved if reserved else torch.cuda.max_memory_allocated
     peaks = {f"cuda:{index}": int(read(index)) for index in range(torch.cuda.device_count())}
     return {name: peak for name, peak in peaks.items() if peak}
+
+
+def budgeted_peak_bytes(other_gpu_peaks: dict[str, int] | None = None,
+                        other_processes_rss: Callable[[], int] = lambda: 0) -> int:
+    """What --memory-budget bounds: torch's allocator peaks summed over every GPU used (this process's, and
+    other_gpu_peaks: a row split's other ranks'); on a CPU this process's peak resident memory plus
+    other_processes_rss() (asked only then: a row split's other ranks, one round trip)."""
+    gpu_peaks = {**gpu_allocator_peaks(), **(other_gpu_peaks or {})}
+    if gpu_peaks:
+        return sum(gpu_peaks.values())
+    return peak_rss_bytes() + other_processes_rss()
 
 
 def peak_rss_bytes() -> int:

@@ -27,8 +27,8 @@ from apps.bench.report import build_report
 from apps.bench.rounds import BenchProgress, plan_rounds, run_rounds
 from apps.bench.run import BenchJob, System, add_closing_notes
 from apps.bench.suite import read_suite, select_prompts, with_later_turns
-from apps.flags import (MODEL, SPECULATION, DashPath, backend_options, kv_type_option, model_choice_options, repack_option,
-                        sampling_options, setting_option, threads_option)
+from apps.flags import (MODEL, SPECULATION, DashPath, backend_options, kv_type_option, model_choice_options,
+                        repack_option, sampling_options, setting_option, threads_option)
 from apps.bench.peers import PEERS, parse_peers
 from apps.bench.peers.llama_speculative import default_tools_dir, missing_binary
 from apps.bench.peers.transformers_assisted import missing_requirement as transformers_missing

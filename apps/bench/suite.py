@@ -43,7 +43,8 @@ def read_suite(path: Path) -> list[SuitePrompt]:
     rows, line_by_id = read_prompt_rows(path, "--suite"), {}
     for row in rows:
         # each system's results are matched to plain decoding's by id, a later turn's by ID/turnN
-        for prompt_id in [row.prompt_id, *(later_turn_id(row.prompt_id, turn) for turn in range(2, len(row.turns) + 1))]:
+        later_ids = [later_turn_id(row.prompt_id, turn) for turn in range(2, len(row.turns) + 1)]
+        for prompt_id in [row.prompt_id, *later_ids]:
             if prompt_id in line_by_id:
                 raise UserError(f"--suite {path} line {row.line_number}'s id {prompt_id!r} is also line "
                                 f"{line_by_id[prompt_id]}'s: give each prompt its own id")

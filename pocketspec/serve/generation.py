@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pocketspec.settings import SamplingSettings
-from pocketspec.stats import gpu_allocator_peaks, peak_rss_bytes
+from pocketspec.stats import budgeted_peak_bytes
 
 OnTokens = Callable[[list[int]], None]
 IsCancelled = Callable[[], bool]
@@ -99,7 +99,7 @@ class Slots:
     def peak_memory_bytes(self) -> int:
         """What --memory-budget bounds, as the metrics show it: GPU allocator peaks where torch used a GPU,
         else this process's peak resident memory."""
-        return sum(gpu_allocator_peaks().values()) or peak_rss_bytes()
+        return budgeted_peak_bytes()
 
     def close(self) -> None:
         raise NotImplementedError
