@@ -18,7 +18,7 @@ from pocketspec.conversation.chat_template import FALLBACK_NOTE
 from pocketspec.conversation.conversation import Conversation, Replayed, assistant_record, header_record
 from pocketspec.errors import UserError
 from pocketspec.session import open_session
-from pocketspec.settings import BACKENDS, GenerationSettings
+from pocketspec.settings import BACKENDS, SELF_DRAFTS, GenerationSettings
 from pocketspec.speculation.verify_mode import verify_label
 from pocketspec.conversation.transcript import (TranscriptWriter, check_appendable, check_not_in_use, find_transcript,
                                                load_transcript, new_transcript_path)
@@ -49,6 +49,15 @@ def _resumed_backend(replayed: Replayed, path: Path, default: str) -> str:
         raise UserError(f"{path}: its header names backend {backend!r}, not one of {', '.join(BACKENDS)}; "
                         "give --backend")
     return backend
+
+
+def _resumed_draft(replayed: Replayed, path: Path, backend: str) -> str | None:
+    """What drafted in the transcript's chat; a self-draft only where --backend still names torch."""
+    draft = replayed.header.get("draft")
+    if draft in SELF_DRAFTS and backend != "torch":
+        raise UserError(f"{path}: its chat drafted with {draft}, which runs on --backend torch only; give --draft "
+                        f"to choose another drafter for --backend {backend}")
+    return draft
 
 
 def _show_history(replayed: Replayed, path: Path) -> None:
@@ -107,9 +116,9 @@ def chat(target, draft, pair, system_prompt, resume, max_tokens, temperature, to
     if replayed is not None and replayed.header and target is None and pair is None:
         # the transcript's target, and its draft unless --draft names another (the draft was the target's), on
         # its backend unless --backend names another (a self-draft runs on torch only)
-        target, draft = replayed.header.get("target"), draft or replayed.header.get("draft")
         if not is_given("backend"):
             backend_args["backend"] = _resumed_backend(replayed, resume, backend_args["backend"])
+        target, draft = replayed.header.get("target"), draft or _resumed_draft(replayed, resume, backend_args["backend"])
     message = None
     if not is_interactive:
         message = read_piped_stdin(prompt_bytes_limit(max_context)).strip()

@@ -25,6 +25,7 @@ from pocketspec.models.catalog import pocketspec_home
 
 PROMPT = "> "
 CONTINUATION = ". "  # before the second and later lines of a message; as wide as PROMPT
+TERMINAL_LINE_BYTES = 4095  # the most Linux's terminal in line mode holds of one line
 KEYS_HELP = """\
   Enter sends; Esc-Enter (or Alt-Enter) starts a new line; a pasted block is one message
   Up/Down recall earlier messages (kept in POCKETSPEC_HOME/chat_history); Ctrl-C clears the line"""
@@ -105,19 +106,31 @@ class PlainPrompt:
 
     keys_help = ""
 
+    def __init__(self, on_note: Callable[[str], None]):
+        self.on_note = on_note
+
     def read(self) -> str:
         # No `import readline`: it blocks SIGINT while it redraws the line, the signal then lands
         # outside its select() and Ctrl-C is ignored until the next key (CPython 3.11).
+        # With stdout redirected (`chat > reply.txt` in a dumb terminal), the prompt goes to stderr,
+        # as TerminalPrompt's does, and the file holds the replies alone.
+        shown_on = sys.stdout if sys.stdout.isatty() else sys.stderr
         try:
-            return input(PROMPT)
+            shown_on.write(PROMPT)
+            shown_on.flush()
+            line = input()
         except (EOFError, KeyboardInterrupt):
-            print()  # end the line the terminal left after "> " or "^C", as prompt_toolkit does
+            print(file=shown_on)  # end the line the terminal left after "> " or "^C", as prompt_toolkit does
             raise
+        if len(line.encode("utf-8", errors="surrogateescape")) >= TERMINAL_LINE_BYTES:
+            self.on_note(f"note: this message filled the terminal's line ({TERMINAL_LINE_BYTES} bytes), which drops "
+                         "what is typed past it; pipe a longer message in: pocketspec chat < message.txt")
+        return line
 
 
 def terminal_prompt(on_note: Callable[[str], None]) -> TerminalPrompt | PlainPrompt:
     # prompt_toolkit's own dumb-terminal mode shows "> " before it switches the terminal to raw
     # mode, so a key typed in between (Ctrl-D, Ctrl-C) reaches the kernel's line editor instead.
     if is_dumb_terminal() or not (sys.stdout.isatty() or sys.stderr.isatty()):
-        return PlainPrompt()
+        return PlainPrompt(on_note)
     return TerminalPrompt(KeptHistory(history_path()), on_note)

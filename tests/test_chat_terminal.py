@@ -236,8 +236,11 @@ def test_resume_runs_on_the_transcripts_backend(chat_home):
     # --target names the models, and with them the backend: the default one, which reads --kv-type
     other = chat("--resume", str(path), "--target", "smollm2-135m-instruct", "--draft", "ngram", "--kv-type", "q8_0")
     assert other.returncode == 0, other.stderr
-    assert_one_line_error(chat("--resume", str(path), "--backend", "llama.cpp"), "--draft self-sparse",
-                          "--backend torch")
+    # the transcript's self-draft is named as the transcript's, and --draft as the way out
+    assert_one_line_error(chat("--resume", str(path), "--backend", "llama.cpp"), "drafted with self-sparse",
+                          "--backend torch only", "give --draft")
+    switched = chat("--resume", str(path), "--backend", "llama.cpp", "--draft", "ngram")
+    assert switched.returncode == 0, switched.stderr
 
 
 def _quit(child) -> str:
@@ -461,3 +464,30 @@ def test_a_transcript_the_disk_refuses_mid_reply_ends_the_chat_with_one_line(cha
     child.close()
     assert child.exitstatus == 2, child.logfile_read.getvalue()
     assert "Traceback" not in child.logfile_read.getvalue()
+
+
+def test_redirected_stdout_in_a_dumb_terminal_gets_the_replies_alone(chat_home, tmp_path):
+    """`chat > replies.txt` where TERM=dumb: the prompt shows on the terminal (stderr), the file holds the replies."""
+    replies = tmp_path / "replies.txt"
+    command = " ".join([str(POCKETSPEC), "chat", *SMOLLM2, "--max-tokens", "8", "--no-stats", ">", str(replies)])
+    child = pexpect.spawn("/bin/sh", ["-c", command], env=_env(chat_home), encoding="utf-8",
+                          timeout=TIMEOUT_SECONDS, dimensions=(50, 200))
+    child.logfile_read = io.StringIO()
+    child.expect("/help for commands")
+    child.expect("> ")
+    _say(child, "What is 2+2?")
+    _quit(child)
+    written = replies.read_text()
+    assert written.strip() and "> " not in written and "What is 2+2?" not in written, written
+    (transcript,) = (chat_home / "chats").glob("*.jsonl")
+    assert written.strip() == load_transcript(transcript).conversation.turns[-1].content.strip()
+
+
+def test_a_message_that_fills_a_dumb_terminals_line_says_so(chat_home):
+    """A terminal in line mode keeps 4095 bytes of a line and drops the rest: the chat says so, once."""
+    child = _spawn(chat_home, "--max-tokens", "2", "--no-stats")
+    _say(child, "word " * 1000)
+    assert "filled the terminal's line (4095 bytes)" in child.before, child.before
+    _say(child, "What is 2+2?")
+    assert "filled the terminal's line" not in child.before
+    _quit(child)

@@ -14,7 +14,7 @@ import json
 import sys
 
 from pocketspec.errors import UserError
-from pocketspec.stats import gpu_allocator_peaks
+from pocketspec.stats import budgeted_peak_bytes, gpu_allocator_peaks
 
 LEARNED_CURVE_DEPTH = 512  # cached tokens at which the verify costs are reported (llama-bench -d 512 compares)
 
@@ -39,13 +39,14 @@ def gpu_peak_bytes() -> int | None:
 def measured_row(prompt: dict, *, tokens: list[int], num_decode_tokens: int, decode_seconds: float,
                  ttft_seconds: float, peak_rss_bytes: int, num_drafted=None, num_accepted=None, num_steps=None,
                  **extra) -> dict:
-    """The fields every runner reports for one prompt (peak memory: the GPU allocator's when one was used)."""
+    """The fields every runner reports for one prompt (peak memory: what --memory-budget bounds, the GPU
+    allocator's when one was used)."""
     gpu_bytes = gpu_peak_bytes()
     return {"prompt_id": prompt["prompt_id"], "tokens": tokens, "num_tokens": len(tokens),
             "num_decode_tokens": num_decode_tokens, "decode_seconds": decode_seconds, "ttft_seconds": ttft_seconds,
             "num_drafted": num_drafted, "num_accepted": num_accepted, "num_steps": num_steps,
             "peak_rss_bytes": peak_rss_bytes, "peak_gpu_bytes": gpu_bytes,
-            "peak_memory_bytes": gpu_bytes if gpu_bytes is not None else peak_rss_bytes, **extra}
+            "peak_memory_bytes": budgeted_peak_bytes(), **extra}
 
 
 def session_settings(job: dict):
