@@ -8,7 +8,7 @@ import json
 import click
 
 from apps.flags import (SettingValue, backend_options, is_given, kv_type_option, model_choice_options,
-                        repack_option, setting_option, threads_option)
+                        refuse_unread_backend_flags, repack_option, setting_option, threads_option)
 from pocketspec.errors import UserError
 from pocketspec.machine_report import collect_report
 from pocketspec.settings import BatchSettings, ModelSettings
@@ -79,24 +79,37 @@ def _print_human(report: dict) -> None:
         click.echo(f"  {name:32} {state}")
 
 
-def _calibrate(session_settings) -> None:
+def _calibrate(session_settings, as_json: bool) -> None:
+    from pocketspec.backends.torch_open import check_self_draft
     from pocketspec.calibrate import calibrate_models, describe_costs
     from pocketspec.session_settings import settings_for
+    from pocketspec.settings import SELF_DRAFTS
 
-    choice, settings, _ = settings_for(session_settings)
-    for costs in calibrate_models(choice.target_path, choice.draft_path, settings,
-                                  on_measure=lambda line: click.echo(line, err=True)):
+    choice, settings, speculation = settings_for(session_settings)
+    if choice.drafter in SELF_DRAFTS:  # generate's own check, before anything loads
+        check_self_draft(choice.drafter, settings, speculation)
+    tables = calibrate_models(choice.target_path, choice.draft_path, settings,
+                              on_measure=lambda line: click.echo(line, err=True))
+    if as_json:  # each model's table as POCKETSPEC_HOME/costs keeps it
+        click.echo(json.dumps({"tables": [{"model": json.loads(costs.key)["model"], **costs.to_json()}
+                                          for costs in tables]}, indent=2))
+        return
+    for costs in tables:
         click.echo(f"{json.loads(costs.key)['model']}:")
         for line in describe_costs(costs):
             click.echo(line)
 
 
-def _calibrate_batch(session_settings, max_batch: int) -> None:
+def _calibrate_batch(session_settings, max_batch: int, as_json: bool) -> None:
     from pocketspec.batch.step_calibration import calibrate_batch, describe_step_costs
     from pocketspec.budget.batch_preview import preview_contexts
 
     batch = BatchSettings(max_batch=max_batch)
-    for name, costs in calibrate_batch(session_settings, batch, on_measure=lambda line: click.echo(line, err=True)):
+    tables = calibrate_batch(session_settings, batch, on_measure=lambda line: click.echo(line, err=True))
+    if as_json:
+        click.echo(json.dumps({"tables": [{"role": name, **costs.to_json()} for name, costs in tables]}, indent=2))
+        return
+    for name, costs in tables:
         contexts = preview_contexts(max(1, max(costs.kv_seconds) // max_batch))
         click.echo(f"{name}:")
         for line in describe_step_costs(costs, max_batch, contexts):
@@ -124,7 +137,8 @@ def _refuse_self_draft_flags() -> None:
 
 
 @click.command(name="doctor")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as JSON (with --calibrate: the measured cost tables).")
 @click.option("--calibrate", is_flag=True,
               help="Measure the models' forward costs by width and context on this machine again (the table "
                    "the adaptive γ and the planner use; otherwise measured once at first use).")
@@ -147,14 +161,16 @@ def doctor(as_json: bool, calibrate: bool, target, draft, pair, threads, kv_type
         raise UserError("--max-context sizes the rows of the batch --calibrate measures; add --batch N")
     if batch is not None and not calibrate:
         raise UserError("--batch N chooses which batch --calibrate measures; add --calibrate")
+    if calibrate:
+        refuse_unread_backend_flags(backend_args)
     if batch is not None:
         _calibrate_batch(SessionSettings(target=target, draft=draft, pair=pair, threads=threads,
-                                         max_context=max_context, options=backend_args), batch)
+                                         max_context=max_context, options=backend_args), batch, as_json)
         return
     if calibrate:
         _refuse_self_draft_flags()
         _calibrate(SessionSettings(target=target, draft=draft, pair=pair, threads=threads, kv_type=kv_type,
-                                   repack=repack, options=backend_args))
+                                   repack=repack, options=backend_args), as_json)
         return
     _refuse_calibration_flags(click.get_current_context())
     report = collect_report()

@@ -14,7 +14,7 @@ from click.core import ParameterSource
 from pocketspec.errors import UserError
 from pocketspec.setting_ranges import parse_setting, setting_range
 from pocketspec.serve.serve_settings import ServeSettings
-from pocketspec.session_settings import SessionSettings
+from pocketspec.session_settings import SessionSettings, check_read_by
 from pocketspec.settings import (ATTENTION_SINK_TOKENS, AUTO, BACKENDS, DECODE_STEPS, LLAMA_KV_TYPES, RANDOM_SEED, SCHEDULERS,
                                  EXECUTION_PROVIDERS, SELF_DRAFT_KEYS, SPLIT_MODES, TORCH_KV_TYPES, TORCH_WEIGHTS,
                                  BatchSettings,
@@ -145,11 +145,25 @@ def runtime_options(function):
     return function
 
 
+def _backend_option(help_text: str):
+    return click.option("--backend", type=click.Choice(BACKENDS), default=MODEL.backend, show_default=True,
+                        help=help_text)
+
+
+TORCH_WEIGHTS_HELP = (f"torch weight format (auto: {resolve_weights_format(AUTO, on_gpu=False)} on a CPU, "
+                      f"{resolve_weights_format(AUTO, on_gpu=True)} on a GPU, fp16 where bf16 is emulated); "
+                      "int8/int4 quantize on load.")
+
+
+def _weights_option(help_text: str):
+    return click.option("--weights", type=click.Choice(TORCH_WEIGHTS), default=MODEL.weights, show_default=True,
+                        help=help_text)
+
+
 BACKEND_OPTIONS = {  # flag -> its click option, in --help's order
-    "--backend": click.option(
-        "--backend", type=click.Choice(BACKENDS), default=MODEL.backend, show_default=True,
-        help="Inference backend: llama.cpp (GGUF, CPU/GPU builds), torch (PyTorch; CPU, CUDA, ROCm) or onnx "
-             "(ONNX Runtime, the GGUF exported once; its device is --ep)."),
+    "--backend": _backend_option(
+        "Inference backend: llama.cpp (GGUF, CPU/GPU builds), torch (PyTorch; CPU, CUDA, ROCm) or onnx "
+        "(ONNX Runtime, the GGUF exported once; its device is --ep)."),
     "--ep": click.option(
         "--ep", "execution_provider", type=click.Choice(EXECUTION_PROVIDERS), default=MODEL.execution_provider,
         show_default=True, help="--backend onnx: ONNX Runtime's execution provider (pocketspec doctor lists "
@@ -165,12 +179,9 @@ BACKEND_OPTIONS = {  # flag -> its click option, in --help's order
         "--split-mode", type=click.Choice(SPLIT_MODES), default=MODEL.split_mode, show_default=True,
         help="With --devices: layer gives each device a run of blocks; row splits every matrix over them (tensor "
              "parallel; torch: one process per device, or run under torchrun)."),
-    "--weights": click.option(
-        "--weights", type=click.Choice(TORCH_WEIGHTS), default=MODEL.weights, show_default=True,
-        help=f"torch weight format (auto: {resolve_weights_format(AUTO, on_gpu=False)} on a CPU, "
-             f"{resolve_weights_format(AUTO, on_gpu=True)} on a GPU, fp16 where bf16 is emulated); "
-             "int8/int4 quantize on load. --backend onnx: fp32, fp16 or int4 (MatMulNBits; auto: fp32 on the "
-             "cpu provider, fp16 on a GPU's)."),
+    "--weights": _weights_option(
+        TORCH_WEIGHTS_HELP + " --backend onnx: fp32, fp16 or int4 (MatMulNBits; auto: fp32 on the cpu provider, "
+                             "fp16 on a GPU's)."),
     "--torch-kv-type": click.option(
         "--torch-kv-type", type=click.Choice(TORCH_KV_TYPES), default=MODEL.torch_kv_type, show_default=True,
         help="torch KV cache dtype (auto: the weights' compute dtype)."),
@@ -208,14 +219,22 @@ BACKEND_OPTIONS = {  # flag -> its click option, in --help's order
 # own --max-gamma
 PLAN_BATCH_FLAGS = ("--backend", "--device", "--split-mode", "--weights", "--torch-kv-type", "--self-draft-window",
                     "--self-draft-kv-type", "--self-skip-layers")  # not --self-draft-keys: either window plans alike
+# plan's own help for two of them: it plans llama.cpp sessions and torch batches or splits, never onnx
+PLAN_BACKEND_OPTIONS = {
+    "--backend": _backend_option(
+        "What to plan: llama.cpp sessions, or with torch a --batch N pool or a --devices split. onnx is not "
+        "planned here: `generate --backend onnx --memory-budget ...` prints its plan before it runs."),
+    "--weights": _weights_option(TORCH_WEIGHTS_HELP),
+}
 
 
-def backend_options(function=None, *, flags: tuple[str, ...] | None = None):
-    """The backend flags, as @backend_options, or only those named: @backend_options(flags=(...))."""
+def backend_options(function=None, *, flags: tuple[str, ...] | None = None, replaced: dict | None = None):
+    """The backend flags, as @backend_options, or only those named: @backend_options(flags=(...)); replaced:
+    flag -> the option a command takes in its place (PLAN_BACKEND_OPTIONS)."""
     def decorate(command):
         for flag, option in reversed(BACKEND_OPTIONS.items()):
             if flags is None or flag in flags:
-                command = option(command)
+                command = (replaced or {}).get(flag, option)(command)
         return command
 
     return decorate if function is None else decorate(function)
@@ -267,6 +286,13 @@ def is_given(name: str) -> bool:
     return click.get_current_context().get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
 
 
+def refuse_unread_backend_flags(backend_args: dict) -> None:
+    """Refuse a flag of backend_options (their values by name) that the command line gave and its --backend does
+    not read, even at its default value: apply_backend_options compares values, so `--ep cpu` passed unread on
+    llama.cpp."""
+    check_read_by(backend_args["backend"], [name for name in backend_args if is_given(name)])
+
+
 def take_batch_options(options: dict) -> dict:
     """Remove the batch flags from a command's keyword arguments and return them; without --batch, a flag
     that only --batch reads is refused rather than ignored."""
@@ -289,6 +315,7 @@ def session_settings(*, target, draft, pair, temperature, top_p, top_k, seed, ga
                      **backend_args) -> SessionSettings:
     """The flags of model_choice_options, sampling_options, runtime_options and backend_options, as the
     one SessionSettings every command opens its session from."""
+    refuse_unread_backend_flags(backend_args)
     return SessionSettings(
         target=target, draft=draft, pair=pair,
         sampling=SamplingSettings(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),

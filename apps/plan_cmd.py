@@ -6,8 +6,9 @@ import json
 
 import click
 
-from apps.flags import (PLAN_BATCH_FLAGS, backend_options, is_given, kv_type_option, model_choice_options,
-                        repack_option, setting_option, threads_option)
+from apps.flags import (PLAN_BACKEND_OPTIONS, PLAN_BATCH_FLAGS, backend_options, is_given, kv_type_option,
+                        model_choice_options, refuse_unread_backend_flags, repack_option, setting_option,
+                        threads_option)
 from memplanner import format_bytes
 from memplanner.batch_step_costs import CONTEXT_GRID
 from memplanner.memory_budget import is_split
@@ -165,12 +166,13 @@ def _plan_batch(settings: SessionSettings, max_batch: int, as_json: bool) -> Non
 @setting_option("--batch", BatchSettings, "max_batch", default=None,
                 help="Plan the torch batch pool of `generate --batch N` (with --backend torch): its rows, and the "
                      "speedup a draft (e.g. --draft self-sparse) is predicted to give by context.")
-@backend_options(flags=PLAN_BATCH_FLAGS)
+@backend_options(flags=PLAN_BATCH_FLAGS, replaced=PLAN_BACKEND_OPTIONS)
 @threads_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan_command(target, draft, pair, memory_budget, devices, max_context, max_tokens, temperature, max_gamma,
                  kv_type, alpha, repack, batch, threads, as_json, **backend_args):
     """Show which settings fit a memory budget, every memory term, and the predicted speed."""
+    refuse_unread_backend_flags(backend_args)
     options = {"max_gamma": max_gamma, "devices": devices, **backend_args}
     if alpha is not None:
         options["expected_acceptance"] = alpha

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Mapping
 
 from memplanner.memory_budget import MemoryBudget, parse_memory_budget
+from memplanner.onnx_sizes import resolve_onnx_format
 from memplanner.split import parse_devices
 from pocketspec.atomic_file import check_output_folder, refuse_output_onto_inputs
 from pocketspec.speculation.draft_limits import requested_draft_limits
 from pocketspec.errors import UserError
 from pocketspec.loader import ModelChoice, choose_models, trained_context_limit
+from pocketspec.onnx_model.export import check_onnx_weights
 from pocketspec.settings import GenerationSettings, ModelSettings, SamplingSettings, SpeculationSettings
 
 MODEL = ModelSettings()
@@ -82,16 +84,24 @@ def apply_backend_options(target_settings: ModelSettings, speculation: Speculati
     speculation_options = {name: value for name, value in options.items() if name not in _MODEL_FIELDS}
     model_options["devices"] = _parse_devices(model_options.get("devices"), model_options.get("device", MODEL.device))
     target_settings = replace(target_settings, **model_options)
-    changed = [name for name in NOT_READ_BY[target_settings.backend]
-               if getattr(target_settings, name) != getattr(MODEL, name)]
-    if changed:
-        flag = flag_for(changed[0])
-        owners = [backend for backend, unread in NOT_READ_BY.items() if changed[0] not in unread]
+    check_read_by(target_settings.backend, [name for name in NOT_READ_BY[target_settings.backend]
+                                            if getattr(target_settings, name) != getattr(MODEL, name)])
+    if target_settings.backend == "onnx":
+        check_onnx_weights(resolve_onnx_format(target_settings.weights, target_settings.execution_provider))
+        if target_settings.devices:
+            raise UserError("--backend onnx runs on one device; leave --devices out (--ep picks the device)")
+    return target_settings, replace(speculation, **speculation_options)
+
+
+def check_read_by(backend: str, field_names) -> None:
+    """Refuse the first of field_names (settings fields a front end was given) that `backend` does not read,
+    rather than ignore it."""
+    unread = [name for name in field_names if name in NOT_READ_BY[backend]]
+    if unread:
+        flag = flag_for(unread[0])
+        owners = [owner for owner, unread_fields in NOT_READ_BY.items() if unread[0] not in unread_fields]
         raise UserError(f"{flag} applies to --backend {' or '.join(owners)}; add "
                         f"{' or '.join(f'--backend {owner}' for owner in owners)} or leave {flag} out")
-    if target_settings.backend == "onnx" and target_settings.devices:
-        raise UserError("--backend onnx runs on one device; leave --devices out (--ep picks the device)")
-    return target_settings, replace(speculation, **speculation_options)
 
 
 def requested_devices(settings: SessionSettings) -> tuple[str, ...]:

@@ -218,7 +218,7 @@ class BenchSettings:
     # turns of each conversation (MT-Bench's follow-ups, the code-edit suite's second edits); None: all
     max_turns: int | None = field(default=None, metadata=in_range("--turns", 1, 1 << 10, is_integer=True))
     drafters: str = "auto,ngram"  # PocketSpec drafters: auto (draft model + n-gram, adaptive), ngram, self-sparse, self-skip
-    peers: str = "auto"  # auto: the peers that run on --backend (llama.cpp + prompt-lookup, or transformers)
+    peers: str = "auto"  # auto: the peers that run on --backend (llama.cpp + prompt-lookup, transformers; onnx: none)
     # llama-speculative-simple's --spec-draft-n-max (None: llama.cpp's default)
     peer_draft_max: int | None = field(default=None, metadata=in_range("--peer-draft-max", 1, MAX_GAMMA * 8,
                                                                        is_integer=True))

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from apps.bench.peers import PEERS, parse_peers
+from pocketspec.settings import BACKENDS
 from tests.test_cli_errors import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +39,39 @@ ROOT = Path(__file__).resolve().parents[1]
 ])
 def test_bad_flags(smollm2_path, args, fragments):
     assert_one_line_error(run_cli("bench", "--target", str(smollm2_path), *args), *fragments)
+
+
+def test_auto_names_peers_for_every_backend():
+    """`--peers auto` on onnx was a KeyError traceback: every backend has its entry (onnx: none run on ORT)."""
+    for backend in BACKENDS:
+        assert set(parse_peers("auto", backend)) <= set(PEERS)
+    assert parse_peers("auto", "onnx") == []
+
+
+def test_onnx_with_auto_peers_gets_to_its_out_folder(smollm2_path, tmp_path):
+    """Past the peers, to --out's check, which is the first to refuse here (nothing runs)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").write_text("earlier")
+    assert_one_line_error(run_cli("bench", "--backend", "onnx", "--target", str(smollm2_path), "--out", str(out)),
+                          f"--out {out} already holds report.md")
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--drafters", "self-sparse", "--peers", "none"], ["nothing to compare with plain decoding",
+                                                        "pocketspec-self-sparse: --draft self-sparse",
+                                                        "needs --backend torch"]),
+    (["--weights", "bf16"], ["--weights fp32, fp16, int4 or auto, not bf16"]),
+    (["--kv-type", "q8_0"], ["--kv-type q8_0 sets llama.cpp's KV cache"]),
+])
+def test_what_generate_refuses_on_onnx_is_refused_before_plain_decoding_runs(smollm2_path, two_category_suite,
+                                                                            tmp_path, args, fragments):
+    """Generate's own checks, before a round: plain decoding ran a whole round first, then the run ended at exit 2."""
+    out = tmp_path / "out"
+    result = run_cli("bench", "--backend", "onnx", "--target", str(smollm2_path), "--suite", str(two_category_suite),
+                     "--out", str(out), *args)
+    assert_one_line_error(result, *fragments)
+    assert not out.exists()
 
 
 def test_bad_suite_line_names_file_and_line(smollm2_path, tmp_path):
@@ -67,7 +102,8 @@ def test_smallest_run_writes_results_report_and_plots(smollm2_path, two_category
     assert status["plain"] == ("ok", None) and status["pocketspec-ngram"] == ("ok", None)
     assert status["pocketspec-auto"] == ("ok", None)  # no draft model: auto drafts n-grams, as generate does
     assert status["prompt-lookup"] == ("ok", None)
-    assert status["pocketspec-self-sparse"] == ("skipped", "self-drafts run on --backend torch")
+    assert status["pocketspec-self-sparse"] == ("skipped", "--draft self-sparse drafts with the target's own weights "
+                                                           "and needs --backend torch")
     assert {(row["system"], row["category"]) for row in results["rows"]} == {
         (system, category) for system in ("plain", "pocketspec-auto", "pocketspec-ngram", "prompt-lookup")
         for category in ("code", "chat", "chat (turn 2)")}  # a second turn follows plain decoding's first reply

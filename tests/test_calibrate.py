@@ -259,3 +259,21 @@ def test_a_table_that_cannot_be_saved_is_used_and_said_so(tmp_path, monkeypatch,
     costs = calibrated_costs(backend, min_width=32, on_measure=messages.append, clock=backend.clock)
     assert costs.seconds[0][16] == pytest.approx(_curve(16))
     assert len(messages) == 2 and "could not save" in messages[1] and "measures them again" in messages[1]
+
+
+def test_doctor_calibrate_json_prints_the_measured_tables(home, tmp_path):
+    """--json with --calibrate prints the tables as JSON, as --json alone prints the report (it printed the text)."""
+    import json
+    import subprocess
+    import sys
+
+    from tiny_models import write_tiny_pair
+
+    (tmp_path / "tiny").mkdir()
+    target, _ = write_tiny_pair(tmp_path / "tiny")
+    result = subprocess.run([sys.executable, "-m", "apps.cli", "doctor", "--calibrate", "--json", "--target",
+                             str(target), "--draft", "none", "--threads", "1"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    [table] = json.loads(result.stdout)["tables"]
+    assert table["model"] == target.name and MeasuredCosts.from_json(table).max_width == 32

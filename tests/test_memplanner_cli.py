@@ -1,7 +1,6 @@
 """`pocketspec plan`: the JSON contract and one-line errors with exit code 2 (reads GGUF headers only)."""
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner

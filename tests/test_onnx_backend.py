@@ -251,6 +251,7 @@ def test_a_gguf_without_a_pull_stamp_is_hashed_once_while_it_is_unchanged(tmp_pa
 @pytest.mark.parametrize("flags, fragments", [
     (["--backend", "onnx", "--ep", "coreml"], ["--ep coreml", "CoreMLExecutionProvider", "macOS"]),
     (["--ep", "cuda"], ["--ep applies to --backend onnx"]),
+    (["--ep", "cpu"], ["--ep applies to --backend onnx"]),  # given, though it is the default's value
     (["--weights", "int8"], ["--weights applies to --backend torch or onnx; add --backend torch or --backend onnx"]),
     (["--backend", "onnx", "--weights", "int8"], ["--weights fp32, fp16, int4 or auto, not int8"]),
     (["--backend", "onnx", "--device", "cuda"], ["--device applies to --backend torch"]),
@@ -264,6 +265,25 @@ def test_what_onnx_cannot_run_is_refused_in_one_line(tiny_pair, flags, fragments
     """coreml: a provider no onnxruntime build on Linux has, so the refusal is the same on any test machine."""
     result = run_cli("generate", "--target", str(tiny_pair[0]), "--prompt", "the cat", "--max-tokens", "2", *flags)
     assert_one_line_error(result, *fragments)
+
+
+@pytest.mark.parametrize("flags, fragments", [
+    (["--draft", "self-sparse"], ["--draft self-sparse", "needs --backend torch"]),
+    (["--weights", "bf16"], ["--weights fp32, fp16, int4 or auto, not bf16"]),
+])
+def test_doctor_calibrate_refuses_what_generate_refuses(tiny_pair, flags, fragments):
+    """Before anything is measured: self-sparse measured the target alone, at exit 0."""
+    result = run_cli("doctor", "--calibrate", "--backend", "onnx", "--target", str(tiny_pair[0]), *flags)
+    assert_one_line_error(result, *fragments)
+
+
+def test_plan_says_it_does_not_plan_onnx(tiny_pair):
+    """plan takes --backend onnx only to say where its plan is (`generate --memory-budget`); its help says so."""
+    assert_one_line_error(run_cli("plan", "--backend", "onnx", "--target", str(tiny_pair[0])),
+                          "pocketspec plan plans llama.cpp sessions", "generate --backend onnx --memory-budget")
+    shown = " ".join(run_cli("plan", "--help").stdout.split())
+    assert "onnx is not planned here: `generate --backend onnx --memory-budget ...`" in shown
+    assert "--backend onnx: fp32" not in shown and "--ep" not in shown
 
 
 def test_batches_are_refused_in_one_line(tiny_pair, tmp_path):

@@ -25,22 +25,24 @@ import click
 from apps.bench.plots import PLOTS
 from apps.bench.report import build_report
 from apps.bench.rounds import BenchProgress, plan_rounds, run_rounds
-from apps.bench.run import BenchJob, System, add_closing_notes
+from apps.bench.run import BenchJob, System, add_closing_notes, pocketspec_settings
 from apps.bench.suite import read_suite, select_prompts, with_later_turns
 from apps.flags import (MODEL, SPECULATION, DashPath, backend_options, kv_type_option, model_choice_options,
-                        repack_option, sampling_options, setting_option, threads_option)
+                        refuse_unread_backend_flags, repack_option, sampling_options, setting_option, threads_option)
 from apps.bench.peers import PEERS, parse_peers
 from apps.bench.peers.llama_speculative import default_tools_dir, missing_binary
 from apps.bench.peers.transformers_assisted import missing_requirement as transformers_missing
 from memplanner.memory_budget import parse_memory_budget
 from pocketspec.backends.device_check import check_devices
+from pocketspec.backends.torch_open import check_self_draft
 from pocketspec.models.catalog import resolve_pair
 from pocketspec.atomic_file import refuse_output_onto_inputs, replaced_on_success
 from pocketspec.signals import Terminated, stop_signals_held
 from pocketspec.errors import UserError
 from pocketspec.loader import choose_models
-from pocketspec.session_settings import apply_backend_options, check_self_draft_flags
-from pocketspec.settings import SELF_DRAFTS, BenchSettings, default_num_threads
+from pocketspec.session_settings import apply_backend_options, check_self_draft_flags, settings_for
+from pocketspec.settings import (SELF_DRAFTS, BenchSettings, ModelSettings, SpeculationSettings,
+                                 default_num_threads)
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SUITE = REPO / "benchmarks" / "data" / "spec_bench.jsonl"
@@ -54,8 +56,17 @@ def _split(values: tuple[str, ...]) -> list[str]:
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
 
 
-def _parse_drafters(text: str, backend: str, draft_path, draft_from_pair: bool = False
-                    ) -> list[tuple[str, str | None, str | None]]:
+def _self_draft_problem(kind: str, settings: ModelSettings, speculation: SpeculationSettings) -> str | None:
+    """Why `generate --draft kind` would refuse these settings (its own check, check_self_draft), or None."""
+    try:
+        check_self_draft(kind, settings, speculation)
+    except UserError as error:
+        return str(error)
+    return None
+
+
+def _parse_drafters(text: str, settings: ModelSettings, speculation: SpeculationSettings, draft_path,
+                    draft_from_pair: bool = False) -> list[tuple[str, str | None, str | None]]:
     """(drafter, --draft value for the worker, reason it cannot run) for each requested drafter.
 
     draft_from_pair: the draft model is the pair's, not named with --draft, so `auto` runs as
@@ -69,8 +80,8 @@ def _parse_drafters(text: str, backend: str, draft_path, draft_from_pair: bool =
         if name == "auto":
             # without a draft model auto drafts n-grams alone, as `generate` does
             drafters.append((name, str(draft_path) if draft_path and not draft_from_pair else None, None))
-        elif name.startswith("self-") and backend != "torch":
-            drafters.append((name, name, "self-drafts run on --backend torch"))
+        elif name in SELF_DRAFTS:
+            drafters.append((name, name, _self_draft_problem(name, settings, speculation)))
         else:
             drafters.append((name, name, None))
     return drafters
@@ -133,7 +144,8 @@ def _command_line() -> str:
 @click.option("--drafters", default=None,
               help=f"PocketSpec drafters to run, comma-separated: {', '.join(DRAFTERS)} [default: {BENCH.drafters}].")
 @click.option("--peers", "peers_text", default=BENCH.peers, show_default=True,
-              help=f"Peers: auto (those of --backend), none, all, or a list of {', '.join(PEERS)}.")
+              help=f"Peers: auto (those on --backend's engine; --backend onnx has none), none, all, or a list of "
+                   f"{', '.join(PEERS)}.")
 @setting_option("--peer-draft-max", BenchSettings, "peer_draft_max",
                 help="llama-speculative-simple's fixed draft length [default: llama.cpp's].")
 @click.option("--llama-tools", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -154,6 +166,7 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
     if categories and not _split(categories):
         raise UserError("--categories is empty: name one or more of the suite's categories, or leave it out")
     prompts = with_later_turns(select_prompts(read_suite(suite), tuple(_split(categories)), per_category), turns)
+    refuse_unread_backend_flags(backend_args)
     settings, speculation = apply_backend_options(MODEL, SPECULATION, backend_args)  # refuse what every worker would
     if memory_budget is None or "=" not in memory_budget:  # a budget naming devices is checked as a split
         check_devices(settings)
@@ -162,7 +175,8 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
     if drafters is None:
         drafters = draft if draft in DRAFTERS[1:] else BENCH.drafters
     pair_name = resolve_pair(pair).name if draft is None and choice.draft_path is not None else None
-    drafter_specs = _parse_drafters(drafters, backend, choice.draft_path, draft_from_pair=pair_name is not None)
+    drafter_specs = _parse_drafters(drafters, settings, speculation, choice.draft_path,
+                                    draft_from_pair=pair_name is not None)
     check_self_draft_flags(speculation, tuple(drafter for drafter, _, reason in drafter_specs if reason is None),
                            how_to_add="{drafter} to --drafters (--backend torch)")
     budgets = _parse_budgets(memory_budget)
@@ -181,6 +195,7 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
             if reason:
                 systems[-1].skip(reason)
     systems += [_peer_system(peer, job, is_named=peers_text not in ("auto", "all")) for peer in peers]
+    _check_before_the_first_round(systems, job)
     for name in BENCH_FILES:  # even with --force: --force replaces results, never the suite
         refuse_output_onto_inputs(out_dir / name, [("--suite", suite)], flag="--out")
     made_folders = _prepare_out_dir(out_dir, force)
@@ -207,6 +222,19 @@ def bench(target, draft, pair, suite, categories, per_category, max_tokens, repe
     if not any(system.kind != "plain" and system.status == "ok" for system in systems):
         raise UserError("nothing was compared with plain decoding: every other system was skipped or failed "
                         f"(the reasons are in {out_dir / 'report.md'})")
+
+
+def _check_before_the_first_round(systems: list[System], job: BenchJob) -> None:
+    """Refuse, before plain decoding runs a round, what would leave nothing compared: the settings `generate`
+    refuses (settings_for: its checks of the flags, as each PocketSpec worker makes them), or every other system
+    skipped."""
+    for system in systems:
+        if system.runner == "pocketspec" and system.status == "ok":
+            settings_for(pocketspec_settings(system, job))
+    others = [system for system in systems if system.kind != "plain"]
+    if not any(system.status == "ok" for system in others):
+        raise UserError("nothing to compare with plain decoding: " +
+                        "; ".join(f"{system.name}: {system.reason}" for system in others))
 
 
 def _prepare_out_dir(out_dir: Path, force: bool) -> list[Path]:

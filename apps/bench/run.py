@@ -79,6 +79,13 @@ def _worker_job(system: System, job: BenchJob, prompts: list[SuitePrompt], refer
             "num_warmup_tokens": job.num_warmup_tokens, "options": options}
 
 
+def pocketspec_settings(system: System, job: BenchJob):
+    """The SessionSettings a PocketSpec system's worker opens its session from (apps/bench/worker.py)."""
+    from apps.bench.worker import session_settings
+
+    return session_settings(_worker_job(system, job, [], {}))
+
+
 def _run_worker(system: System, job: BenchJob, prompts: list[SuitePrompt], reference: dict[str, dict],
                 advance) -> list[dict]:
     rows: list[dict] = []

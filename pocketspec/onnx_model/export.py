@@ -122,11 +122,17 @@ def _checked_config(config: dict) -> dict:
     return config
 
 
+def check_onnx_weights(weights_format: str) -> None:
+    """Refuse a --weights (resolved: memplanner.onnx_sizes.resolve_onnx_format) that no export is made in: bf16 and
+    int8 are torch's."""
+    if weights_format not in ONNX_FORMATS:
+        raise UserError(f"--backend onnx takes --weights {', '.join(ONNX_FORMATS)} or auto, not {weights_format}")
+
+
 def exported_model(gguf_path: Path, weights_format: str, notify: Notify | None = None) -> ExportedModel:
     """The export of `gguf_path` in `weights_format`, exported now when there is no intact one.
     notify(line): told what the export is doing (it takes about a minute for a 135M model)."""
-    if weights_format not in ONNX_FORMATS:
-        raise UserError(f"--backend onnx takes --weights {', '.join(ONNX_FORMATS)} or auto, not {weights_format}")
+    check_onnx_weights(weights_format)
     folder = export_folder(gguf_path, weights_format, notify)
     found = read_intact(folder)
     if found is not None:

@@ -20,10 +20,12 @@ PEERS = {
     "prompt-lookup": ("prompt-lookup", "prompt-lookup", None),
     "transformers": ("transformers-assisted", "transformers", None),
 }
-# The peers that run on the same kind of engine as each --backend
+# The peers that run on the same kind of engine as each --backend (pocketspec.settings.BACKENDS): none runs on
+# ONNX Runtime, and one on another engine would compare the engines' speed, not their drafting
 DEFAULT_PEERS = {"llama.cpp": ("llama.cpp", "llama.cpp-ngram-simple", "llama.cpp-ngram-map-k", "llama.cpp-ngram-mod",
                                "prompt-lookup"),
-                 "torch": ("transformers",)}
+                 "torch": ("transformers",),
+                 "onnx": ()}
 
 
 def parse_peers(text: str, backend: str) -> list[str]:
