@@ -104,7 +104,7 @@ def plan_batch(shape: ModelShape, workload: BatchWorkload, *, budget_bytes: int,
         per_row["self-skip KV"] = torch_kv_bytes(shape, kv_dtype, workload.max_context, num_layers=draft_layers)
     elif draft_window:
         per_row["self-sparse KV"] = torch_kv_bytes(shape, draft_kv_dtype or kv_dtype, draft_window)
-    fixed = {**process_terms(shape, on_gpu), **fixed}
+    fixed = {**process_terms(shape, on_gpu, weights_format), **fixed}
     if on_gpu:  # the device gives the process its context too (gpu_terms.py)
         fixed["cuda context"] = cuda_context_bytes(on_gpu)
     # glibc keeps what differently shaped forwards freed: on a CPU both terms get the single-sequence factor

@@ -48,6 +48,12 @@ SAMPLING_TEMPORARIES = 4
 # On a GPU, unmeasured so far: the CPU's figure plus 2 for CUDA's segmented sort (its own buffers for
 # indices and CUB's temporary storage), an allowance that the GPU suite's "Sampled verify" table checks.
 GPU_SAMPLING_TEMPORARIES = 6
+# A bf16 linear on a CPU runs a oneDNN primitive built for its input's row count, with its JIT kernel,
+# cached (pocketspec/torch_model/onednn_caches.py bounds the caches to this many entries each). SmolLM2-135M
+# bf16 over widths 1-128 at that bound: 57 MiB above its first forward's start, flat from width 64 on
+# (torch 2.13 CPU, Zen 4 EPYC, 2026-12-07), of which about 5 MiB is the first forward's own set-up.
+ONEDNN_CACHED_PRIMITIVES = 48
+ONEDNN_PRIMITIVE_BYTES = 1152 * 1024
 
 
 def heap_reserve_bytes(on_gpu: bool) -> int:
@@ -64,14 +70,18 @@ def loading_bytes(shape: ModelShape, weights_format: str, on_gpu: bool) -> int:
     return load_staging_bytes(weights_format) + (0 if on_gpu else shape.file_bytes)
 
 
-def process_terms(shape: ModelShape, on_gpu: bool) -> dict[str, int]:
+def process_terms(shape: ModelShape, on_gpu: bool, weights_format: str) -> dict[str, int]:
     """What a CPU process holds whatever it generates: the interpreter and the CLI, torch, the
-    tokenizer, the Python side. None of it is in a GPU allocator's peak."""
+    tokenizer, the Python side, and with bf16 weights oneDNN's cached kernels (counted in the loading
+    moment too, which makes none). None of it is in a GPU allocator's peak."""
     if on_gpu:
         return {}
-    return {"process_base": terms.process_base_bytes("cpu"), "torch_runtime": TORCH_CPU_RUNTIME_BYTES,
-            "tokenizer": terms.runtime_overhead_bytes("cpu") + terms.model_metadata_bytes(shape),
-            "working_set": terms.GENERATION_WORKING_SET_BYTES}  # the logits copies are in activation_bytes
+    found = {"process_base": terms.process_base_bytes("cpu"), "torch_runtime": TORCH_CPU_RUNTIME_BYTES,
+             "tokenizer": terms.runtime_overhead_bytes("cpu") + terms.model_metadata_bytes(shape),
+             "working_set": terms.GENERATION_WORKING_SET_BYTES}  # the logits copies are in activation_bytes
+    if weights_format == "bf16":
+        found["onednn_kernels"] = ONEDNN_CACHED_PRIMITIVES * ONEDNN_PRIMITIVE_BYTES
+    return found
 
 
 def quantized_matmul_bytes(shape: ModelShape, weights_format: str, compute_bytes: int, is_tied: bool,
@@ -177,7 +187,7 @@ def torch_peak_terms(shape: ModelShape, tensor_terms: dict[str, int], *, weights
                                           max(min(n_batch, max_context), max_logits_rows), on_gpu)
     kv_total = sum(value for name, value in tensor_terms.items() if name != "weights")
     loading = loading_bytes(shape, weights_format, on_gpu)
-    found = process_terms(shape, on_gpu)
+    found = process_terms(shape, on_gpu, weights_format)
     found.update(tensor_terms)
     found["activations"] = activations
     if graph_pools:

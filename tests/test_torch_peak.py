@@ -1,16 +1,20 @@
 """memplanner.torch_peak: the torch backend's peak on hand-computed shapes, and `--memory-budget`
 with `--backend torch` sizing n_batch or refusing in one line."""
 
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 from memplanner import terms
 from memplanner.gpu_terms import TORCH_CUDA_CONTEXT_BYTES
 from memplanner.shapes import ModelShape
 from memplanner.torch_peak import (CPU_ACTIVATION_FACTOR, CPU_HEAP_RESERVE_BYTES, DEQUANTIZE_CHUNK_BYTES,
-                                   TORCH_CPU_RUNTIME_BYTES, activation_bytes, device_sampling_bytes, gpu_views,
+                                   ONEDNN_CACHED_PRIMITIVES, ONEDNN_PRIMITIVE_BYTES, TORCH_CPU_RUNTIME_BYTES, activation_bytes, device_sampling_bytes, gpu_views,
                                    graph_pool_bytes, quantized_matmul_bytes, load_staging_bytes, torch_peak_terms)
 from memplanner.torch_sizes import INT8_DEQUANTIZE_SLICE_BYTES
 from test_cli_errors import assert_one_line_error, run_cli
+from tiny_models import write_tiny_pair
 
 TINY = ModelShape("tiny", "llama", 2, 64, 4, 2, 16, 1000, 500_000, 520_000, 2048, 128)
 
@@ -131,3 +135,43 @@ def test_torch_budget_shrinks_prompt_chunks_then_refuses(smollm2_path):
     assert "prompt chunks n_batch 512 -> " in shrunk.stderr and "kept free" in shrunk.stderr
     refused = run_cli(*common, "--memory-budget", str(least - 1))
     assert_one_line_error(refused, "below the torch backend's predicted peak")
+
+
+ONEDNN_GROWTH_SCRIPT = """
+import sys
+from pocketspec.backends.torch_backend import TorchBackend
+from pocketspec.settings import ModelSettings
+from pocketspec.stats import vm_hwm_bytes
+
+backend = TorchBackend.open(sys.argv[1], ModelSettings(backend="torch", weights="bf16", max_context=256,
+                                                       max_logits_rows=1, n_batch=256))
+tokens = [(17 * index + 5) % (backend.vocab_size - 3) + 3 for index in range(200)]
+backend.forward(tokens[:1], [0])
+start = vm_hwm_bytes("self")
+for width in range(2, 200):  # every width a new shape for each linear
+    backend.rollback(0)
+    backend.forward(tokens[:width], [width - 1])
+print(vm_hwm_bytes("self") - start)
+"""
+
+
+def test_bf16_linears_kernel_caches_stay_within_their_planned_term(tmp_path):
+    """A bf16 linear on a CPU caches a oneDNN kernel per input row count; 200 widths of a tiny model grew
+    the process by hundreds of MiB before the caches were bounded. Now the growth stays near the term the
+    plan counts for bf16 weights on a CPU (and only there). A fresh process: one whose earlier bf16 forwards
+    made oneDNN read its cache sizes would not test the bound."""
+    path = write_tiny_pair(tmp_path, quant=None)[0]
+    kernels = ONEDNN_CACHED_PRIMITIVES * ONEDNN_PRIMITIVE_BYTES
+    result = subprocess.run([sys.executable, "-c", ONEDNN_GROWTH_SCRIPT, str(path)], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert result.returncode == 0, result.stderr
+    # unbounded, 533 MiB here (Zen 4); bounded, 48 MiB: a kernel's size differs by CPU, hence the margin
+    assert int(result.stdout.split()[-1]) <= 2 * kernels, result.stdout
+    bf16 = torch_peak_terms(TINY, {"weights": 1}, weights_format="bf16", max_context=100, n_batch=64,
+                            max_logits_rows=9)
+    assert bf16["onednn_kernels"] == kernels
+    for weights_format in ("fp32", "int8"):
+        assert "onednn_kernels" not in torch_peak_terms(TINY, {"weights": 1}, weights_format=weights_format,
+                                                        max_context=100, n_batch=64, max_logits_rows=9)
+    assert "onednn_kernels" not in torch_peak_terms(TINY, {"weights": 1}, weights_format="bf16", max_context=100,
+                                                    n_batch=64, max_logits_rows=9, on_gpu=True)

@@ -21,6 +21,7 @@ from memplanner.torch_sizes import WEIGHT_FORMATS, compute_format
 from pocketspec.errors import UserError
 from pocketspec.torch_model.device import gpu_float_format
 from pocketspec.torch_model.model import Transformer, rope_inv_freq
+from pocketspec.torch_model.onednn_caches import bound_onednn_caches
 from pocketspec.torch_model.quantize import FLOAT_DTYPES, Int4Linear, Int8Linear, swap_linears
 
 
@@ -117,6 +118,8 @@ def load_model(path: Path | str, weights_format: str, device: torch.device,
         raise UserError(f"unknown weights format {weights_format!r}: use one of {', '.join(WEIGHT_FORMATS)}")
     weights = open_weights(path)
     dtype = compute_dtype(weights_format, device)
+    if device.type == "cpu":
+        bound_onednn_caches()
     with torch.device("meta"):
         model = Transformer(weights.config)
         swap_linears(model, weights_format, dtype)
