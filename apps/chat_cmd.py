@@ -56,7 +56,8 @@ def _resumed_draft(replayed: Replayed, path: Path, backend: str) -> str | None:
     draft = replayed.header.get("draft")
     if draft in SELF_DRAFTS and backend != "torch":
         raise UserError(f"{path}: its chat drafted with {draft}, which runs on --backend torch only; give --draft "
-                        f"to choose another drafter for --backend {backend}")
+                        f"to choose another drafter for --backend {backend}"
+                        + ("" if is_given("backend") else ", or --backend torch"))
     return draft
 
 

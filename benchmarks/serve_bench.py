@@ -123,7 +123,7 @@ def start(system: str, num_clients: int, args, target: Path, draft: Path | None)
             argv += ["--draft", "none"]
         if args.memory_budget:
             argv += ["--memory-budget", args.memory_budget]
-        if args.device:
+        if args.device and args.backend == "torch":  # llama.cpp's device is its build's (and llama-server's -ngl)
             argv += ["--device", args.device]
         return Server(argv)
     port = _free_port()

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from memplanner import gpu_terms, terms
 from memplanner.shapes import ModelShape
-from memplanner.torch_sizes import INT8_DEQUANTIZE_SLICE_BYTES, bucket_widths, compute_dtype_bytes
+from memplanner.torch_sizes import INT8_DEQUANTIZE_SLICE_BYTES, bucket_widths, compute_dtype_bytes, compute_format
 
 # RSS that `import torch` adds to the CLI's baseline: torch 2.13.0+cpu on the 2-core
 # x86_64 CPU, measured 2026-11-23 (184.0 MiB in each of 8 runs).
@@ -72,14 +72,14 @@ def loading_bytes(shape: ModelShape, weights_format: str, on_gpu: bool) -> int:
 
 def process_terms(shape: ModelShape, on_gpu: bool, weights_format: str) -> dict[str, int]:
     """What a CPU process holds whatever it generates: the interpreter and the CLI, torch, the
-    tokenizer, the Python side, and with bf16 weights oneDNN's cached kernels (counted in the loading
+    tokenizer, the Python side, and with 2-byte float weights oneDNN's cached kernels (counted in the loading
     moment too, which makes none). None of it is in a GPU allocator's peak."""
     if on_gpu:
         return {}
     found = {"process_base": terms.process_base_bytes("cpu"), "torch_runtime": TORCH_CPU_RUNTIME_BYTES,
              "tokenizer": terms.runtime_overhead_bytes("cpu") + terms.model_metadata_bytes(shape),
              "working_set": terms.GENERATION_WORKING_SET_BYTES}  # the logits copies are in activation_bytes
-    if weights_format == "bf16":
+    if compute_format(weights_format) in ("bf16", "fp16"):  # fp16 too where the CPU has AVX512-FP16 or AMX-FP16
         found["onednn_kernels"] = ONEDNN_CACHED_PRIMITIVES * ONEDNN_PRIMITIVE_BYTES
     return found
 

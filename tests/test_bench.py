@@ -299,3 +299,13 @@ def test_an_out_folder_that_cannot_be_made_is_refused_before_any_round(smollm2_p
     assert_one_line_error(run_cli("bench", "--target", str(smollm2_path), "--out", str(a_file / "sub")),
                           f"cannot make --out {a_file / 'sub'}")
     assert a_file.read_text() == "kept"
+
+
+def test_a_self_drafts_bad_flag_on_torch_is_refused_with_generates_reason(smollm2_path, two_category_suite, tmp_path):
+    """On torch a self-draft whose flags generate refuses (a window too small) is the user's to fix, in generate's
+    words, not skipped with advice to add the drafter the user named."""
+    out = tmp_path / "out"
+    result = run_cli("bench", "--backend", "torch", "--target", str(smollm2_path), "--suite", str(two_category_suite),
+                     "--out", str(out), "--drafters", "self-sparse,ngram", "--self-draft-window", "20")
+    assert_one_line_error(result, "self-sparse window 20 is too small")
+    assert not out.exists()

@@ -1,17 +1,21 @@
 """memplanner.torch_peak: the torch backend's peak on hand-computed shapes, and `--memory-budget`
 with `--backend torch` sizing n_batch or refusing in one line."""
 
+import os
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from memplanner import terms
 from memplanner.gpu_terms import TORCH_CUDA_CONTEXT_BYTES
 from memplanner.shapes import ModelShape
 from memplanner.torch_peak import (CPU_ACTIVATION_FACTOR, CPU_HEAP_RESERVE_BYTES, DEQUANTIZE_CHUNK_BYTES,
-                                   ONEDNN_CACHED_PRIMITIVES, ONEDNN_PRIMITIVE_BYTES, TORCH_CPU_RUNTIME_BYTES, activation_bytes, device_sampling_bytes, gpu_views,
-                                   graph_pool_bytes, quantized_matmul_bytes, load_staging_bytes, torch_peak_terms)
+                                   ONEDNN_CACHED_PRIMITIVES, ONEDNN_PRIMITIVE_BYTES, TORCH_CPU_RUNTIME_BYTES,
+                                   activation_bytes, device_sampling_bytes, gpu_views, graph_pool_bytes,
+                                   quantized_matmul_bytes, load_staging_bytes, torch_peak_terms)
 from memplanner.torch_sizes import INT8_DEQUANTIZE_SLICE_BYTES
 from test_cli_errors import assert_one_line_error, run_cli
 from tiny_models import write_tiny_pair
@@ -139,10 +143,12 @@ def test_torch_budget_shrinks_prompt_chunks_then_refuses(smollm2_path):
 
 ONEDNN_GROWTH_SCRIPT = """
 import sys
+import pocketspec.torch_model.onednn_caches as onednn_caches
 from pocketspec.backends.torch_backend import TorchBackend
 from pocketspec.settings import ModelSettings
 from pocketspec.stats import vm_hwm_bytes
 
+onednn_caches.ONEDNN_CACHED_PRIMITIVES = int(sys.argv[2])  # read by load_model
 backend = TorchBackend.open(sys.argv[1], ModelSettings(backend="torch", weights="bf16", max_context=256,
                                                        max_logits_rows=1, n_batch=256))
 tokens = [(17 * index + 5) % (backend.vocab_size - 3) + 3 for index in range(200)]
@@ -162,16 +168,33 @@ def test_bf16_linears_kernel_caches_stay_within_their_planned_term(tmp_path):
     made oneDNN read its cache sizes would not test the bound."""
     path = write_tiny_pair(tmp_path, quant=None)[0]
     kernels = ONEDNN_CACHED_PRIMITIVES * ONEDNN_PRIMITIVE_BYTES
-    result = subprocess.run([sys.executable, "-c", ONEDNN_GROWTH_SCRIPT, str(path)], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[1], timeout=300)
-    assert result.returncode == 0, result.stderr
-    # unbounded, 533 MiB here (Zen 4); bounded, 48 MiB: a kernel's size differs by CPU, hence the margin
-    assert int(result.stdout.split()[-1]) <= 2 * kernels, result.stdout
+
+    def growth(cache_entries: int) -> int:
+        result = subprocess.run([sys.executable, "-c", ONEDNN_GROWTH_SCRIPT, str(path), str(cache_entries)],
+                                capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+        assert result.returncode == 0, result.stderr
+        return int(result.stdout.split()[-1])
+
+    if growth(1024) < 3 * kernels:  # torch's own bound: 533 MiB here (Zen 4)
+        pytest.skip("this CPU's bf16 linears build no oneDNN kernel per row count")
+    # bounded, 48 MiB here: a kernel's size differs by CPU, hence the margin
+    assert growth(ONEDNN_CACHED_PRIMITIVES) <= 2 * kernels
     bf16 = torch_peak_terms(TINY, {"weights": 1}, weights_format="bf16", max_context=100, n_batch=64,
                             max_logits_rows=9)
     assert bf16["onednn_kernels"] == kernels
+    assert "onednn_kernels" in torch_peak_terms(TINY, {"weights": 1}, weights_format="fp16", max_context=100,
+                                                n_batch=64, max_logits_rows=9)
     for weights_format in ("fp32", "int8"):
         assert "onednn_kernels" not in torch_peak_terms(TINY, {"weights": 1}, weights_format=weights_format,
                                                         max_context=100, n_batch=64, max_logits_rows=9)
     assert "onednn_kernels" not in torch_peak_terms(TINY, {"weights": 1}, weights_format="bf16", max_context=100,
                                                     n_batch=64, max_logits_rows=9, on_gpu=True)
+
+
+def test_a_smaller_cache_bound_the_environment_gives_stays(monkeypatch):
+    from pocketspec.torch_model.onednn_caches import CACHE_VARIABLES, bound_onednn_caches
+
+    monkeypatch.setenv(CACHE_VARIABLES[0], "4")
+    monkeypatch.setenv(CACHE_VARIABLES[1], "4096")
+    bound_onednn_caches()
+    assert [os.environ[name] for name in CACHE_VARIABLES] == ["4", str(ONEDNN_CACHED_PRIMITIVES)]

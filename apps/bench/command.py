@@ -57,10 +57,13 @@ def _split(values: tuple[str, ...]) -> list[str]:
 
 
 def _self_draft_problem(kind: str, settings: ModelSettings, speculation: SpeculationSettings) -> str | None:
-    """Why `generate --draft kind` would refuse these settings (its own check, check_self_draft), or None."""
+    """Why a self-draft cannot run on this --backend (generate's check, check_self_draft), or None: the system
+    is skipped then. Any other refusal of its flags (a window too small) is the user's to fix: raised."""
     try:
         check_self_draft(kind, settings, speculation)
     except UserError as error:
+        if settings.backend == "torch":
+            raise
         return str(error)
     return None
 

@@ -38,15 +38,15 @@ def gpu_peak_bytes() -> int | None:
 
 def measured_row(prompt: dict, *, tokens: list[int], num_decode_tokens: int, decode_seconds: float,
                  ttft_seconds: float, peak_rss_bytes: int, num_drafted=None, num_accepted=None, num_steps=None,
-                 **extra) -> dict:
-    """The fields every runner reports for one prompt (peak memory: what --memory-budget bounds, the GPU
-    allocator's when one was used)."""
+                 peak_memory_bytes: int | None = None, **extra) -> dict:
+    """The fields every runner reports for one prompt (peak_memory_bytes: what --memory-budget bounds, the GPU
+    allocator's when one was used; a PocketSpec session's own, which counts a row split's other ranks)."""
     gpu_bytes = gpu_peak_bytes()
     return {"prompt_id": prompt["prompt_id"], "tokens": tokens, "num_tokens": len(tokens),
             "num_decode_tokens": num_decode_tokens, "decode_seconds": decode_seconds, "ttft_seconds": ttft_seconds,
             "num_drafted": num_drafted, "num_accepted": num_accepted, "num_steps": num_steps,
             "peak_rss_bytes": peak_rss_bytes, "peak_gpu_bytes": gpu_bytes,
-            "peak_memory_bytes": budgeted_peak_bytes(), **extra}
+            "peak_memory_bytes": budgeted_peak_bytes() if peak_memory_bytes is None else peak_memory_bytes, **extra}
 
 
 def session_settings(job: dict):
@@ -96,7 +96,8 @@ def run_pocketspec(job: dict) -> None:
             stats, reply = result.stats, tokenizer.decode(result.tokens)
             emit(measured_row(prompt, tokens=result.tokens, num_decode_tokens=stats.num_decode_tokens,
                               decode_seconds=stats.decode_seconds, ttft_seconds=stats.prefill_seconds,
-                              peak_rss_bytes=stats.peak_rss_bytes, num_drafted=stats.num_drafted,
+                              peak_rss_bytes=stats.peak_rss_bytes, peak_memory_bytes=session.peak_memory_bytes(),
+                              num_drafted=stats.num_drafted,
                               num_accepted=stats.num_accepted, num_steps=stats.num_steps,
                               stop_reason=result.stop_reason, prompt_text=template.render(messages),
                               steps_by_drafter=stats.steps_by_drafter,

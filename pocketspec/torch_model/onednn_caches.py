@@ -5,8 +5,9 @@ length a run meets) builds a oneDNN primitive with its own JIT-compiled kernel, 
 two caches of 1024 entries each (ideep's LRU_CACHE_CAPACITY, oneDNN's ONEDNN_PRIMITIVE_CACHE_CAPACITY).
 SmolLM2-135M in bf16 grew 350 MiB over 128 forward widths (torch 2.13 CPU, Zen 4 EPYC, 2026-12-07),
 past any --memory-budget. Both are read when the first primitive is made, so setting them before the
-first forward bounds them; memplanner.torch_peak counts what the bound holds, so a value the
-environment gave is replaced. benchmarks/onednn_cache_memory.py measures both bounds: 48 MiB of growth
+first forward bounds them; memplanner.torch_peak counts what the bound holds, so a larger value the
+environment gave is replaced. ideep's cache is per thread: a process whose forwards run on two threads
+(a server's engine thread after a calibration on the main one) can hold the bound twice. benchmarks/onednn_cache_memory.py measures both bounds: 48 MiB of growth
 against 349 MiB, and where every forward is a width not met for 48 kernels, each rebuilds its kernels.
 """
 
@@ -21,4 +22,6 @@ CACHE_VARIABLES = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 
 def bound_onednn_caches() -> None:
     for name in CACHE_VARIABLES:
-        os.environ[name] = str(ONEDNN_CACHED_PRIMITIVES)
+        given = os.environ.get(name, "")
+        os.environ[name] = given if given.isdigit() and int(given) < ONEDNN_CACHED_PRIMITIVES \
+            else str(ONEDNN_CACHED_PRIMITIVES)
