@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,6 +45,8 @@ def worker(config: dict) -> dict:
     from pocketspec.models.catalog import model_path
     from pocketspec.settings import ModelSettings
 
+    for name in onednn_caches.CACHE_VARIABLES:  # load_model would keep a smaller bound the environment gave
+        os.environ.pop(name, None)
     onednn_caches.ONEDNN_CACHED_PRIMITIVES = config["cache_entries"]  # read by load_model
     settings = ModelSettings(backend="torch", weights="bf16", max_context=config["widths"] + 1, max_logits_rows=1,
                              n_batch=config["widths"], num_threads=config["threads"])

@@ -17,6 +17,7 @@ from memplanner.torch_peak import (CPU_ACTIVATION_FACTOR, CPU_HEAP_RESERVE_BYTES
                                    activation_bytes, device_sampling_bytes, gpu_views, graph_pool_bytes,
                                    quantized_matmul_bytes, load_staging_bytes, torch_peak_terms)
 from memplanner.torch_sizes import INT8_DEQUANTIZE_SLICE_BYTES
+from pocketspec.torch_model.onednn_caches import CACHE_VARIABLES, bound_onednn_caches
 from test_cli_errors import assert_one_line_error, run_cli
 from tiny_models import write_tiny_pair
 
@@ -169,9 +170,13 @@ def test_bf16_linears_kernel_caches_stay_within_their_planned_term(tmp_path):
     path = write_tiny_pair(tmp_path, quant=None)[0]
     kernels = ONEDNN_CACHED_PRIMITIVES * ONEDNN_PRIMITIVE_BYTES
 
+    # without the bound an earlier test's load_model left in this worker's environment (a smaller one stays)
+    environment = {name: value for name, value in os.environ.items() if name not in CACHE_VARIABLES}
+
     def growth(cache_entries: int) -> int:
         result = subprocess.run([sys.executable, "-c", ONEDNN_GROWTH_SCRIPT, str(path), str(cache_entries)],
-                                capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+                                capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300,
+                                env=environment)
         assert result.returncode == 0, result.stderr
         return int(result.stdout.split()[-1])
 
@@ -192,8 +197,6 @@ def test_bf16_linears_kernel_caches_stay_within_their_planned_term(tmp_path):
 
 
 def test_a_smaller_cache_bound_the_environment_gives_stays(monkeypatch):
-    from pocketspec.torch_model.onednn_caches import CACHE_VARIABLES, bound_onednn_caches
-
     monkeypatch.setenv(CACHE_VARIABLES[0], "4")
     monkeypatch.setenv(CACHE_VARIABLES[1], "4096")
     bound_onednn_caches()
