@@ -9,6 +9,7 @@ import click
 
 from apps.flags import (SettingValue, backend_options, is_given, kv_type_option, model_choice_options,
                         refuse_unread_backend_flags, repack_option, setting_option, threads_option)
+from apps.json_refusals import JsonRefusals
 from pocketspec.errors import UserError
 from pocketspec.machine_report import collect_report
 from pocketspec.settings import BatchSettings, ModelSettings
@@ -125,20 +126,32 @@ def _refuse_calibration_flags(ctx: click.Context) -> None:
                             "settings); add --calibrate, or leave it out for the machine's report")
 
 
-def _refuse_self_draft_flags() -> None:
-    """--calibrate alone measures the models' forward costs, which no self-draft flag changes: refuse one given."""
+def _refuse_batch_only_flags() -> None:
+    """--calibrate alone measures the models' forward costs at every width up to 32, which neither a self-draft
+    flag nor --max-gamma changes: refuse one given."""
     from pocketspec.session_settings import SELF_DRAFT_FIELDS, flag_for
 
-    given = next((name for name in SELF_DRAFT_FIELDS if is_given(name)), None)
+    given = next((name for name in (*SELF_DRAFT_FIELDS, "max_gamma") if is_given(name)), None)
     if given is not None:
         flag = flag_for(given)
-        raise UserError(f"{flag} sets what --calibrate --batch N prices a self-draft with; add --batch N, or "
-                        f"leave {flag} out (--calibrate alone measures the models' forward costs)")
+        what = "the verify width" if given == "max_gamma" else "a self-draft"
+        raise UserError(f"{flag} sets {what} --calibrate --batch N prices; add --batch N, or leave {flag} out "
+                        "(--calibrate alone measures the models' forward costs at every width up to 32)")
 
 
-@click.command(name="doctor")
+def _check_costs_writable() -> None:
+    """The tables --calibrate measures are for later runs: a home that cannot keep them is refused before the
+    measuring (a minute for the 1.5B target), not after it."""
+    from pocketspec.measured_cache import costs_dir
+    from pocketspec.models.catalog import writable_home_folder
+
+    writable_home_folder(costs_dir(), "measured cost tables")
+
+
+@click.command(name="doctor", cls=JsonRefusals)
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the report as JSON (with --calibrate: the measured cost tables).")
+              help='Print the report as JSON (with --calibrate: the measured cost tables); a refusal too: '
+                   '{"error": ...} (exit code 2).')
 @click.option("--calibrate", is_flag=True,
               help="Measure the models' forward costs by width and context on this machine again (the table "
                    "the adaptive γ and the planner use; otherwise measured once at first use).")
@@ -163,12 +176,14 @@ def doctor(as_json: bool, calibrate: bool, target, draft, pair, threads, kv_type
         raise UserError("--batch N chooses which batch --calibrate measures; add --calibrate")
     if calibrate:
         refuse_unread_backend_flags(backend_args)
+        if batch is None:
+            _refuse_batch_only_flags()
+        _check_costs_writable()
     if batch is not None:
         _calibrate_batch(SessionSettings(target=target, draft=draft, pair=pair, threads=threads,
                                          max_context=max_context, options=backend_args), batch, as_json)
         return
     if calibrate:
-        _refuse_self_draft_flags()
         _calibrate(SessionSettings(target=target, draft=draft, pair=pair, threads=threads, kv_type=kv_type,
                                    repack=repack, options=backend_args), as_json)
         return

@@ -12,6 +12,7 @@ import click
 from apps.batch_generate import run_batch
 from apps.flags import (DashPath, backend_options, batch_options, model_choice_options, runtime_options,
                         sampling_options, session_settings, setting_option, take_batch_options)
+from apps.json_refusals import JsonRefusals
 from apps.terminal import note, progress_line
 from apps.text_input import as_text, prompt_bytes_limit, read_text_file
 from pocketspec.atomic_file import replaced_on_success
@@ -25,18 +26,20 @@ from pocketspec.stats import drafting_text
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None, max_context: int | None) -> str:
-    if (prompt is None) == (prompt_file is None):
-        raise UserError("give exactly one of --prompt TEXT or --prompt-file FILE")
-    if prompt_file is not None:
-        prompt = read_text_file(prompt_file, "--prompt-file", prompt_bytes_limit(max_context))
+    if (prompt is None) == (prompt_file is None):  # a piped prompt is not read unasked: stdin may be a shell's
+        raise UserError("give exactly one of --prompt TEXT or --prompt-file FILE (--prompt-file - reads stdin)")
+    if prompt_file is None:
+        source, prompt = "--prompt", as_text(prompt, "--prompt")
     else:
-        prompt = as_text(prompt, "--prompt")
+        source = "stdin" if str(prompt_file) == "-" else f"--prompt-file {prompt_file}"
+        prompt = read_text_file(prompt_file, "--prompt-file", prompt_bytes_limit(max_context))
     if not prompt.strip():
-        raise UserError("the prompt is empty: pass some text with --prompt or --prompt-file")
+        held = "only whitespace" if prompt else "nothing"
+        raise UserError(f"the prompt is empty: {source} holds {held}; give some text")
     return prompt
 
 
-@click.command()
+@click.command(cls=JsonRefusals)
 @model_choice_options
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=DashPath(), default=None, help="Read the prompt from a file ('-': stdin).")
@@ -45,7 +48,8 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None, max_context: int 
 @runtime_options
 @backend_options
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template (from GGUF metadata).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, tokens, stats.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print one JSON object: text, tokens, stats; a refusal too: {"error": ...} (exit code 2).')
 @batch_options
 def generate(target, draft, pair, prompt, prompt_file, max_tokens, temperature, top_p, top_k, seed,
              gamma, memory_budget, max_context, kv_type, threads, repack, exact_verify, chat, as_json, **backend_args):

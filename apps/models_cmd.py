@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from pocketspec.models.catalog import download_state, get_model, load_catalog, model_path
+from pocketspec.errors import UserError
+from pocketspec.models.catalog import download_state, load_catalog, model_path
 from pocketspec.models.model_files import resolve_model
 from pocketspec.models.pull import pull
 
@@ -47,8 +48,11 @@ def pull_model(name: str, verify: bool) -> None:
     catalog = load_catalog()
     if name in catalog.pairs:
         names = [catalog.pairs[name].target, catalog.pairs[name].draft]
-    else:
-        names = [get_model(name, catalog).name]
+    elif name in catalog.models:
+        names = [name]
+    else:  # not get_model's error: a pull takes a pair's name too, and never a path
+        raise UserError(f"unknown model or pair '{name}'; known models: {', '.join(sorted(catalog.models))}; "
+                        f"pairs: {', '.join(sorted(catalog.pairs)) or 'none'}")
     for model_name in names:
         click.echo(pull(model_name, verify=verify))
 

@@ -9,13 +9,14 @@ import click
 from apps.flags import (PLAN_BACKEND_OPTIONS, PLAN_BATCH_FLAGS, backend_options, is_given, kv_type_option,
                         model_choice_options, refuse_unread_backend_flags, repack_option, setting_option,
                         threads_option)
+from apps.json_refusals import JsonRefusals
 from memplanner import format_bytes
 from memplanner.batch_step_costs import CONTEXT_GRID
 from memplanner.memory_budget import is_split
 from memplanner.torch_split import TorchSplitPlan
 from pocketspec.budget.batch_preview import BatchPreview, preview_batch_plan
 from pocketspec.budget.preview import preview_plan
-from pocketspec.errors import UserError
+from pocketspec.errors import BudgetError, UserError
 from pocketspec.session_settings import SessionSettings, requested_devices
 from pocketspec.settings import (ACCEPTANCE_PRIORS, SELF_DRAFTS, BatchSettings, GenerationSettings,
                                  ModelSettings, SamplingSettings, SpeculationSettings)
@@ -148,7 +149,13 @@ def _plan_batch(settings: SessionSettings, max_batch: int, as_json: bool) -> Non
         _print_batch(preview)
 
 
-@click.command(name="plan")
+class PlanCommand(JsonRefusals):
+    def refusal_json(self, error: Exception) -> dict:
+        """--json's refusal; a budget too small is also `"feasible": false`, as the plan's own JSON would say."""
+        return {**super().refusal_json(error), **({"feasible": False} if isinstance(error, BudgetError) else {})}
+
+
+@click.command(name="plan", cls=PlanCommand)
 @model_choice_options
 @click.option("--memory-budget", default=None,
               help="Budget for everything, e.g. 512MiB, 3GiB, 3.5G (G = GiB) [default: memory available now]; "
@@ -156,9 +163,14 @@ def _plan_batch(settings: SessionSettings, max_batch: int, as_json: bool) -> Non
 @click.option("--devices", default=None,
               help="Split the target's layers over these devices, e.g. cuda:0,cuda:1 (they need not be here).")
 @setting_option("--max-context", ModelSettings, "max_context", show_default=True, help="Prompt + generated tokens.")
-@setting_option("--max-tokens", GenerationSettings, "max_new_tokens", show_default=True)
-@setting_option("--temperature", SamplingSettings, "temperature", show_default=True)
-@setting_option("--max-gamma", SpeculationSettings, "max_gamma", show_default=True)
+@setting_option("--max-tokens", GenerationSettings, "max_new_tokens", show_default=True,
+                help="Taken as generate takes it, so that its flags plan as they are; it changes no plan "
+                     "(--max-context holds prompt and reply).")
+@setting_option("--temperature", SamplingSettings, "temperature", show_default=True,
+                help="Above 0, the plan holds the target's probabilities that sampled verification needs.")
+@setting_option("--max-gamma", SpeculationSettings, "max_gamma", show_default=True,
+                help=f"Longest draft of a draft model; n-gram drafts go to "
+                     f"{SpeculationSettings().max_draftless_gamma}, or to this where it is larger.")
 @kv_type_option
 @setting_option("--alpha", SpeculationSettings, "expected_acceptance",
                 help=f"Expected per-token acceptance of the draft model [default: {ACCEPTANCE_PRIORS['model']}].")
@@ -168,7 +180,9 @@ def _plan_batch(settings: SessionSettings, max_batch: int, as_json: bool) -> Non
                      "speedup a draft (e.g. --draft self-sparse) is predicted to give by context.")
 @backend_options(flags=PLAN_BATCH_FLAGS, replaced=PLAN_BACKEND_OPTIONS)
 @threads_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print one JSON object; a refusal too: {"error": ...}, with "feasible": false for a budget too '
+                   'small (exit code 2).')
 def plan_command(target, draft, pair, memory_budget, devices, max_context, max_tokens, temperature, max_gamma,
                  kv_type, alpha, repack, batch, threads, as_json, **backend_args):
     """Show which settings fit a memory budget, every memory term, and the predicted speed."""

@@ -16,7 +16,6 @@ import click
 
 from memplanner.sizes import format_bytes
 from pocketspec.errors import UserError
-from pocketspec.session_settings import MODEL
 
 REPLACEMENT = "\ufffd"
 # no tokenizer here makes a token of more bytes (Qwen2.5's longest is 128 spaces, SmolLM2's 81 bytes): a text
@@ -54,7 +53,10 @@ def as_text(text: str, source: str) -> str:
 
 def prompt_bytes_limit(max_context: int | None) -> int:
     """The most bytes a prompt for a context of max_context tokens (None: the default) can take."""
-    return (max_context or MODEL.max_context) * MAX_BYTES_PER_TOKEN
+    # imported here: apps/cli.py imports this module before it can meet a Ctrl-C as one line
+    from pocketspec.settings import ModelSettings
+
+    return (max_context or ModelSettings().max_context) * MAX_BYTES_PER_TOKEN
 
 
 PAST_THE_CONTEXT = (f"more than the context can hold (--max-context, at {MAX_BYTES_PER_TOKEN} bytes a token at "

@@ -25,6 +25,8 @@ def parse_size(text: str | int) -> int:
             raise ValueError(f"size {text} is negative; give a number of bytes such as 3GiB")
         return text
     match = _SIZE_PATTERN.match(str(text))
+    if match is None and _SIZE_PATTERN.match(str(text).strip().removeprefix("-")):
+        raise ValueError(f"{text!r} is negative; write a size such as 512MiB or 3GiB")
     if match is None:
         raise ValueError(
             f"cannot read {text!r} as a size; write e.g. 512MiB, 3GiB, 3.5G, 1500M or 123456 (bytes)"

@@ -133,6 +133,56 @@ def test_empty_prompt(smollm2_path):
     assert_one_line_error(run_cli("generate", "--target", str(smollm2_path), "--prompt", "  "), "empty")
 
 
+@pytest.mark.parametrize("source, stdin, said", [
+    ("file", None, "--prompt-file {file} holds only whitespace"), ("-", "", "stdin holds nothing"),
+])
+def test_an_empty_prompt_names_where_it_came_from(smollm2_path, tmp_path, source, stdin, said):
+    """`generate --prompt-file -` with nothing piped said "pass some text with --prompt or --prompt-file", as if
+    neither had been given."""
+    file = tmp_path / "prompt.txt"
+    file.write_text(" \n\n")
+    result = run_cli("generate", "--target", str(smollm2_path), "--prompt-file", str(file) if source == "file" else "-",
+                     stdin=stdin)
+    assert_one_line_error(result, "the prompt is empty: " + said.format(file=file))
+
+
+def test_no_prompt_says_how_to_pipe_one(smollm2_path):
+    """`echo hi | pocketspec generate` is not read unasked (stdin may be a shell's): the line says how to."""
+    result = run_cli("generate", "--target", str(smollm2_path), stdin="hi")
+    assert_one_line_error(result, "give exactly one of --prompt TEXT or --prompt-file FILE",
+                          "(--prompt-file - reads stdin)")
+
+
+def test_models_pull_of_an_unknown_name_lists_models_and_pairs():
+    """A pull takes a model or a pair, never a path: it said "known models: ... (or pass a path to a .gguf file)"."""
+    result = run_cli("models", "pull", "qwen-cooder")
+    assert_one_line_error(result, "unknown model or pair 'qwen-cooder'", "smollm2-135m-instruct", "pairs: qwen-coder")
+    assert "path" not in result.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["generate", "--target", "{model}", "--prompt", "hi", "--max-tokens", "0", "--json"],
+    ["generate", "--target", "{model}", "--prompt", "hi", "--memory-budget", "10MiB", "--json"],
+    ["generate", "--json", "--target", "{model}", "--prompt", " "],
+    ["doctor", "--json", "--threads", "1"],
+    ["doctor", "--json", "--calibrate", "--target", "{model}", "--kv-type", "q3"],
+])
+def test_a_json_refusal_is_one_json_object_on_stdout(smollm2_path, args):
+    """Under --json, stdout is one JSON object for a refusal too ({"error": the line}), as it is for `plan`; the
+    line stays on stderr, and the exit code is 2."""
+    import json
+
+    result = run_cli(*[arg.format(model=smollm2_path) for arg in args])
+    assert_one_line_error(result)
+    assert json.loads(result.stdout) == {"error": result.stderr.strip().removeprefix("error: ")}
+
+
+def test_doctor_calibrate_alone_refuses_max_gamma(smollm2_path):
+    """--calibrate alone measures every width up to 32: --max-gamma was taken and ignored (exit 0)."""
+    result = run_cli("doctor", "--calibrate", "--target", str(smollm2_path), "--draft", "none", "--max-gamma", "4")
+    assert_one_line_error(result, "--max-gamma", "add --batch N")
+
+
 def test_unknown_command_and_option():
     assert_one_line_error(run_cli("fly"), "fly")
     assert_one_line_error(run_cli("generate", "--wings"), "--wings")

@@ -74,13 +74,15 @@ def test_bad_magic_is_not_a_gguf(tmp_path):
         check_gguf(corrupt)
 
 
-def test_header_cut_short_is_unreadable(tmp_path):
-    cut = tmp_path / "cut.gguf"
-    with open(_require(SMOLLM2), "rb") as src:
-        cut.write_bytes(src.read(4096))
-    with pytest.raises(UserError, match="unreadable") as caught:
+@pytest.mark.parametrize("num_bytes", [8, 100, 4096, 1_000_000])
+def test_header_cut_short_is_truncated(tmp_path, num_bytes):
+    """`head -c N model.gguf` cut inside the header: said as truncated, not as struct's own words
+    ("unpack_from requires a buffer of at least ...")."""
+    cut = _copy_prefix(_require(SMOLLM2), tmp_path / "cut.gguf", num_bytes)
+    with pytest.raises(UserError, match="is truncated") as caught:
         check_gguf(cut)
-    assert str(cut) in str(caught.value)
+    message = str(caught.value)
+    assert str(cut) in message and f"({num_bytes} bytes)" in message and "unpack" not in message
 
 
 def test_empty_and_text_files_are_not_gguf(tmp_path):

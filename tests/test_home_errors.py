@@ -93,3 +93,19 @@ def test_folder_problem_changes_nothing(tmp_path):
     assert folder_problem(tmp_path / "file" / "deeper") == f"{tmp_path / 'file'} is not a folder"
     with pytest.raises(UserError, match="cannot hold things"):
         writable_home_folder(tmp_path / "file" / "deeper", "things")
+
+
+@pytest.mark.parametrize("blocked", ["under a file", "read-only"])
+def test_doctor_calibrate_refuses_a_home_that_cannot_keep_its_tables(tmp_path, smollm2_path, blocked):
+    """--calibrate measures for later runs: on such a home it measured for seconds (a minute for the 1.5B target),
+    said it "could not save" the tables, and exited 0."""
+    if blocked == "under a file":
+        (tmp_path / "not-a-folder").write_text("")
+        home, read_only = tmp_path / "not-a-folder" / "pocketspec", None
+    else:
+        home = read_only = tmp_path / "home"
+        home.mkdir()
+    result = _cli(["doctor", "--calibrate", "--target", str(smollm2_path), "--draft", "none"], home,
+                  read_only=read_only)
+    _assert_one_line(result, f"POCKETSPEC_HOME {home} cannot hold measured cost tables")
+    assert "measuring" not in result.stderr

@@ -82,6 +82,24 @@ def test_what_cannot_be_planned_is_one_line_with_exit_code_2(budget, message, dr
     assert "Traceback" not in result.output
 
 
+@needs_smollm2
+@pytest.mark.parametrize("args, feasible", [
+    (["--memory-budget", "10MiB"], False),  # a budget too small is a plan that is not feasible
+    (["--memory-budget", "3X"], None),
+    (["--max-tokens", "0"], None),  # refused while the flags are parsed, before --json itself is
+    (["--draft", str(MODELS / "absent.gguf")], None),
+])
+def test_a_json_refusal_is_one_json_object_on_stdout(args, feasible):
+    """`plan --json` printed the plan as JSON, and a refusal as a line on stderr only: a script read nothing on
+    stdout. The line stays on stderr for a person, and the exit code is 2."""
+    result = run("--target", str(SMOLLM2), *args, "--json")
+    assert result.exit_code == 2
+    found = json.loads(result.stdout)
+    line = result.stderr.strip()
+    assert line.startswith("error: ") and found["error"] == line.removeprefix("error: ")
+    assert found.get("feasible") is feasible
+
+
 @needs_qwen
 @pytest.mark.parametrize("memory_budget, draft, options", [
     ("3GiB", None, {}),

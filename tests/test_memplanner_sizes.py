@@ -21,6 +21,13 @@ def test_parse_size_rejects_garbage_with_the_value_in_the_message(text):
     assert repr(text) in str(error.value) or text.strip() in str(error.value)
 
 
+@pytest.mark.parametrize("text", ["-1", "-1G", " -512MiB", "-0.5GiB"])
+def test_a_negative_size_is_called_negative(text):
+    """`--memory-budget -1` was "cannot read '-1' as a size", while 0 was "must be positive"."""
+    with pytest.raises(ValueError, match=r"is negative; write a size such as 512MiB or 3GiB"):
+        parse_size(text)
+
+
 @pytest.mark.parametrize("text", ["3.5", "0.5", "10.5B"])
 def test_a_fraction_of_a_byte_is_refused_asking_for_a_unit(text):
     """`--memory-budget 3.5` read as 3.5 bytes (4 B) and was then refused as below the minimum."""

