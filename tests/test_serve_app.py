@@ -224,6 +224,7 @@ def test_is_loopback(host, expected):
 @pytest.mark.parametrize("host, api_key, refusal", [
     ("0.0.0.0", None, "not a loopback address"), ("0.0.0.0", "", "not a loopback address"),
     ("0.0.0.0", " ", "no client could send it"), ("127.0.0.1", "key ", "no client could send it"),
+    ("0.0.0.0", "clé", "printable ASCII"), ("127.0.0.1", "key\tkey", "printable ASCII"),
     ("0.0.0.0", "key", None), ("127.0.0.1", "", None), ("127.0.0.1", None, None),
     ("no.such.host.invalid", None, "--host 'no.such.host.invalid' does not resolve"),  # RFC 6761: never resolves
     ("a" * 70 + ".com", None, "does not resolve"),  # a label past 63 characters: a UnicodeError from idna

@@ -1,9 +1,10 @@
 """The bodies of OpenAI's /v1/chat/completions and /v1/completions that the server reads, as strict
 pydantic models: a value of the wrong type is refused (422), never coerced ("0.5" is not a number).
 
-Only the supported fields are declared, and three that are accepted and unused (`user`, `metadata`,
-a message's `name`), so that they are typed. Everything else a client sends lands in `model_extra`,
-where pocketspec/serve/request_checks.py refuses it by name unless its value asks for nothing.
+Only the supported fields are declared, and those that are accepted and unused (`user`, `metadata`, a
+message's `name`, and on chat `user`'s successors `safety_identifier` and `prompt_cache_key`), so that they
+are typed. Everything else a client sends lands in `model_extra`, where pocketspec/serve/request_checks.py
+refuses it by name unless its value asks for nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ class SamplingFields(_Body):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    # accepted and unused: what OpenAI replaces `user` with, an end-user id for abuse monitoring and a key that
+    # routes requests to its caches (this server finds a cached prefix without one)
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -62,7 +62,8 @@ def build_app(state: ServerState) -> FastAPI:
         endpoints.check_model(model_id, state.model_id)
         return _model_card(state)
 
-    @app.get("/health")
+    # HEAD too: uptime monitors probe with it by default (UptimeRobot), and a 405 reads to them as down
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         slots = state.slots
         status = "shutting_down" if state.shutting_down.is_set() else "model_lost" if state.model_lost else "ok"

@@ -43,11 +43,16 @@ def _address_info(host: str, port: int | None) -> list[tuple]:
 
 
 def check_exposure(host: str, api_key: str | None) -> None:
-    """Without an API key, only this machine may reach the server. A key with spaces around it (or of spaces
-    alone) is refused: HTTP strips them from the header, so no client could send it ("" means no key)."""
+    """Without an API key, only this machine may reach the server. A key no client could send is refused ("" means
+    no key): one with spaces around it (or of spaces alone), which HTTP strips from the header, and one with a
+    character other than printable ASCII, which HTTP clients (the openai package's httpx) refuse to put in one."""
     if api_key and api_key.strip() != api_key:
         raise UserError(f"--api-key (or {API_KEY_VARIABLE}) has spaces around it or is blank: no client could send "
                         "it, since HTTP strips them from the Authorization header; give the key alone")
+    if api_key and not (api_key.isascii() and api_key.isprintable()):
+        unsendable = next(char for char in api_key if not (char.isascii() and char.isprintable()))
+        raise UserError(f"--api-key (or {API_KEY_VARIABLE}) holds {unsendable!r}: no client could send it, since an "
+                        "Authorization header carries printable ASCII only; use letters, digits and punctuation")
     if not api_key and not is_loopback(host):
         raise UserError(f"--host {host} is not a loopback address: without an API key pocketspec serve binds to "
                         f"loopback only; set --api-key (or {API_KEY_VARIABLE}) or use --host {LOOPBACK_HOST}")

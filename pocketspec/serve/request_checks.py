@@ -2,9 +2,9 @@
 
 A field the server does not support is refused by name, never ignored, unless its value asks for
 nothing (`logprobs: false`, `n: 1`, `tools: []`, `frequency_penalty: 0`, any field set to null):
-clients that spell out OpenAI's defaults still work. `user`, `metadata` and a message's `name` are
-declared in api_requests.py, typed as OpenAI types them, and unused. Numeric ranges are
-SamplingSettings' and GenerationSettings' own.
+clients that spell out OpenAI's defaults still work. `user`, `metadata`, a message's `name` and chat's
+`safety_identifier` and `prompt_cache_key` are declared in api_requests.py, typed as OpenAI types them,
+and unused. Numeric ranges are SamplingSettings' and GenerationSettings' own.
 """
 
 from __future__ import annotations
@@ -23,9 +23,13 @@ CHAT_NEUTRAL = {**_PENALTIES, "logprobs": (False,), "top_logprobs": (0,), "tools
                 "tool_choice": ("none", "auto"), "function_call": ("none", "auto"),
                 "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},),
                 "modalities": (["text"],), "store": (False,), "service_tier": ("auto", "default"),
+                "verbosity": ("medium",), "prompt_cache_retention": ("in_memory",),
                 # OpenAI's fields that ask for something whatever their value: refused as unsupported, not unknown
-                "reasoning_effort": (), "prediction": (), "audio": (), "web_search_options": ()}
+                "reasoning_effort": (), "prediction": (), "audio": (), "web_search_options": (), "moderation": (),
+                "prompt_cache_options": ()}
 COMPLETION_NEUTRAL = {**_PENALTIES, "echo": (False,), "best_of": (1,), "suffix": ("",), "logprobs": ()}
+# the padding OpenAI adds to stream chunks against length side channels: none here
+STREAM_OPTIONS_NEUTRAL = {"include_obfuscation": (False,)}
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -65,7 +69,7 @@ def refuse_unsupported(body: SamplingFields) -> None:
     is_chat = isinstance(body, ChatCompletionRequest)
     refuse_extra(body.model_extra, CHAT_NEUTRAL if is_chat else COMPLETION_NEUTRAL)
     if body.stream_options is not None:
-        refuse_extra(body.stream_options.model_extra, {}, "stream_options.")
+        refuse_extra(body.stream_options.model_extra, STREAM_OPTIONS_NEUTRAL, "stream_options.")
     if body.n not in (None, 1):
         raise bad_request(f"n = {body.n} is not supported: this server returns one choice per request (n = 1)",
                           param="n", code="unsupported_parameter")
