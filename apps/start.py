@@ -3,24 +3,32 @@ llama.cpp's buffers where that helps (pocketspec/huge_pages.py), before the CLI'
 their second, then runs the CLI. `python -m apps.cli` and `python -m apps.bench` call
 restart_first too."""
 
+import contextlib
 import sys
 
 
-def restart_first() -> None:
-    """restart_with_huge_pages, with a Ctrl-C meanwhile met as apps/cli.py meets one during its imports."""
+@contextlib.contextmanager
+def _interrupt_as_one_line():
+    """A Ctrl-C met as apps/cli.py meets one once its own handling runs: one line, exit code 130."""
     try:
-        from pocketspec.huge_pages import restart_with_huge_pages
-
-        restart_with_huge_pages()
+        yield
     except KeyboardInterrupt:
         sys.stderr.write("\ninterrupted\n")
         sys.exit(130)
 
 
+def restart_first() -> None:
+    """restart_with_huge_pages, with a Ctrl-C meanwhile met as apps/cli.py meets one during its imports."""
+    with _interrupt_as_one_line():
+        from pocketspec.huge_pages import restart_with_huge_pages
+
+        restart_with_huge_pages()
+
+
 def main() -> None:
     restart_first()
-    from apps.cli import main as cli
-
+    with _interrupt_as_one_line():  # importing the CLI (click) before it can meet a Ctrl-C itself
+        from apps.cli import main as cli
     cli()
 
 
