@@ -16,27 +16,19 @@ Results: benchmarks/results/<name>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
+from results_files import write_results
 from worker_process import answer_if_worker, run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-RESULTS = ROOT / "benchmarks" / "results"
 TORCH_DEFAULT_CACHE = 1024  # ideep's and oneDNN's own capacity, each
 MIB = 2**20
-
-
-def resident_bytes() -> int:
-    """This process's resident memory now (VmRSS): the kernels stay cached, while the peak (VmHWM) is the
-    loading's, above them."""
-    with open("/proc/self/status", encoding="ascii") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
 
 
 def worker(config: dict) -> dict:
@@ -44,6 +36,7 @@ def worker(config: dict) -> dict:
     from pocketspec.backends.torch_backend import TorchBackend
     from pocketspec.models.catalog import model_path
     from pocketspec.settings import ModelSettings
+    from pocketspec.stats import vm_rss_bytes
 
     for name in onednn_caches.CACHE_VARIABLES:  # load_model would keep a smaller bound the environment gave
         os.environ.pop(name, None)
@@ -53,19 +46,19 @@ def worker(config: dict) -> dict:
     backend = TorchBackend.open(model_path(config["model"]), settings)
     tokens = [(17 * index + 5) % (backend.vocab_size - 3) + 3 for index in range(config["widths"])]
     backend.forward(tokens[:1], [0])
-    after_first = resident_bytes()
+    after_first = vm_rss_bytes("self")
     widths = range(2, config["widths"] + 1)
     for width in widths:
         backend.rollback(0)
         backend.forward(tokens[:width], [width - 1])
-    after_widths = resident_bytes()
+    after_widths = vm_rss_bytes("self")
     started = time.perf_counter()
     for width in widths:
         backend.rollback(0)
         backend.forward(tokens[:width], [width - 1])
     second_pass_ms = 1000 * (time.perf_counter() - started) / len(widths)
     return {"cache_entries": config["cache_entries"], "after_first_forward_bytes": after_first,
-            "after_widths_bytes": after_widths, "after_second_pass_bytes": resident_bytes(),
+            "after_widths_bytes": after_widths, "after_second_pass_bytes": vm_rss_bytes("self"),
             "second_pass_ms_per_forward": second_pass_ms}
 
 
@@ -103,10 +96,7 @@ def main() -> None:
     results = {"model": args.model, "widths": args.widths, "threads": args.threads, "torch": torch.__version__,
                "cpu": cpu_name(),
                "planned_bytes": ONEDNN_CACHED_PRIMITIVES * ONEDNN_PRIMITIVE_BYTES, "rows": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / f"{args.name}.md").write_text(markdown(results))
-    print(markdown(results))
+    write_results(args.name, results, markdown(results))
 
 
 if __name__ == "__main__":

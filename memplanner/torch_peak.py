@@ -29,7 +29,9 @@ DEQUANTIZE_CHUNK_BYTES = 16 * 1024 * 1024
 LOAD_STAGING_CHUNKS = {"int8": 2, "int4": 2}  # float formats: one chunk
 # glibc keeps freed activation buffers of a long prefill in its heap (malloc_trim returned
 # 118 MiB after an 8192-token int8 prefill of SmolLM2) and some temporaries are not in
-# activation_bytes: measured CPU peaks were up to 1.35x the formula (2026-11-23).
+# activation_bytes: measured CPU peaks were up to 1.35x the formula (2026-11-23). Since 2026-12-07 load_model
+# fixes glibc's mmap threshold (pocketspec/torch_model/glibc_heap.py), so large freed buffers leave the heap;
+# the factor is as measured before that.
 CPU_ACTIVATION_FACTOR = 1.5
 # What a budget keeps free beyond the predicted CPU peak: glibc's heap does not return the
 # same amount twice. Repeated runs of one SmolLM2 configuration peaked up to 25 MiB apart,

@@ -10,10 +10,19 @@ from typing import Callable
 
 def vm_hwm_bytes(pid: int | str) -> int | None:
     """A process's peak resident set size (VmHWM of /proc/PID/status); None where there is none."""
+    return _status_bytes(pid, "VmHWM:")
+
+
+def vm_rss_bytes(pid: int | str) -> int | None:
+    """A process's resident set size now (VmRSS of /proc/PID/status): what it keeps, below its peak."""
+    return _status_bytes(pid, "VmRSS:")
+
+
+def _status_bytes(pid: int | str, field_name: str) -> int | None:
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as status:
             for line in status:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field_name):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError):
         pass
