@@ -127,8 +127,9 @@ def _refuse_calibration_flags(ctx: click.Context) -> None:
 
 
 def _refuse_batch_only_flags() -> None:
-    """--calibrate alone measures the models' forward costs at every width up to 32, which neither a self-draft
-    flag nor --max-gamma changes: refuse one given."""
+    """--calibrate alone measures the models' forward costs at every width up to MAX_CALIBRATED_WIDTH, which
+    neither a self-draft flag nor --max-gamma changes: refuse one given."""
+    from pocketspec.calibrate import MAX_CALIBRATED_WIDTH
     from pocketspec.session_settings import SELF_DRAFT_FIELDS, flag_for
 
     given = next((name for name in (*SELF_DRAFT_FIELDS, "max_gamma") if is_given(name)), None)
@@ -136,7 +137,8 @@ def _refuse_batch_only_flags() -> None:
         flag = flag_for(given)
         what = "the verify width" if given == "max_gamma" else "a self-draft"
         raise UserError(f"{flag} sets {what} --calibrate --batch N prices; add --batch N, or leave {flag} out "
-                        "(--calibrate alone measures the models' forward costs at every width up to 32)")
+                        f"(--calibrate alone measures the models' forward costs at every width up to "
+                        f"{MAX_CALIBRATED_WIDTH})")
 
 
 def _check_costs_writable() -> None:

@@ -25,9 +25,18 @@ class JsonRefusals(click.Command):
         with contextlib.suppress(OSError, ValueError):  # stdout full or closed: the line on stderr still goes
             click.echo(json.dumps(self.refusal_json(error), sort_keys=True))
 
+    def _asks_for_json(self, ctx: click.Context, args: list[str]) -> bool:
+        """Whether click's own parser reads --json as the flag (not as another option's value, not after `--`);
+        where the parser itself refuses the arguments (an unknown option), whether --json stands among them."""
+        try:
+            options, _, _ = self.make_parser(ctx).parse_args(list(args))
+        except click.ClickException:
+            return "--json" in args[:args.index("--")] if "--" in args else "--json" in args
+        return bool(options.get("as_json"))
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # a value refused while the flags are parsed (--max-tokens 0) comes before --json is parsed itself
-        is_json = "--json" in args
+        is_json = self._asks_for_json(ctx, args)
         try:
             return super().parse_args(ctx, args)
         except REFUSALS as error:

@@ -151,7 +151,8 @@ def _plan_batch(settings: SessionSettings, max_batch: int, as_json: bool) -> Non
 
 class PlanCommand(JsonRefusals):
     def refusal_json(self, error: Exception) -> dict:
-        """--json's refusal; a budget too small is also `"feasible": false`, as the plan's own JSON would say."""
+        """--json's refusal; a budget refused as too small is also `"feasible": false`, as a torch split's plan
+        that does not fit says."""
         return {**super().refusal_json(error), **({"feasible": False} if isinstance(error, BudgetError) else {})}
 
 

@@ -18,6 +18,7 @@ Results: benchmarks/results/<name>.{json,md}.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -42,7 +43,7 @@ def worker(config: dict) -> dict:
     from pocketspec.stats import vm_rss_bytes
 
     if not config["fixed"]:
-        load.map_large_buffers = lambda: False  # glibc's own threshold, raised as buffers are freed
+        load.fix_mmap_threshold = lambda: None  # glibc's own threshold, raised as buffers are freed
     settings = ModelSettings(backend="torch", weights=config["weights"], max_context=PREFILL_TOKENS + MAX_WIDTH + 1,
                              max_logits_rows=max(MIXED_WIDTHS) + 1, n_batch=PREFILL_CHUNK,
                              num_threads=config["threads"])
@@ -110,6 +111,8 @@ def main() -> None:
     from pocketspec.machine_report import cpu_name
     from pocketspec.torch_model.glibc_heap import MMAP_THRESHOLD_BYTES
 
+    for name in [name for name in os.environ if name == "GLIBC_TUNABLES" or name.startswith("MALLOC_")]:
+        os.environ.pop(name)  # a user's malloc settings would keep load_model's threshold off in the workers
     rows = []
     for round_index in range(args.rounds):
         for weights in args.weights.split(","):

@@ -67,7 +67,8 @@ def open_batch_session(settings: SessionSettings, batch: BatchSettings, *,
         batch = plan.batch
         if batch.max_batch < min_rows:
             raise BudgetError(f"--max-concurrency {min_rows} does not fit --memory-budget {settings.memory_budget}: "
-                              f"it holds {batch.max_batch} sequences of {target_settings.max_context} tokens; lower "
+                              f"it holds {batch.max_batch} sequence{'s' if batch.max_batch != 1 else ''} of "
+                              f"{target_settings.max_context} tokens; lower "
                               "--max-concurrency or --max-context")
         for line in plan.lines:
             (on_note or (lambda line: None))(line)

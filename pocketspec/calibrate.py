@@ -172,7 +172,7 @@ def calibrated_costs(backend, *, min_width: int = 1, on_measure=None, force: boo
         if costs is not None:
             return costs
         if on_measure is not None:
-            when = "again, as asked" if force else "once"
+            when = "as asked" if force else "once"
             on_measure(f"measuring {Path(backend.model_path).name}'s forward costs on this machine "
                        f"({when}; cached in POCKETSPEC_HOME/costs)")
         costs = measure_costs(backend, max_width=max(min_width, MAX_CALIBRATED_WIDTH), clock=clock)

@@ -177,6 +177,15 @@ def test_a_json_refusal_is_one_json_object_on_stdout(smollm2_path, args):
     assert json.loads(result.stdout) == {"error": result.stderr.strip().removeprefix("error: ")}
 
 
+@pytest.mark.parametrize("args", [
+    ["generate", "--target", "{model}", "--prompt", "--json", "--max-tokens", "0"],  # --json is the prompt here
+    ["generate", "--target", "{model}", "--max-tokens", "0", "--prompt", "hi", "--", "--json"],
+])
+def test_json_as_a_value_or_after_dashes_is_no_json_flag(smollm2_path, args):
+    result = run_cli(*[arg.format(model=smollm2_path) for arg in args])
+    assert result.returncode == 2 and result.stdout == ""
+
+
 def test_doctor_calibrate_alone_refuses_max_gamma(smollm2_path):
     """--calibrate alone measures every width up to 32: --max-gamma was taken and ignored (exit 0)."""
     result = run_cli("doctor", "--calibrate", "--target", str(smollm2_path), "--draft", "none", "--max-gamma", "4")

@@ -21,7 +21,6 @@ from pocketspec.torch_model.onednn_caches import CACHE_VARIABLES, bound_onednn_c
 from test_cli_errors import assert_one_line_error, run_cli
 from tiny_models import write_tiny_pair
 
-MIB = 1024 * 1024
 TINY = ModelShape("tiny", "llama", 2, 64, 4, 2, 16, 1000, 500_000, 520_000, 2048, 128)
 
 
@@ -195,55 +194,6 @@ def test_bf16_linears_kernel_caches_stay_within_their_planned_term(tmp_path):
                                                         max_context=100, n_batch=64, max_logits_rows=9)
     assert "onednn_kernels" not in torch_peak_terms(TINY, {"weights": 1}, weights_format="bf16", max_context=100,
                                                     n_batch=64, max_logits_rows=9, on_gpu=True)
-
-
-HEAP_GROWTH_SCRIPT = """
-import sys
-
-import pocketspec.torch_model.load as load
-from pocketspec.backends.torch_backend import TorchBackend
-from pocketspec.settings import ModelSettings
-
-if sys.argv[2] == "glibc":
-    load.map_large_buffers = lambda: False  # glibc's own threshold, raised as buffers are freed
-
-
-def resident_bytes():
-    with open("/proc/self/status", encoding="ascii") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
-
-
-backend = TorchBackend.open(sys.argv[1], ModelSettings(backend="torch", weights="int8", max_context=129,
-                                                       max_logits_rows=1, n_batch=128, num_threads=2))
-tokens = [(17 * index + 5) % (backend.vocab_size - 3) + 3 for index in range(128)]
-backend.forward(tokens[:1], [0])
-start = resident_bytes()
-for width in range(2, 129):  # every width a new size for each activation, as verify widths are
-    backend.rollback(0)
-    backend.forward(tokens[:width], [width - 1])
-print(resident_bytes() - start)
-"""
-
-
-def test_forwards_of_changing_widths_leave_no_freed_heap_behind(smollm2_path):
-    """glibc raises its mmap threshold as large buffers are freed, and then keeps freed activations in a heap
-    that grows width after width: SmolLM2 int8 grew 47-55 MiB over widths 1-128, past what a budget keeps free.
-    load_model fixes the threshold (pocketspec/torch_model/glibc_heap.py). Fresh processes, without a
-    threshold of the environment's."""
-    environment = {name: value for name, value in os.environ.items()
-                   if name not in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")}
-
-    def growth(threshold: str) -> int:
-        result = subprocess.run([sys.executable, "-c", HEAP_GROWTH_SCRIPT, str(smollm2_path), threshold],
-                                capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=300,
-                                env=environment)
-        assert result.returncode == 0, result.stderr
-        return int(result.stdout.split()[-1])
-
-    bound = 24 * MIB  # 8-12 MiB here (Zen 4)
-    if growth("glibc") < 1.5 * bound:  # 47-55 MiB here
-        pytest.skip("glibc's own threshold kept no freed activations here (not glibc, or another allocator)")
-    assert growth("fixed") <= bound
 
 
 def test_a_smaller_cache_bound_the_environment_gives_stays(monkeypatch):

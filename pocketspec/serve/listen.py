@@ -50,9 +50,10 @@ def check_exposure(host: str, api_key: str | None) -> None:
         raise UserError(f"--api-key (or {API_KEY_VARIABLE}) has spaces around it or is blank: no client could send "
                         "it, since HTTP strips them from the Authorization header; give the key alone")
     if api_key and not (api_key.isascii() and api_key.isprintable()):
-        unsendable = next(char for char in api_key if not (char.isascii() and char.isprintable()))
-        raise UserError(f"--api-key (or {API_KEY_VARIABLE}) holds {unsendable!r}: no client could send it, since an "
-                        "Authorization header carries printable ASCII only; use letters, digits and punctuation")
+        position = next(index for index, char in enumerate(api_key, 1) if not (char.isascii() and char.isprintable()))
+        raise UserError(f"--api-key (or {API_KEY_VARIABLE}): character {position} is not printable ASCII, so no "
+                        "client could send the key, since an Authorization header carries printable ASCII only; use "
+                        "letters, digits and punctuation")
     if not api_key and not is_loopback(host):
         raise UserError(f"--host {host} is not a loopback address: without an API key pocketspec serve binds to "
                         f"loopback only; set --api-key (or {API_KEY_VARIABLE}) or use --host {LOOPBACK_HOST}")

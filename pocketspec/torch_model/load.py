@@ -17,8 +17,8 @@ from torch import nn
 from memplanner.torch_sizes import WEIGHT_FORMATS, compute_format
 from pocketspec.errors import UserError
 from pocketspec.torch_model.device import gpu_float_format
+from pocketspec.torch_model.glibc_heap import fix_mmap_threshold, release_freed_memory
 from pocketspec.torch_model.model import Transformer, rope_inv_freq
-from pocketspec.torch_model.glibc_heap import map_large_buffers, release_freed_memory
 from pocketspec.torch_model.onednn_caches import bound_onednn_caches
 from pocketspec.torch_model.quantize import FLOAT_DTYPES, Int4Linear, Int8Linear, swap_linears
 
@@ -100,7 +100,7 @@ def load_model(path: Path | str, weights_format: str, device: torch.device,
     dtype = compute_dtype(weights_format, device)
     if device.type == "cpu":
         bound_onednn_caches()
-        map_large_buffers()
+        fix_mmap_threshold()
     with torch.device("meta"):
         model = Transformer(weights.config)
         swap_linears(model, weights_format, dtype)
