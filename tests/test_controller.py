@@ -86,6 +86,45 @@ def test_a_prompts_catch_up_is_paid_by_the_model_steps_after_it():
     assert far == capped
 
 
+# A 2-core Xeon's verify (2 rows cost less than one there) and its draft model's catch-up over a 500-token prompt
+XEON_VERIFY = {1: 0.074, 2: 0.070, 3: 0.080, 4: 0.090, 5: 0.100, 7: 0.120, 9: 0.140}
+
+
+def test_a_reply_buys_a_long_catch_up_only_once_it_has_run_long_enough_to_pay_it_back():
+    """Spec-Bench's extractions and second turns on that Xeon: answers of 13-56 tokens after prompts of 300-600,
+    whose first model step spent 0.3-1.4 s catching the draft up, priced over 128 tokens that never came (0.45-0.8x
+    plain decoding). A reply's length is guessed from how long it has run, so the catch-up is bought as in ski
+    rental: not at the reply's start, but once it has run long enough."""
+    controller = _controller(XEON_VERIFY, draft_seconds=0.025, alpha_ngram=0.2, alpha_model=0.8)
+    controller.draft_costs.observe(500, 1.4)
+
+    def drafter_after(generated_tokens):
+        return controller.choose(ngram_available=0, model_lag=499, remaining_tokens=160,
+                                 generated_tokens=generated_tokens).drafter
+
+    assert [drafter_after(generated) for generated in (0, 16, 32)] == ["none"] * 3
+    assert drafter_after(128) == "model"
+    assert drafter_after(None) == "model"  # a reply of unknown progress: the tokens left alone bound the horizon
+    assert controller.choose(ngram_available=0, model_lag=0, generated_tokens=0).drafter == "model"  # no catch-up
+
+
+def test_a_probe_of_the_draft_model_never_pays_a_long_catch_up():
+    """Now and then the controller tries a draft model it stopped choosing, so that its acceptance estimate can
+    improve; that try pays the model's catch-up whole. On the Xeon, a probe in a short second turn caught a 0.5B draft
+    up on the whole conversation in one 1.7 s step. A short catch-up is still probed."""
+    def drafters(alpha_model, model_lag):
+        controller = _controller(XEON_VERIFY, draft_seconds=0.025, alpha_ngram=0.2, alpha_model=alpha_model)
+        controller.model_probe_interval = 4
+        controller.draft_costs.observe(500, 1.4)
+        controller.draft_costs.observe(9, 0.06)
+        return [controller.choose(ngram_available=0, model_lag=model_lag, remaining_tokens=160,
+                                  generated_tokens=32).drafter for _ in range(8)]
+
+    # priced at 0.84x plain decoding's rate, a probe's bar, with the catch-up spread over the horizon
+    assert drafters(alpha_model=0.65, model_lag=499) == ["none"] * 8
+    assert drafters(alpha_model=0.3, model_lag=8) == ["none"] * 3 + ["model"] + ["none"] * 3 + ["model"]
+
+
 def _drafter_and_gamma(choice) -> tuple[str, int]:
     return choice.drafter, choice.gamma
 

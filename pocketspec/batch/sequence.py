@@ -55,6 +55,10 @@ class SequenceState:
         return SeededDraws.after(self.request.seed, self.context)
 
     @property
+    def num_generated(self) -> int:
+        return len(self.tokens)
+
+    @property
     def is_finished(self) -> bool:
         return self.stop_reason is not None
 

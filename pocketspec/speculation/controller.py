@@ -30,9 +30,31 @@ MIN_PROPOSAL_SURVIVAL = 0.05
 # sooner, and another drafter may take over again). Priced whole into one step, a prompt's catch-up made
 # the draft model lose every step, and each step's lag grew by the tokens it emitted: it was never used.
 CATCH_UP_HORIZON_TOKENS = 128
+# How long a reply is can only be guessed from how long it has run (a reply that has run g tokens runs about as
+# many more): so the horizon is at most the tokens emitted so far plus this many, and a catch-up is bought, as
+# in ski rental, once the reply has run long enough to pay it back. On a 2-core Xeon, Spec-Bench's second turns
+# and extractions (answers of 13-56 tokens after prompts of 300-600) spent 0.3-1.4 s catching a 0.5B draft up
+# in their first model step and ran at 0.45-0.8x plain decoding, priced over 128 tokens that never came.
+CATCH_UP_FIRST_HORIZON_TOKENS = 16
+# A probe of the draft model (an estimate it has not refreshed lately) pays its catch-up whole, in one step, for
+# what it may teach: at most this many of the target's one-token passes. Past that it waits for a step that
+# chooses the model on its price. On a 2-core Xeon a probe 32 steps into a 56-token second turn caught a 0.5B draft
+# up on the whole conversation in one 1.7 s step, a third of the reply's time, and drafted once.
+PROBE_MAX_CATCH_UP_PASSES = 4
 # What a model step leaves the next one to feed: the pending token, after the last drafted one when every
 # drafted token was accepted
 STEADY_MODEL_LAG = 1
+
+
+def catch_up_horizon(remaining_tokens: int | None, generated_tokens: int | None) -> int:
+    """The tokens a draft model's catch-up is spread over: those still to come, as far as they can be
+    counted on (None: not known)."""
+    horizon = CATCH_UP_HORIZON_TOKENS
+    if remaining_tokens is not None:
+        horizon = min(horizon, remaining_tokens)
+    if generated_tokens is not None:
+        horizon = min(horizon, generated_tokens + CATCH_UP_FIRST_HORIZON_TOKENS)
+    return max(horizon, 1)
 
 
 def expected_tokens_by_gamma(probabilities: Sequence[float]) -> list[float]:
@@ -207,20 +229,22 @@ class GammaController:
 
     def options(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
                 model_lag: int | None, max_gamma: int, depth: int = 0,
-                remaining_tokens: int | None = None) -> list[Choice]:
+                remaining_tokens: int | None = None, generated_tokens: int | None = None) -> list[Choice]:
         """Every (drafter, γ) this step could run, with its predicted tokens per second (_priced)."""
         return [Choice(*option) for option in self._priced(ngram_available, ngram_probs, model_lag, max_gamma, depth,
-                                                           remaining_tokens)]
+                                                           remaining_tokens, generated_tokens)]
 
     def _priced(self, ngram_available: int, ngram_probs: Sequence[float] | None, model_lag: int | None,
-                max_gamma: int, depth: int, remaining_tokens: int | None = None) -> list[tuple[str, int, float]]:
+                max_gamma: int, depth: int, remaining_tokens: int | None = None,
+                generated_tokens: int | None = None) -> list[tuple[str, int, float]]:
         """Every (drafter, γ, predicted tokens per second) this step could run, as plain tuples: choose() prices
         every γ each step and keeps one.
 
         ngram_probs: each proposed draftless token's acceptance probability (else ngram_available
         tokens at the n-gram drafter's single rate); model_lag: tokens the draft model must catch
         up on first (None when there is no draft model), a pass priced over the tokens to come
-        (remaining_tokens, at most CATCH_UP_HORIZON_TOKENS: None is that many). A verify of w rows is
+        (remaining_tokens, at most CATCH_UP_HORIZON_TOKENS: None is that many; and at most
+        generated_tokens, the reply's tokens so far, plus CATCH_UP_FIRST_HORIZON_TOKENS). A verify of w rows is
         priced as optimistically as the width is little timed (pocketspec/speculation/costs.py: so a width
         the table makes look bad is still tried where it comes near the best).
         """
@@ -243,8 +267,7 @@ class GammaController:
             first_pass = draft_seconds(min(model_lag, STEADY_MODEL_LAG) + 1, depth)
             next_pass = draft_seconds(1, depth)
             catch_up = max(draft_seconds(model_lag + 1, depth) - first_pass, 0.0)
-            horizon = CATCH_UP_HORIZON_TOKENS if remaining_tokens is None else \
-                max(min(remaining_tokens, CATCH_UP_HORIZON_TOKENS), 1)
+            horizon = catch_up_horizon(remaining_tokens, generated_tokens)
             for gamma in self._gammas(min(max_gamma, self.max_gamma)):
                 if gamma >= 1:
                     tokens = expected_tokens_per_step(alpha_model, gamma)
@@ -256,22 +279,25 @@ class GammaController:
 
     def choose(self, *, ngram_available: int = 0, ngram_probs: Sequence[float] | None = None,
                model_lag: int | None, max_gamma: int | None = None, depth: int = 0,
-               remaining_tokens: int | None = None) -> Choice:
+               remaining_tokens: int | None = None, generated_tokens: int | None = None) -> Choice:
         limit = self.widest_gamma if max_gamma is None else min(max_gamma, self.widest_gamma)
         if self.fixed_gamma is not None:
             choices = self.options(ngram_available=ngram_available, ngram_probs=ngram_probs, model_lag=model_lag,
-                                   max_gamma=limit, depth=depth, remaining_tokens=remaining_tokens)
+                                   max_gamma=limit, depth=depth, remaining_tokens=remaining_tokens,
+                                   generated_tokens=generated_tokens)
             drafted = [choice for choice in choices if choice.gamma > 0]
             # with a fixed γ, a model draft beats an n-gram one only when there is no n-gram match
             drafted.sort(key=lambda choice: choice.drafter != "ngram")
             return drafted[0] if drafted else choices[0]
-        priced = self._priced(ngram_available, ngram_probs, model_lag, limit, depth, remaining_tokens)
+        priced = self._priced(ngram_available, ngram_probs, model_lag, limit, depth, remaining_tokens,
+                              generated_tokens)
         # ties go to the wider draft: on a flat step of the cost curve, more tokens for the same time
         best = Choice(*max(priced, key=itemgetter(2, 1)))  # (tokens per second, γ)
         model_choices = [Choice(*option) for option in priced if option[0] == "model"]
         if model_choices and best.drafter != "model":
             self._steps_since_model += 1
-            if self._steps_since_model >= self.model_probe_interval:
+            if self._steps_since_model >= self.model_probe_interval and self._probe_catch_up_is_short(model_lag,
+                                                                                                      depth):
                 # An unused estimate never improves: now and then, try the draft model again.
                 probe = max(model_choices, key=lambda choice: choice.predicted_tokens_per_second)
                 if probe.predicted_tokens_per_second >= 0.8 * best.predicted_tokens_per_second:
@@ -279,6 +305,12 @@ class GammaController:
         if best.drafter == "model":
             self._steps_since_model = 0
         return best
+
+    def _probe_catch_up_is_short(self, model_lag: int, depth: int) -> bool:
+        """Whether the draft model's catch-up costs at most PROBE_MAX_CATCH_UP_PASSES of the target's one-token
+        passes."""
+        catch_up = self.draft_costs.seconds(model_lag + 1, depth)
+        return catch_up <= PROBE_MAX_CATCH_UP_PASSES * self.target_costs.seconds(1, depth)
 
     def observe_step(self, *, drafter: str, num_drafted: int, num_accepted: int,
                      evidence: Sequence[MatchEvidence] | None = None) -> None:

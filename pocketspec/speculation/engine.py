@@ -186,10 +186,10 @@ class SpeculativeEngine:
             self.target.rollback(num_tokens)
             self._num_exact = min(self._num_exact, num_tokens)
 
-    def _step(self, context: list[int], max_gamma: int, stats: GenerationStats) -> list[int]:
+    def _step(self, context: list[int], max_gamma: int, stats: GenerationStats, num_generated: int) -> list[int]:
         """One draft + verify step (pocketspec/speculation/step.py, as a group of one); the tokens it adds to
         the context."""
-        sequence = OneSequence(context, self.ngram, self._unused, self.sampling)
+        sequence = OneSequence(context, self.ngram, self._unused, self.sampling, num_generated)
         step = run_step([sequence], [max_gamma], controller=self.controller, target=self._step_target,
                         drafter=self._step_drafter, clock=self.clock)
         (draft,), (num_accepted,) = step.drafts, step.num_accepted
@@ -240,7 +240,7 @@ class SpeculativeEngine:
                 stop_reason = "context_full"
                 break
             max_gamma = min(max_new_tokens - len(emitted) - 1, room)
-            new_tokens = self._step(context, max_gamma, stats)
+            new_tokens = self._step(context, max_gamma, stats, len(emitted))
         if first_token is not None:
             self._keep_what_plain_decoding_keeps(len(prompt) + len(emitted) - (stop_reason != "end_of_generation"))
         if self.ngram is not None:

@@ -21,6 +21,7 @@ class OneSequence:
     ngram: NgramDrafter | None
     unused: UnusedProposal
     sampling: SamplingSettings
+    num_generated: int  # the tokens this generation has emitted so far
 
     @property
     def draws(self) -> SeededDraws:

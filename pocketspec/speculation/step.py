@@ -36,6 +36,7 @@ class StepSequence(Protocol):
     """What a step reads and updates of one sequence."""
 
     context: list[int]  # ends with the pending token, not yet in the target's cache
+    num_generated: int  # the tokens this generation has emitted so far
     ngram: NgramDrafter | None
     unused: UnusedProposal
 
@@ -113,7 +114,8 @@ def run_step(group: Sequence[StepSequence], caps: Sequence[int], *, controller: 
     proposals = _proposals(group, caps, controller, depth)
     model_lag = drafter.lag(group) if drafter is not None and drafter.fits(group, max_gamma) else None
     choice = controller.choose(ngram_probs=pooled_acceptance([proposal.probabilities for proposal in proposals]),
-                               model_lag=model_lag, max_gamma=max_gamma, depth=depth, remaining_tokens=max(caps) + 1)
+                               model_lag=model_lag, max_gamma=max_gamma, depth=depth, remaining_tokens=max(caps) + 1,
+                               generated_tokens=max(sequence.num_generated for sequence in group))
     if choice.drafter != "ngram":
         for sequence, proposal in zip(group, proposals):
             sequence.unused.hold(len(sequence.context), proposal)
