@@ -113,7 +113,7 @@ def test_a_short_reply_leaves_a_catch_up_it_cannot_pay_back_unbought():
     0.27 s (about four of plain's steps). Priced over the tokens emitted so far plus 16, it was bought at the
     reply's start, and the reply ran at 0.81x plain decoding, against 1.04x with n-grams alone in the same run. Priced
     over the tokens emitted so far, it is bought once the reply has paid its price in what the model would have
-    saved: here from the 14th token on."""
+    saved: here once 14 tokens are out."""
     controller = _controller(XEON_VERIFY, draft_seconds=0.025, alpha_ngram=0.2, alpha_model=0.75)
     controller.draft_costs.observe(57, 0.27)
 
@@ -121,7 +121,7 @@ def test_a_short_reply_leaves_a_catch_up_it_cannot_pay_back_unbought():
         return controller.choose(ngram_available=0, model_lag=56, remaining_tokens=160 - generated_tokens,
                                  generated_tokens=generated_tokens).drafter
 
-    assert [drafter_after(generated) for generated in range(13)] == ["none"] * 13
+    assert [drafter_after(generated) for generated in range(14)] == ["none"] * 14
     assert [drafter_after(generated) for generated in (16, 24, 48)] == ["model"] * 3
 
 
