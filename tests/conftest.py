@@ -39,6 +39,13 @@ hypothesis.settings.register_profile("pocketspec", derandomize=True, deadline=No
 hypothesis.settings.load_profile("pocketspec")
 
 
+def hang_up_as_a_terminal_does() -> None:
+    """A spawned child's preexec_fn: SIGHUP at its default, as a terminal's child has it. A test run started under
+    `nohup` would otherwise hand its ignored SIGHUP on to the child, which keeps an ignored SIGHUP ignored
+    (apps/cli.py), so a test that hangs the child up would wait for an exit that never comes."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def require_model(name: str) -> Path:
     path = model_path(name)
     if not path.exists():

@@ -14,6 +14,8 @@ import threading
 
 import httpx
 
+from conftest import hang_up_as_a_terminal_does
+
 SMOLLM2_FLAGS = ("--target", "smollm2-135m-instruct", "--draft", "ngram", "--threads", "1", "--port", "0")
 URL_LINE = re.compile(r"listening on (http://\S+)")
 START_SECONDS = 300  # a first run on a fresh machine measures the forward costs first
@@ -25,7 +27,8 @@ class ServerProcess:
         environment = {key: value for key, value in os.environ.items() if key != "POCKETSPEC_API_KEY"}
         self.process = subprocess.Popen([sys.executable, "-m", "apps.cli", "serve", *SMOLLM2_FLAGS, *flags],
                                         stdout=subprocess.PIPE, stderr=self._stderr, text=True,
-                                        env={**environment, **(env or {})})
+                                        env={**environment, **(env or {})},
+                                        preexec_fn=hang_up_as_a_terminal_does)
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read_stdout, daemon=True).start()
         self.url = self._wait_for_url()

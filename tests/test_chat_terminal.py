@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import home_with_measurements
+from conftest import hang_up_as_a_terminal_does, home_with_measurements
 from test_cli_errors import assert_one_line_error
 from pocketspec.conversation.transcript import load_transcript, read_records
 
@@ -37,7 +37,7 @@ def _env(home: Path) -> dict:
 def _spawn(home: Path, *args: str, target: str = "smollm2-135m-instruct", cwd: Path | None = None):
     flags = ["--target", target, *SMOLLM2[2:]]
     child = pexpect.spawn(str(POCKETSPEC), ["chat", *flags, *args], env=_env(home), encoding="utf-8", cwd=cwd,
-                          timeout=TIMEOUT_SECONDS, dimensions=(50, 200))
+                          timeout=TIMEOUT_SECONDS, dimensions=(50, 200), preexec_fn=hang_up_as_a_terminal_does)
     child.logfile_read = io.StringIO()
     child.expect("/help for commands")
     child.expect("> ")
