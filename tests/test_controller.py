@@ -86,15 +86,16 @@ def test_a_prompts_catch_up_is_paid_by_the_model_steps_after_it():
     assert far == capped
 
 
-# A 2-core Xeon's verify (2 rows cost less than one there) and its draft model's catch-up over a 500-token prompt
+# A 2-core Xeon's verify costs by width (2 rows cost less than one there)
 XEON_VERIFY = {1: 0.074, 2: 0.070, 3: 0.080, 4: 0.090, 5: 0.100, 7: 0.120, 9: 0.140}
 
 
 def test_a_reply_buys_a_long_catch_up_only_once_it_has_run_long_enough_to_pay_it_back():
     """Spec-Bench's extractions and second turns on that Xeon: answers of 13-56 tokens after prompts of 130-250,
     whose first model step caught the draft up on the whole prompt, priced over 128 tokens that never came (their
-    model steps averaged 200-590 ms against plain's 66-77 ms; 0.45-0.8x plain decoding). A reply's length is guessed from how long it has run, so the catch-up is bought as in ski
-    rental: not at the reply's start, but once it has run long enough."""
+    model steps averaged 200-590 ms against plain's 66-77 ms; 0.45-0.8x plain decoding). A reply's length is
+    guessed from how long it has run, so the catch-up is bought as in ski rental: not at the reply's start, but
+    once it has run long enough."""
     controller = _controller(XEON_VERIFY, draft_seconds=0.025, alpha_ngram=0.2, alpha_model=0.8)
     controller.draft_costs.observe(500, 1.4)
 
